@@ -1,0 +1,130 @@
+"""The canonical checkpoint directory: config.yaml, model.safetensors, heads/*.safetensors, tokenizer.json."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specbuild import engine_format as ef
+from specbuild.builder.model_config import ModelConfig
+from specbuild.errors import SpecbuildError
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """A loaded canonical checkpoint. Tensors are read lazily from safetensors."""
+
+    path: Path
+    model: ModelConfig
+    dtype: str
+    heads: dict[str, dict[str, Any]]
+    chat_template: str | None = None
+
+    @classmethod
+    def load(cls, path) -> Checkpoint:
+        path = Path(path)
+        cfg_file = path / ef.CHECKPOINT_CONFIG
+        if not cfg_file.is_file():
+            raise SpecbuildError(f"{path}: not a specbuild checkpoint (no {ef.CHECKPOINT_CONFIG}); run `specbuild convert`")
+        try:
+            cfg = yaml.safe_load(cfg_file.read_text())
+        except yaml.YAMLError as exc:
+            raise SpecbuildError(f"{cfg_file}: invalid YAML ({exc})") from None
+        if not isinstance(cfg, dict) or cfg.get("format") != ef.CHECKPOINT_FORMAT:
+            raise SpecbuildError(f"{cfg_file}: not a specbuild checkpoint config")
+        if cfg.get("format_version") != ef.CHECKPOINT_FORMAT_VERSION:
+            raise SpecbuildError(
+                f"{cfg_file}: checkpoint format version {cfg.get('format_version')} is not supported "
+                f"(this specbuild reads version {ef.CHECKPOINT_FORMAT_VERSION}); re-run `specbuild convert`"
+            )
+        return cls(
+            path=path,
+            model=ModelConfig.from_dict(cfg["model"]),
+            dtype=cfg.get("dtype", "float32"),
+            heads=cfg.get("heads") or {},
+            chat_template=cfg.get("chat_template"),
+        )
+
+    def tensors(self, device: str = "cpu") -> dict:
+        """Base-model tensors, HF names, as torch tensors."""
+        return _load_safetensors(self.path / ef.CHECKPOINT_WEIGHTS)
+
+    def head_tensors(self, name: str) -> dict:
+        if name not in self.heads:
+            raise SpecbuildError(
+                f"{self.path}: checkpoint holds no {name} heads (has: {sorted(self.heads) or 'none'}); "
+                f"convert with the heads, e.g. `specbuild convert --{name}-dir DIR`"
+            )
+        return _load_safetensors(self.path / ef.HEADS_DIR / f"{name}.safetensors")
+
+    @property
+    def tokenizer_file(self) -> Path | None:
+        p = self.path / ef.TOKENIZER_FILE
+        return p if p.is_file() else None
+
+
+def _load_safetensors(file: Path) -> dict:
+    from safetensors.torch import load_file
+
+    if not file.is_file():
+        raise SpecbuildError(f"{file}: missing")
+    try:
+        return load_file(str(file))
+    except Exception as exc:  # safetensors raises several types for corrupt files
+        raise SpecbuildError(f"{file}: cannot read safetensors ({exc})") from None
+
+
+def write_checkpoint(
+    out_dir: Path,
+    model: ModelConfig,
+    tensors: dict,
+    dtype: str,
+    tokenizer_dir: Path | None = None,
+    heads: dict[str, tuple[dict, dict]] | None = None,
+    chat_template: str | None = None,
+    source: str | None = None,
+) -> None:
+    """Write a canonical checkpoint into `out_dir` (an already-created, empty directory).
+
+    heads: mode name -> (head config dict, tensors dict).
+    """
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / ef.CHECKPOINT_WEIGHTS))
+    head_cfgs = {}
+    for name, (head_cfg, head_tensors) in (heads or {}).items():
+        (out_dir / ef.HEADS_DIR).mkdir(exist_ok=True)
+        save_file({k: v.contiguous() for k, v in head_tensors.items()}, str(out_dir / ef.HEADS_DIR / f"{name}.safetensors"))
+        head_cfgs[name] = head_cfg
+    cfg = {
+        "format": ef.CHECKPOINT_FORMAT,
+        "format_version": ef.CHECKPOINT_FORMAT_VERSION,
+        "dtype": dtype,
+        "source": source,
+        "model": model.to_dict(),
+        "heads": head_cfgs,
+        "chat_template": chat_template,
+    }
+    (out_dir / ef.CHECKPOINT_CONFIG).write_text(yaml.safe_dump(cfg, sort_keys=False))
+    if tokenizer_dir is not None:
+        for name in (ef.TOKENIZER_FILE, ef.TOKENIZER_CONFIG_FILE):
+            src = Path(tokenizer_dir) / name
+            if src.is_file():
+                shutil.copy(src, out_dir / name)
+
+
+def read_json(file: Path) -> dict:
+    try:
+        return json.loads(Path(file).read_text())
+    except FileNotFoundError:
+        raise SpecbuildError(f"{file}: missing") from None
+    except json.JSONDecodeError as exc:
+        raise SpecbuildError(f"{file}: invalid JSON ({exc})") from None

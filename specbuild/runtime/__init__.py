@@ -1,0 +1,1 @@
+"""Slim runtime: loads an engine directory and runs generation. Imports numpy, never torch."""
