@@ -32,7 +32,9 @@ class Checkpoint:
         path = Path(path)
         cfg_file = path / ef.CHECKPOINT_CONFIG
         if not cfg_file.is_file():
-            raise SpecbuildError(f"{path}: not a specbuild checkpoint (no {ef.CHECKPOINT_CONFIG}); run `specbuild convert`")
+            raise SpecbuildError(
+                f"{path}: not a specbuild checkpoint (no {ef.CHECKPOINT_CONFIG}); run `specbuild convert`"
+            )
         try:
             cfg = yaml.safe_load(cfg_file.read_text())
         except yaml.YAMLError as exc:
@@ -102,7 +104,9 @@ def write_checkpoint(
     head_cfgs = {}
     for name, (head_cfg, head_tensors) in (heads or {}).items():
         (out_dir / ef.HEADS_DIR).mkdir(exist_ok=True)
-        save_file({k: v.contiguous() for k, v in head_tensors.items()}, str(out_dir / ef.HEADS_DIR / f"{name}.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in head_tensors.items()}, str(out_dir / ef.HEADS_DIR / f"{name}.safetensors")
+        )
         head_cfgs[name] = head_cfg
     cfg = {
         "format": ef.CHECKPOINT_FORMAT,

@@ -81,7 +81,9 @@ class ModelConfig:
             rope_scaling = dict(rope_scaling)
             rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
             if rope_type not in SUPPORTED_ROPE_TYPES:
-                raise SpecbuildError(f"{source}: unsupported rope_scaling type {rope_type!r}; supported: llama3, linear")
+                raise SpecbuildError(
+                    f"{source}: unsupported rope_scaling type {rope_type!r}; supported: llama3, linear"
+                )
             rope_scaling["rope_type"] = rope_type
             rope_scaling.pop("type", None)
             if rope_type == "default":
@@ -112,7 +114,10 @@ class ModelConfig:
         """HF tensor name -> shape for every tensor the base model must hold."""
         h, d = self.hidden_size, self.head_dim
         q, kv = self.num_heads * d, self.num_kv_heads * d
-        shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (self.vocab_size, h), "model.norm.weight": (h,)}
+        shapes: dict[str, tuple[int, ...]] = {
+            "model.embed_tokens.weight": (self.vocab_size, h),
+            "model.norm.weight": (h,),
+        }
         if not self.tie_word_embeddings:
             shapes["lm_head.weight"] = (self.vocab_size, h)
         for i in range(self.num_layers):

@@ -1,0 +1,152 @@
+"""In-graph tree verification and acceptance (greedy exact, sampling lossless, typical opt-in lossy).
+
+All drafts are treated as deterministic (point-mass) proposals, which is what Medusa top-k, EAGLE-2/3 top-k
+trees and static choice trees are. Children of a node are tried in node order; child x is accepted with
+probability p(x) / (1 - sum of p over earlier, rejected siblings) -- i.e. p(x) under the residual where
+rejected siblings are zeroed and renormalised. When every child of the deepest accepted node is rejected,
+the bonus token is sampled from that residual. Temperature 0 uses p = one-hot(argmax), which turns the same
+rule into exact greedy verification. Random numbers come in as inputs (one per node plus one bonus draw).
+
+Written with CumSum/compare formulations only (no CumProd, no bool Where chains) so the graph exports
+to plain ONNX that TensorRT parses.
+"""
+
+from __future__ import annotations
+
+import torch
+
+TOP_K_CAP = 2048  # top-k and the top-p nucleus are limited to the 2048 most likely tokens
+
+
+def at_least(x, lo: int):
+    """Integer max(x, lo) without Clip (TensorRT's Clip takes floats only)."""
+    return torch.where(x < lo, torch.full_like(x, lo), x)
+
+
+def at_most(x, hi: int):
+    return torch.where(x > hi, torch.full_like(x, hi), x)
+
+
+def target_probs(logits, temperature, top_k, top_p):
+    """Processed target distribution [B,W,V] (float32): temperature -> top-k -> top-p; one-hot argmax at T=0.
+
+    With top-k and top-p off, the full softmax is used. Filtering works over the TOP_K_CAP most likely tokens.
+    """
+    logits = logits.float()
+    b, w, v = logits.shape
+    greedy = (temperature <= 0).view(b, 1, 1)
+    argmax = logits.argmax(dim=-1, keepdim=True)
+    onehot = (torch.arange(v, device=logits.device).view(1, 1, v) == argmax).float()
+    temp = torch.clamp(temperature, min=1e-5).view(b, 1, 1)
+    scaled = logits / temp
+    cap = min(v, TOP_K_CAP)
+    sorted_vals, _ = torch.topk(scaled, k=cap, dim=-1)  # constant K (TensorRT: K <= 3840)
+    # top-k: keep values >= the k-th largest; with top-k off, top-p works over the `cap` most likely tokens
+    k = at_most(torch.where(top_k > 0, top_k, torch.full_like(top_k, cap)), cap)
+    kth = sorted_vals.gather(2, (k - 1).view(b, 1, 1).expand(b, w, 1))
+    sorted_vals = sorted_vals.masked_fill(sorted_vals < kth, float("-inf"))
+    # top-p over the sorted, top-k-filtered distribution: keep a token if the mass strictly above it < top_p
+    sorted_probs = torch.softmax(sorted_vals, dim=-1)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    keep_sorted = mass_before < top_p.view(b, 1, 1)
+    n_keep = at_least(keep_sorted.to(torch.int64).sum(-1, keepdim=True), 1)
+    threshold = sorted_vals.gather(2, n_keep - 1)  # the smallest kept logit
+    filtering = ((top_k > 0) | (top_p < 1.0)).view(b, 1, 1)
+    threshold = torch.where(filtering, threshold, torch.full_like(threshold, float("-inf")))
+    scaled = scaled.masked_fill(scaled < threshold, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    return torch.where(greedy, onehot, probs)
+
+
+def typical_probs(logits, temperature, epsilon, alpha):
+    """Lossy typical acceptance (Medusa): a draft x is accepted when p(x) > min(eps, alpha * exp(-H(p)))."""
+    probs = torch.softmax(logits.float() / torch.clamp(temperature, min=1e-5).view(-1, 1, 1), dim=-1)
+    entropy = -(probs * torch.log(probs + 1e-10)).sum(-1, keepdim=True)
+    threshold = torch.minimum(torch.full_like(entropy, epsilon), alpha * torch.exp(-entropy))
+    return probs, threshold
+
+
+def tree_structure(tree_mask):
+    """From an ancestor mask [B,W,W]: depth [B,W], parent one-hot [B,W,W] (row n: its parent), earlier siblings."""
+    m = tree_mask.float()
+    depth = m.sum(-1) - 1.0  # [B,W]
+    parent = m * (depth.unsqueeze(1) == (depth.unsqueeze(2) - 1.0)).float()  # [B,n,m]
+    w = tree_mask.shape[1]
+    idx = torch.arange(w, device=tree_mask.device)
+    earlier = (idx.view(1, w) < idx.view(w, 1)).float().unsqueeze(0)  # [1,n,m]: m < n
+    same_parent = torch.matmul(parent, parent.transpose(1, 2))  # [B,n,m] 1 if same parent (both non-root)
+    siblings_before = same_parent * earlier
+    return depth, parent, siblings_before
+
+
+def accept(logits, tokens, tree_mask, paths, temperature, top_k, top_p, rand_accept, rand_sample, typical=None):
+    """Verify a draft tree.
+
+    logits [B,W,V] of the window nodes; tokens [B,W] (node tokens; node 0 of a path is the root);
+    tree_mask [B,W,W]; paths [B,NP,DP] window node indices (-1 padded). Returns
+    (accepted_tokens [B,DP], num_accepted [B], accepted_nodes [B,DP] window indices (-1 padded),
+    last_node [B] the deepest accepted node).
+    """
+    b, w, v = logits.shape
+    dp = paths.shape[2]
+    if typical is None:
+        probs = target_probs(logits, temperature, top_k, top_p)
+    else:
+        probs, threshold = typical_probs(logits, temperature, *typical)
+    depth, parent, siblings_before = tree_structure(tree_mask)
+    # p_parent(token_n): probability the parent's distribution gives node n's token  -> [B,W]
+    tok_probs = probs.gather(2, tokens.unsqueeze(1).expand(b, w, w))  # [B,m,n] = probs[m, tokens[n]]
+    p_node = (parent * tok_probs.transpose(1, 2)).sum(-1)  # [B,n]
+    if typical is None:
+        prior = (siblings_before * p_node.unsqueeze(1)).sum(-1)
+        accepted_flag = (rand_accept * (1.0 - prior) < p_node).float()
+    else:
+        thr_parent = (parent * threshold.squeeze(-1).unsqueeze(1)).sum(-1)
+        greedy = (temperature <= 0).view(b, 1).float()
+        tok_argmax = probs.argmax(-1)  # [B,m]
+        is_argmax = (parent * (tok_argmax.unsqueeze(1) == tokens.unsqueeze(2)).float()).sum(-1)
+        accepted_flag = greedy * is_argmax + (1 - greedy) * (p_node > thr_parent).float()
+    accepted_flag = accepted_flag * (depth > 0).float()
+    earlier_accepted = (siblings_before * accepted_flag.unsqueeze(1)).sum(-1)
+    chosen = accepted_flag * (earlier_accepted == 0).float()  # [B,W]
+
+    valid = paths >= 0
+    safe_paths = at_least(paths, 0)
+    path_chosen = chosen.gather(1, safe_paths.view(b, -1)).view(paths.shape) * valid.float()
+    is_root = (torch.arange(dp, device=logits.device) == 0).float().view(1, 1, dp)
+    ok = is_root + (1.0 - is_root) * path_chosen  # the root always counts (avoids empty tensors when DP = 1)
+    rejected_so_far = torch.cumsum(1.0 - ok, dim=-1)
+    length = (rejected_so_far == 0).float().sum(-1) - 1.0  # [B,NP] accepted drafts per path
+    best = length.argmax(dim=-1)  # first path wins ties
+    best_len = length.gather(1, best.unsqueeze(1)).squeeze(1).to(torch.int64)  # [B]
+    best_path = safe_paths.gather(1, best.view(b, 1, 1).expand(b, 1, dp)).squeeze(1)  # [B,DP]
+    last_node = best_path.gather(1, best_len.unsqueeze(1)).squeeze(1)  # [B]
+
+    # bonus: sample the residual of the last accepted node (its children were all tried and rejected)
+    last_probs = probs.gather(1, last_node.view(b, 1, 1).expand(b, 1, v)).squeeze(1)  # [B,V]
+    if typical is not None:
+        # typical acceptance samples the bonus from the plain distribution (greedy: argmax)
+        residual = torch.where(
+            (temperature <= 0).view(b, 1),
+            (last_probs.argmax(-1, keepdim=True) == torch.arange(v).view(1, v)).float(),
+            last_probs,
+        )
+    else:
+        child_of_last = parent.gather(2, last_node.view(b, 1, 1).expand(b, w, 1)).squeeze(2)  # [B,n]
+        vocab = torch.arange(v, device=logits.device).view(1, 1, v)
+        child_tokens = ((tokens.unsqueeze(2) == vocab).float() * child_of_last.unsqueeze(2)).sum(1)  # [B,V]
+        residual = last_probs * (child_tokens == 0).float()
+    total = residual.sum(-1, keepdim=True)
+    cdf = torch.cumsum(residual, dim=-1)
+    sampled = at_most((cdf <= rand_sample.view(b, 1) * total).to(torch.int64).sum(-1), v - 1)
+    fallback = last_probs.argmax(-1)
+    bonus = torch.where(total.squeeze(-1) > 0, sampled, fallback)
+
+    j = torch.arange(dp, device=logits.device).view(1, dp)
+    next_in_path = torch.cat([best_path[:, 1:], best_path[:, :1]], dim=1)
+    draft_tokens = tokens.gather(1, next_in_path)
+    accepted_tokens = torch.where(j < best_len.unsqueeze(1), draft_tokens, bonus.unsqueeze(1))
+    in_range = j <= best_len.unsqueeze(1)
+    accepted_tokens = torch.where(in_range, accepted_tokens, torch.full_like(accepted_tokens, -1))
+    accepted_nodes = torch.where(in_range, best_path, torch.full_like(best_path, -1))
+    return accepted_tokens, best_len + 1, accepted_nodes, last_node

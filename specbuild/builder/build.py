@@ -1,0 +1,204 @@
+"""`specbuild build`: canonical checkpoint -> torch step module -> ONNX (validated) -> engine directory."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specbuild import __version__
+from specbuild import engine_format as ef
+from specbuild.builder.checkpoint import Checkpoint
+from specbuild.errors import SpecbuildError
+from specbuild.fsutil import atomic_output_dir
+
+MODES = {
+    "none": "specbuild.plugins.none:NonePlugin",
+    "medusa": "specbuild.plugins.medusa:MedusaPlugin",
+    "eagle": "specbuild.plugins.eagle:EaglePlugin",
+    "eagle3": "specbuild.plugins.eagle3:Eagle3Plugin",
+}
+
+
+@dataclasses.dataclass
+class BuildOptions:
+    speculative_mode: str = "none"
+    max_seq_len: int | None = None
+    output_logits: bool = False
+    tree: Any = None  # preset name / JSON / file / list of choices
+    max_draft_len: int | None = None
+    medusa_top_k: int | None = None
+    eagle_top_k: int | None = None
+    eagle_depth: int | None = None
+    eagle_total_tokens: int | None = None
+    typical_acceptance: tuple[float, float] | None = None  # (epsilon, alpha): lossy, opt-in
+    tensorrt: bool = False
+    fp16_plan: bool = False
+    overwrite: bool = False
+    validate_tolerance: float | None = None
+
+    @classmethod
+    def from_recipe(cls, recipe_file, **overrides) -> BuildOptions:
+        path = Path(recipe_file)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except FileNotFoundError:
+            raise SpecbuildError(f"recipe {path}: not found") from None
+        except yaml.YAMLError as exc:
+            raise SpecbuildError(f"recipe {path}: invalid YAML ({exc})") from None
+        data = data.get("build", data)
+        if not isinstance(data, dict):
+            raise SpecbuildError(f"recipe {path}: expected a mapping of build options")
+        names = {f.name for f in dataclasses.fields(cls)}
+        data = {k.replace("-", "_"): v for k, v in data.items()}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise SpecbuildError(f"recipe {path}: unknown build option(s) {unknown}")
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        if data.get("typical_acceptance") is not None:
+            data["typical_acceptance"] = tuple(data["typical_acceptance"])
+        return cls(**data)
+
+
+def load_plugin_class(mode: str):
+    if mode not in MODES:
+        raise SpecbuildError(f"unknown --speculative-mode {mode!r}; choose from {', '.join(MODES)}")
+    module, name = MODES[mode].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _io_spec(sess) -> tuple[list, list]:
+    def describe(items):
+        return [
+            {"name": i.name, "dtype": i.type.removeprefix("tensor(").rstrip(")"), "shape": list(i.shape)} for i in items
+        ]
+
+    return describe(sess.get_inputs()), describe(sess.get_outputs())
+
+
+def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -> Path:
+    """Build an engine directory. Nothing is left at output_dir if any step fails."""
+    import torch
+
+    from specbuild.builder.export import export_step, validate_export
+    from specbuild.builder.network import LlamaNetwork
+    from specbuild.builder.step import StepModule
+    from specbuild.builder.trt_compat import assert_tensorrt_clean
+
+    started = time.perf_counter()
+    if options.tensorrt:
+        from specbuild.builder.tensorrt_plan import tensorrt_available
+
+        if not tensorrt_available():
+            raise SpecbuildError(
+                "--tensorrt needs the TensorRT Python package (pip install specbuild[trt]) on an "
+                "NVIDIA GPU host; build without --tensorrt for the ONNX Runtime engine"
+            )
+    ckpt = Checkpoint.load(checkpoint_dir)
+    cfg = ckpt.model
+    max_seq_len = options.max_seq_len or min(cfg.max_position_embeddings, 4096)
+    if max_seq_len < 2 or max_seq_len > cfg.max_position_embeddings:
+        raise SpecbuildError(
+            f"--max-seq-len {max_seq_len} must be between 2 and the model's max_position_embeddings "
+            f"({cfg.max_position_embeddings})"
+        )
+    plugin_cls = load_plugin_class(options.speculative_mode)
+    torch.manual_seed(0)
+    net = LlamaNetwork.from_tensors(cfg, ckpt.tensors(), ckpt.dtype)
+    plugin = plugin_cls(ckpt, net, options).to(net.embed_tokens.weight.dtype).eval()
+    step = StepModule(net, plugin, output_logits=options.output_logits, typical=options.typical_acceptance).eval()
+    tree = plugin.tree()
+    tolerance = options.validate_tolerance or (1e-3 if ckpt.dtype == "float32" else 5e-2)
+    with atomic_output_dir(output_dir, overwrite=options.overwrite) as tmp:
+        onnx_path = tmp / ef.ENGINE_ONNX
+        log(f"exporting {options.speculative_mode} step graph ({cfg.num_layers} layers, {ckpt.dtype}) ...")
+        inputs, outputs = export_step(step, onnx_path)
+        diff = validate_export(step, onnx_path, tolerance)
+        log(f"export validated against torch: max abs diff {diff:.3g} (bound {tolerance:g})")
+        import onnx
+
+        assert_tensorrt_clean(onnx.load(str(onnx_path), load_external_data=False))
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+        input_spec, output_spec = _io_spec(sess)
+        del sess
+        for name in (ef.TOKENIZER_FILE, ef.TOKENIZER_CONFIG_FILE):
+            if (ckpt.path / name).is_file():
+                shutil.copy(ckpt.path / name, tmp / name)
+        manifest = {
+            "format": ef.ENGINE_FORMAT,
+            "format_version": ef.ENGINE_FORMAT_VERSION,
+            "specbuild_version": __version__,
+            "speculative_mode": options.speculative_mode,
+            "dtype": ckpt.dtype,
+            "lossless": options.typical_acceptance is None,
+            "typical_acceptance": list(options.typical_acceptance) if options.typical_acceptance else None,
+            "model": {
+                "architecture": cfg.architecture,
+                "vocab_size": cfg.vocab_size,
+                "hidden_size": cfg.hidden_size,
+                "num_layers": cfg.num_layers,
+                "num_kv_heads": cfg.num_kv_heads,
+                "head_dim": cfg.head_dim,
+                "bos_token_id": cfg.bos_token_id,
+                "eos_token_ids": cfg.eos_token_ids,
+            },
+            "limits": {
+                "max_seq_len": max_seq_len,
+                "max_batch_size": 1,
+                "max_new_tokens_per_step": plugin.max_new_tokens_per_step(),
+            },
+            "tree": {"choices": tree.to_list(), "size": tree.size, "depth": tree.depth}
+            if tree is not None
+            else {"dynamic": True},
+            "mode": plugin.manifest(),
+            "states": [dataclasses.asdict(s) for s in plugin.state_specs()],
+            "io": {"inputs": input_spec, "outputs": output_spec},
+            "files": {
+                "onnx": ef.ENGINE_ONNX,
+                "tokenizer": ef.TOKENIZER_FILE if (tmp / ef.TOKENIZER_FILE).is_file() else None,
+                "plan": None,
+            },
+            "chat_template": ckpt.chat_template,
+            "validation": {"max_abs_diff": diff, "tolerance": tolerance},
+            "opset": 18,
+        }
+        if options.tensorrt:
+            from specbuild.builder.tensorrt_plan import build_tensorrt_plan
+
+            log("compiling TensorRT plan ...")
+            build_tensorrt_plan(
+                onnx_path,
+                tmp / ef.ENGINE_PLAN,
+                fp16=options.fp16_plan,
+                profiles=_trt_profiles(cfg, plugin, max_seq_len),
+            )
+            manifest["files"]["plan"] = ef.ENGINE_PLAN
+        manifest["build_seconds"] = round(time.perf_counter() - started, 1)
+        (tmp / ef.ENGINE_MANIFEST).write_text(yaml.safe_dump(manifest, sort_keys=False))
+    log(f"engine written to {output_dir} in {manifest['build_seconds']} s")
+    return Path(output_dir)
+
+
+def _trt_profiles(cfg, plugin, max_seq_len: int) -> dict:
+    """min/opt/max shapes per dynamic input for the TensorRT optimization profile (batch 1)."""
+    n = plugin.max_new_tokens_per_step()
+    kv = (cfg.num_layers, 2, 1, cfg.num_kv_heads)
+    d = cfg.head_dim
+    depth = max(1, plugin.tree().depth + 1 if plugin.tree() is not None else n)
+    return {
+        ef.INPUT_IDS: ((1, 1), (1, n), (1, max_seq_len)),
+        ef.POSITION_IDS: ((1, 1), (1, n), (1, max_seq_len)),
+        ef.TREE_MASK: ((1, 1, 1), (1, n, n), (1, max_seq_len, max_seq_len)),
+        ef.KV_CACHE: ((*kv, 1, d), (*kv, 1024, d), (*kv, max_seq_len, d)),
+        ef.PATHS: ((1, 1, 1), (1, n, depth), (1, n, depth)),
+        ef.RAND_ACCEPT: ((1, 1), (1, n), (1, n)),
+    }

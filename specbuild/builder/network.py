@@ -1,0 +1,141 @@
+"""Our own Llama-family network (Llama, Mistral, Qwen2) over an explicit KV tensor and a tree mask.
+
+One forward serves prefill and tree decode: T new tokens attend to the first `past_length` cache
+positions and to the new tokens their `tree_mask` row allows. It returns the KV of the new tokens
+only; the runtime commits the accepted ones.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specbuild.builder.model_config import ModelConfig
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
+
+    def forward(self, x, cos, sin, mask, past_k, past_v):
+        """x [B,T,H]; cos/sin [B,1,T,D]; mask [B,1,1,T,C+T] bool; past_k/v [B,Hkv,C,D]."""
+        b, t, _ = x.shape
+        hkv, g, d = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
+        q = self.q_proj(x).view(b, t, self.num_heads, d).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, hkv, d).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, hkv, d).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        keys = torch.cat([past_k, k], dim=2)
+        values = torch.cat([past_v, v], dim=2)
+        q = q.reshape(b, hkv, g, t, d)
+        scores = torch.matmul(q, keys.unsqueeze(2).transpose(-1, -2)) * (d**-0.5)
+        scores = scores.float().masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(values.dtype)
+        out = torch.matmul(probs, values.unsqueeze(2))  # [B,Hkv,G,T,D]
+        out = out.reshape(b, self.num_heads, t, d).transpose(1, 2).reshape(b, t, self.num_heads * d)
+        return self.o_proj(out), k, v
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, mask, past_k, past_v):
+        a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, mask, past_k, past_v)
+        x = x + a
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, k, v
+
+
+class LlamaNetwork(nn.Module):
+    """Base model. forward() -> (final hidden [B,T,H] after the last norm, new_kv [L,2,B,Hkv,T,D], layer inputs)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", torch.tensor(cfg.inv_freq(), dtype=torch.float32), persistent=False)
+
+    @classmethod
+    def from_tensors(cls, cfg: ModelConfig, tensors: dict, dtype: str = "float32") -> LlamaNetwork:
+        net = cls(cfg)
+        state = {}
+        for name, value in tensors.items():
+            key = name.removeprefix("model.")
+            state[key] = value
+        if cfg.tie_word_embeddings:
+            state["lm_head.weight"] = state["embed_tokens.weight"]
+        net.load_state_dict(state, strict=True)
+        return net.to(TORCH_DTYPES[dtype]).eval()
+
+    def rope(self, position_ids, dtype):
+        freqs = position_ids.float().unsqueeze(-1) * self.inv_freq  # [B,T,D/2]
+        emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # [B,1,T,D]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    @staticmethod
+    def attention_mask(tree_mask, past_length, capacity: int):
+        """[B,1,1,T,C+T] bool: cache positions < past_length, plus the tree among new tokens."""
+        b, t, _ = tree_mask.shape
+        cache_pos = torch.arange(capacity, device=tree_mask.device)
+        past = (cache_pos.unsqueeze(0) < past_length.unsqueeze(1)).unsqueeze(1).expand(b, t, capacity)
+        return torch.cat([past, tree_mask], dim=2).unsqueeze(1).unsqueeze(1)
+
+    def forward(self, input_ids, position_ids, tree_mask, past_length, kv_cache, capture_layers=()):
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rope(position_ids, x.dtype)
+        mask = self.attention_mask(tree_mask, past_length, kv_cache.shape[4])
+        new_k, new_v, captured = [], [], []
+        for i, layer in enumerate(self.layers):
+            if i in capture_layers:
+                captured.append(x)
+            x, k, v = layer(x, cos, sin, mask, kv_cache[i, 0], kv_cache[i, 1])
+            new_k.append(k)
+            new_v.append(v)
+        new_kv = torch.stack([torch.stack(new_k), torch.stack(new_v)], dim=1)
+        return self.norm(x), new_kv, captured

@@ -1,0 +1,101 @@
+"""The one step graph: base network -> tree acceptance -> mode drafting, as a torch module to export."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specbuild import engine_format as ef
+from specbuild.builder.acceptance import accept
+from specbuild.plugins.base import DraftContext, ModePlugin
+
+BASE_INPUTS = [
+    ef.INPUT_IDS,
+    ef.POSITION_IDS,
+    ef.TREE_MASK,
+    ef.PAST_LENGTH,
+    ef.KV_CACHE,
+    ef.PATHS,
+    ef.TEMPERATURE,
+    ef.TOP_K,
+    ef.TOP_P,
+    ef.RAND_ACCEPT,
+    ef.RAND_SAMPLE,
+]
+BASE_OUTPUTS = [ef.ACCEPTED_TOKENS, ef.NUM_ACCEPTED, ef.ACCEPTED_NODES, ef.NEW_KV]
+
+
+class StepModule(nn.Module):
+    """forward(*BASE_INPUTS, *states) -> (*BASE_OUTPUTS, *plugin outputs, [logits]).
+
+    The logits/acceptance window is the last W = rand_accept.shape[1] new tokens: the whole tree in decode,
+    only the last prompt token in prefill (so prefill never computes a [T,V] logits matrix it does not need).
+    """
+
+    def __init__(self, net, plugin: ModePlugin, output_logits: bool = False, typical: tuple | None = None):
+        super().__init__()
+        self.net = net
+        self.plugin = plugin
+        self.output_logits = output_logits
+        self.typical = typical
+        self.state_names = [s.name for s in plugin.state_specs()]
+        self.draft_output_names: list[str] = []
+
+    def forward(
+        self,
+        input_ids,
+        position_ids,
+        tree_mask,
+        past_length,
+        kv_cache,
+        paths,
+        temperature,
+        top_k,
+        top_p,
+        rand_accept,
+        rand_sample,
+        *states,
+    ):
+        hidden, new_kv, captured = self.net(
+            input_ids, position_ids, tree_mask, past_length, kv_cache, capture_layers=self.plugin.capture_layers
+        )
+        t = input_ids.shape[1]
+        w = rand_accept.shape[1]
+        off = t - w
+        logits = self.net.lm_head(hidden[:, off:])
+        paths_w = torch.where(paths >= 0, paths - off, torch.full_like(paths, -1))
+        acc_tokens, num_acc, acc_nodes_w, last_w = accept(
+            logits,
+            input_ids[:, off:],
+            tree_mask[:, off:, off:],
+            paths_w,
+            temperature,
+            top_k,
+            top_p,
+            rand_accept,
+            rand_sample,
+            typical=self.typical,
+        )
+        acc_nodes = torch.where(acc_nodes_w >= 0, acc_nodes_w + off, torch.full_like(acc_nodes_w, -1))
+        last_node = last_w + off
+        bonus = acc_tokens.gather(1, (num_acc - 1).unsqueeze(1)).squeeze(1)
+        ctx = DraftContext(
+            net=self.net,
+            hidden=hidden,
+            captured=captured,
+            input_ids=input_ids,
+            position_ids=position_ids,
+            past_length=past_length,
+            accepted_tokens=acc_tokens,
+            num_accepted=num_acc,
+            accepted_nodes=acc_nodes,
+            last_node=last_node,
+            bonus=bonus,
+            states=dict(zip(self.state_names, states)),
+        )
+        drafted = self.plugin.draft(ctx)
+        self.draft_output_names = list(drafted)
+        outs = [acc_tokens, num_acc, acc_nodes, new_kv, *drafted.values()]
+        if self.output_logits:
+            outs.append(logits)
+        return tuple(outs)

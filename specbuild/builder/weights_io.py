@@ -1,0 +1,218 @@
+"""Reading weight files: HF model directories (single or sharded safetensors / pytorch .bin) and single tensor files.
+
+No pickle is ever executed: `.bin`/`.pt` files load with `torch.load(weights_only=True)`, and a file whose pickle
+names any non-tensor global is refused with a SpecbuildError. Every failure names the file at fault.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pickle
+import pickletools
+import re
+import warnings
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from specbuild.errors import SpecbuildError
+
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+BIN_FILE = "pytorch_model.bin"
+BIN_INDEX = "pytorch_model.bin.index.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+# Show a progress bar only when there is enough to load for it to be worth drawing.
+PROGRESS_MIN_TENSORS = 64
+# Training checkpoints sometimes wrap the state dict under one of these keys.
+_WRAPPER_KEYS = ("state_dict", "model", "module")
+
+
+def find_weight_files(model_dir: Path) -> list[Path]:
+    """The weight files of a HF model directory, in load order; every shard named by an index must exist."""
+    model_dir = Path(model_dir)
+    if (model_dir / SAFETENSORS_FILE).is_file():
+        return [model_dir / SAFETENSORS_FILE]
+    if (model_dir / SAFETENSORS_INDEX).is_file():
+        return _index_shards(model_dir / SAFETENSORS_INDEX)
+    if (model_dir / BIN_FILE).is_file():
+        return [model_dir / BIN_FILE]
+    if (model_dir / BIN_INDEX).is_file():
+        return _index_shards(model_dir / BIN_INDEX)
+    raise SpecbuildError(
+        f"{model_dir}: no weights found (expected {SAFETENSORS_FILE}, {SAFETENSORS_INDEX}, {BIN_FILE} or {BIN_INDEX})"
+    )
+
+
+def _index_shards(index_file: Path) -> list[Path]:
+    try:
+        index = json.loads(index_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SpecbuildError(f"{index_file}: cannot read shard index ({exc})") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise SpecbuildError(f"{index_file}: no 'weight_map' (not a sharded checkpoint index)")
+    shards: list[Path] = []
+    for name in dict.fromkeys(weight_map.values()):
+        shard = index_file.parent / str(name)
+        if not shard.is_file():
+            raise SpecbuildError(f"{index_file}: shard {name} is listed but missing ({shard} does not exist)")
+        shards.append(shard)
+    return shards
+
+
+def _index_weight_map(model_dir: Path) -> tuple[Path, dict[str, str]] | None:
+    for name in (SAFETENSORS_INDEX, BIN_INDEX):
+        index_file = model_dir / name
+        if index_file.is_file():
+            return index_file, json.loads(index_file.read_text())["weight_map"]
+    return None
+
+
+def load_hf_weights(model_dir: Path, progress: bool = True) -> dict[str, torch.Tensor]:
+    """All tensors of a HF model directory as CPU torch tensors keyed by their HF names."""
+    model_dir = Path(model_dir)
+    files = find_weight_files(model_dir)
+    sharded = len(files) > 1 or files[0].name not in (SAFETENSORS_FILE, BIN_FILE)
+    tensors: dict[str, torch.Tensor] = {}
+    origin: dict[str, Path] = {}
+    with _progress_bar(progress, model_dir, files) as advance:
+        for file in files:
+            for name, tensor in _iter_tensor_file(file):
+                if name in tensors:
+                    raise SpecbuildError(f"{file}: tensor {name} is also stored in {origin[name]}")
+                tensors[name] = tensor
+                origin[name] = file
+                advance(1)
+    if sharded:
+        index_file, weight_map = _index_weight_map(model_dir) or (None, {})
+        for name, shard in weight_map.items():
+            if name not in tensors:
+                raise SpecbuildError(f"{index_file}: tensor {name} is mapped to shard {shard} but that shard lacks it")
+    return tensors
+
+
+def load_tensor_file(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of one .safetensors, .bin, .pt or .pth file, as CPU torch tensors."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecbuildError(f"{path}: missing")
+    return dict(_iter_tensor_file(path))
+
+
+def _iter_tensor_file(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    if path.suffix == ".safetensors":
+        yield from _iter_safetensors(path)
+    elif path.suffix in PICKLE_SUFFIXES:
+        yield from _load_pickle_state_dict(path).items()
+    else:
+        raise SpecbuildError(f"{path}: unsupported weight file type (expected .safetensors, .bin, .pt or .pth)")
+
+
+def _iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    try:
+        handle = safe_open(str(path), framework="pt", device="cpu")
+    except Exception as exc:  # safetensors raises SafetensorError, OSError, ... for corrupt or truncated files
+        raise SpecbuildError(f"{path}: not a valid safetensors file, truncated or corrupt ({exc})") from None
+    with handle as f:
+        for name in f.keys():
+            try:
+                tensor = f.get_tensor(name)
+            except Exception as exc:
+                raise SpecbuildError(f"{path}: cannot read tensor {name}, file truncated or corrupt ({exc})") from None
+            yield name, tensor
+
+
+def _load_pickle_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    # mmap needs the zip container that torch.save writes by default; legacy files load without it.
+    mmap = zipfile.is_zipfile(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the load still fails or succeeds
+            obj = torch.load(str(path), weights_only=True, map_location="cpu", mmap=mmap)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        name = found.group(1) if found else _suspicious_global(path)
+        what = f" (it references {name})" if name else ""
+        raise SpecbuildError(
+            f"{path}: holds non-tensor objects or code{what}; it was not executed. "
+            "Only plain tensor state dicts are accepted (torch.load weights_only=True); re-save it as safetensors"
+        ) from None
+    except Exception as exc:  # corrupt zip, truncated pickle, ...
+        raise SpecbuildError(
+            f"{path}: cannot read torch file, truncated or corrupt ({type(exc).__name__}: {exc})"
+        ) from None
+    if isinstance(obj, dict) and len(obj) == 1:
+        ((key, value),) = obj.items()
+        if key in _WRAPPER_KEYS and isinstance(value, dict):
+            obj = value
+    if not isinstance(obj, dict):
+        raise SpecbuildError(f"{path}: holds a {type(obj).__name__}, expected a state dict of tensors")
+    for key, value in obj.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise SpecbuildError(
+                f"{path}: entry {key!r} is a {type(value).__name__}, expected a tensor (file is not a plain state dict)"
+            )
+    return obj
+
+
+def _suspicious_global(path: Path) -> str | None:
+    """First global a pickle imports outside torch and OrderedDict, found by reading its opcodes (never executing)."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as zf:
+                member = next((n for n in zf.namelist() if n.endswith("data.pkl")), None)
+                data = zf.read(member) if member else b""
+        else:
+            data = path.read_bytes()
+        strings: list[str] = []
+        for op, arg, _ in pickletools.genops(data):
+            if op.name == "GLOBAL":
+                name = str(arg).replace(" ", ".")
+            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                name = ".".join(strings[-2:])
+            else:
+                if isinstance(arg, str):
+                    strings.append(arg)
+                continue
+            if not name.startswith("torch.") and name != "collections.OrderedDict":
+                return name
+    except Exception:  # a best-effort hint for the error message only
+        return None
+    return None
+
+
+@contextlib.contextmanager
+def _progress_bar(enabled: bool, model_dir: Path, files: list[Path]):
+    """Yield advance(n); draws a rich progress bar over tensors when enabled and the checkpoint is large."""
+    total = _count_tensors(files) if enabled else None
+    if not enabled or (total is not None and total < PROGRESS_MIN_TENSORS):
+        yield lambda n: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), transient=True) as bar:
+        task = bar.add_task(f"loading {model_dir.name}", total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def _count_tensors(files: list[Path]) -> int | None:
+    """Number of tensors across the files, from safetensors headers; None when it needs unpickling."""
+    from safetensors import safe_open
+
+    count = 0
+    for file in files:
+        if file.suffix != ".safetensors":
+            return None
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                count += len(list(f.keys()))
+        except Exception:
+            return None  # the load itself reports the broken file
+    return count

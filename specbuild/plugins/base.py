@@ -1,0 +1,69 @@
+"""The interface every speculative mode implements: graph pieces (drafting), state, static tree, manifest."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from specbuild.tree import Tree
+
+
+@dataclasses.dataclass
+class StateSpec:
+    """A tensor carried between engine calls: input `state_<name>`, output `next_state_<name>`.
+
+    shape uses ints and symbolic names ("B", "C" = the KV capacity, which grows like the base cache along
+    `grow_axis`); the runtime creates the initial value filled with `fill`.
+    """
+
+    name: str
+    shape: tuple
+    dtype: str = "float32"
+    fill: float = 0.0
+    grow_axis: int | None = None
+
+
+@dataclasses.dataclass
+class DraftContext:
+    """What drafting sees after acceptance (all indices are full new-token indices)."""
+
+    net: Any
+    hidden: torch.Tensor  # [B,T,H] final-normed hidden states of the new tokens
+    captured: list  # inputs of the layers in plugin.capture_layers, each [B,T,H]
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    past_length: torch.Tensor
+    accepted_tokens: torch.Tensor  # [B,DP] (-1 padded)
+    num_accepted: torch.Tensor  # [B]
+    accepted_nodes: torch.Tensor  # [B,DP] (-1 padded)
+    last_node: torch.Tensor  # [B]
+    bonus: torch.Tensor  # [B] next root token
+    states: dict
+
+
+class ModePlugin(nn.Module):
+    """`none` behaviour; speculative modes override draft(), tree(), state_specs()."""
+
+    name = "none"
+    capture_layers: tuple = ()
+
+    def tree(self) -> Tree | None:
+        """The static tree the next call verifies (None for modes whose tree is an engine output)."""
+        return Tree.from_choices([])
+
+    def state_specs(self) -> list[StateSpec]:
+        return []
+
+    def draft(self, ctx: DraftContext) -> dict[str, torch.Tensor]:
+        """Return at least `next_input_ids` [B,N]: the root (bonus) token then the draft nodes."""
+        return {"next_input_ids": ctx.bonus.unsqueeze(1)}
+
+    def manifest(self) -> dict[str, Any]:
+        return {}
+
+    def max_new_tokens_per_step(self) -> int:
+        tree = self.tree()
+        return tree.size if tree is not None else 1

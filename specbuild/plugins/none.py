@@ -1,0 +1,10 @@
+"""`--speculative-mode none`: plain autoregressive decoding through the same step graph."""
+
+from specbuild.plugins.base import ModePlugin
+
+
+class NonePlugin(ModePlugin):
+    name = "none"
+
+    def __init__(self, checkpoint=None, net=None, options=None):
+        super().__init__()

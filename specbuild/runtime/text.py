@@ -1,0 +1,56 @@
+"""Tokenizer and chat template for the runtime (tokenizers + jinja2; no transformers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specbuild.errors import SpecbuildError
+
+
+class TextCodec:
+    def __init__(self, tokenizer_file: Path, chat_template: str | None = None):
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self.chat_template = chat_template
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat(self, user_message: str, system: str | None = None) -> str:
+        if not self.chat_template:
+            raise SpecbuildError("this engine's tokenizer has no chat template; run without --chat")
+        import jinja2
+
+        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": user_message}
+        ]
+        return env.from_string(self.chat_template).render(messages=messages, add_generation_prompt=True)
+
+    def stream(self):
+        """An incremental decoder: feed ids one at a time, get the new text (or '')."""
+        try:
+            from tokenizers.decoders import DecodeStream
+
+            stream = DecodeStream(skip_special_tokens=True)
+
+            def step(token_id: int) -> str:
+                return stream.step(self.tokenizer, token_id) or ""
+
+            return step
+        except ImportError:  # older tokenizers: re-decode the tail
+            seen: list[int] = []
+            printed = [""]
+
+            def step(token_id: int) -> str:
+                seen.append(token_id)
+                text = self.decode(seen)
+                new = text[len(printed[0]) :]
+                printed[0] = text
+                return new
+
+            return step

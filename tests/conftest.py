@@ -1,0 +1,154 @@
+"""Shared test fixtures: tiny random HF models of three Llama-family shapes, SmolLM2-135M, and their checkpoints.
+
+Tiny models get weights of std 0.3-0.5 (not HF's 0.02), random norm weights and biases, so logits are peaked and every
+tensor matters: a loader or network bug changes the output instead of hiding in near-uniform noise.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+TINY_SEED = 0
+TINY_STD = 0.3
+TINY_VOCAB_STD = 0.5  # embeddings / lm_head: peaked logits
+
+# name -> (transformers config class name, model class name, config kwargs)
+TINY_SHAPES: dict[str, tuple[str, str, dict]] = {
+    "llama_gqa_llama3rope": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            vocab_size=97,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+            tie_word_embeddings=False,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),
+    "llama_tied_linear": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            vocab_size=61,
+            hidden_size=48,
+            intermediate_size=80,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            head_dim=24,
+            max_position_embeddings=128,
+            rms_norm_eps=1e-6,
+            rope_theta=500.0,
+            rope_scaling={"rope_type": "linear", "factor": 2.0},
+            tie_word_embeddings=True,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),
+    "qwen2_bias": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(
+            vocab_size=89,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=128,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            tie_word_embeddings=False,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),
+}
+
+
+def tiny_hf_config(name: str):
+    """A fresh transformers config object for TINY_SHAPES[name]."""
+    import transformers
+
+    config_cls, _, kwargs = TINY_SHAPES[name]
+    return getattr(transformers, config_cls)(**kwargs)
+
+
+def tiny_hf_model(name: str, seed: int = TINY_SEED):
+    """A TINY_SHAPES[name] transformers model with seeded, non-tiny random weights, in eval mode."""
+    import transformers
+
+    _, model_cls, _ = TINY_SHAPES[name]
+    model = getattr(transformers, model_cls)(tiny_hf_config(name))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for pname, param in model.named_parameters():  # tied parameters are yielded once
+            noise = torch.randn(param.shape, generator=gen)
+            if pname.endswith("norm.weight"):
+                param.copy_(1.0 + 0.2 * noise)
+            elif pname.endswith(".bias"):
+                param.copy_(0.2 * noise)
+            elif pname in ("model.embed_tokens.weight", "lm_head.weight"):
+                param.copy_(TINY_VOCAB_STD * noise)
+            else:
+                param.copy_(TINY_STD * noise)
+    return model.eval()
+
+
+def save_tiny_model(name: str, out_dir: Path, **save_kwargs) -> Path:
+    """Save TINY_SHAPES[name] (seeded weights) with save_pretrained into out_dir and return it."""
+    tiny_hf_model(name).save_pretrained(out_dir, **save_kwargs)
+    return Path(out_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_models(tmp_path_factory) -> dict[str, Path]:
+    """TINY_SHAPES name -> HF model directory (config.json + model.safetensors, no tokenizer)."""
+    root = tmp_path_factory.mktemp("tiny_hf")
+    return {name: save_tiny_model(name, root / name) for name in TINY_SHAPES}
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tiny_hf_models, tmp_path_factory) -> dict[str, Path]:
+    """TINY_SHAPES name -> canonical float32 checkpoint directory."""
+    from specbuild.builder.convert import convert_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny_ckpt")
+    return {name: convert_checkpoint(hf, root / name, progress=False) for name, hf in tiny_hf_models.items()}
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct as a HF directory; reused from the cache dir when SPECBUILD_CACHE is set."""
+    from specbuild.builder.default_model import prepare_smollm2
+
+    if os.environ.get("SPECBUILD_CACHE"):
+        return prepare_smollm2()
+    return prepare_smollm2(tmp_path_factory.mktemp("smollm2") / "hf")
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint(smollm2_hf, tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct as a canonical float32 checkpoint."""
+    from specbuild.builder.convert import convert_checkpoint
+
+    return convert_checkpoint(smollm2_hf, tmp_path_factory.mktemp("smollm2_ckpt") / "ckpt", progress=False)
