@@ -152,3 +152,34 @@ def smollm2_checkpoint(smollm2_hf, tmp_path_factory) -> Path:
     from specbuild.builder.convert import convert_checkpoint
 
     return convert_checkpoint(smollm2_hf, tmp_path_factory.mktemp("smollm2_ckpt") / "ckpt", progress=False)
+
+
+def quiet(*_args, **_kwargs):
+    pass
+
+
+@pytest.fixture(scope="session")
+def tiny_engines(tiny_checkpoints, tmp_path_factory) -> dict[str, Path]:
+    """TINY_SHAPES name -> `none` engine built with --output-logits."""
+    from specbuild.builder.build import BuildOptions, build_engine
+
+    root = tmp_path_factory.mktemp("tiny_engines")
+    return {
+        name: build_engine(ckpt, root / name, BuildOptions(output_logits=True), log=quiet)
+        for name, ckpt in tiny_checkpoints.items()
+    }
+
+
+def hf_greedy(model, ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy generate, generated ids only (stops at the config's EOS like the engine)."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(ids) :].tolist()

@@ -48,7 +48,7 @@ def target_probs(logits, temperature, top_k, top_p):
     # top-p over the sorted, top-k-filtered distribution: keep a token if the mass strictly above it < top_p
     sorted_probs = torch.softmax(sorted_vals, dim=-1)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    keep_sorted = mass_before < top_p.view(b, 1, 1)
+    keep_sorted = (mass_before < top_p.view(b, 1, 1)) & (sorted_vals >= kth)
     n_keep = at_least(keep_sorted.to(torch.int64).sum(-1, keepdim=True), 1)
     threshold = sorted_vals.gather(2, n_keep - 1)  # the smallest kept logit
     filtering = ((top_k > 0) | (top_p < 1.0)).view(b, 1, 1)

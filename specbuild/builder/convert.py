@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+# Medusa-2 full models keep their heads beside the base weights; `--medusa-dir` on the same directory reads them.
+IGNORED_PREFIXES = ("medusa_head.",)
 LM_HEAD = "lm_head.weight"
 MAX_LISTED = 5  # tensors named per error message
 
@@ -72,7 +74,7 @@ def convert_checkpoint(
 
 def validate_base_tensors(model: ModelConfig, raw: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
     """The base-model tensors of `raw` checked against `model`: ignorable tensors dropped, errors name the tensor."""
-    tensors = {k: v for k, v in raw.items() if not k.endswith(IGNORED_SUFFIXES)}
+    tensors = {k: v for k, v in raw.items() if not k.endswith(IGNORED_SUFFIXES) and not k.startswith(IGNORED_PREFIXES)}
     if model.tie_word_embeddings:
         tensors.pop(LM_HEAD, None)
     expected = model.expected_shapes()

@@ -27,8 +27,22 @@ def register_head_converter(name: str) -> Callable[[HeadConverter], HeadConverte
     return decorate
 
 
+PLUGIN_MODULES = {
+    "medusa": "specbuild.plugins.medusa",
+    "eagle": "specbuild.plugins.eagle",
+    "eagle3": "specbuild.plugins.eagle3",
+}
+
+
 def head_converter(name: str) -> HeadConverter:
     """The converter registered for mode `name`; SpecbuildError naming the known modes otherwise."""
+    if name not in HEAD_CONVERTERS and name in PLUGIN_MODULES:
+        import importlib
+
+        try:
+            importlib.import_module(PLUGIN_MODULES[name])
+        except ModuleNotFoundError:
+            pass
     try:
         return HEAD_CONVERTERS[name]
     except KeyError:

