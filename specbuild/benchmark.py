@@ -263,12 +263,19 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def render(report: dict[str, Any], console=None) -> None:
+def make_console():
+    """A rich Console; when stdout is not a terminal (a pipe, a file), wide enough that tables do not wrap."""
     from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+def render(report: dict[str, Any], console=None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    console = console or Console()
+    console = console or make_console()
     settings = report["settings"]
     for name, res in report["results"].items():
         table = Table(

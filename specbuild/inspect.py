@@ -135,12 +135,19 @@ def _shape(shape) -> str:
     return escape("[" + ", ".join(str(d) for d in shape) + "]")
 
 
+def make_console():
+    """A rich Console; when stdout is not a terminal (a pipe, a file), wide enough that tables do not wrap."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
 def render(info: dict[str, Any], console=None) -> None:
     """Print `describe()` output as rich tables."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    console = console or make_console()
     kv = Table(show_header=False, title=f"{info['kind']}: {info['path']}", title_justify="left")
     kv.add_column(style="bold")
     kv.add_column()

@@ -85,20 +85,20 @@ TINY_SHAPES: dict[str, tuple[str, str, dict]] = {
 }
 
 
-def tiny_hf_config(name: str):
-    """A fresh transformers config object for TINY_SHAPES[name]."""
+def tiny_hf_config(name: str, **overrides):
+    """A fresh transformers config object for TINY_SHAPES[name] (with optional overrides, e.g. vocab_size)."""
     import transformers
 
     config_cls, _, kwargs = TINY_SHAPES[name]
-    return getattr(transformers, config_cls)(**kwargs)
+    return getattr(transformers, config_cls)(**{**kwargs, **overrides})
 
 
-def tiny_hf_model(name: str, seed: int = TINY_SEED):
+def tiny_hf_model(name: str, seed: int = TINY_SEED, **overrides):
     """A TINY_SHAPES[name] transformers model with seeded, non-tiny random weights, in eval mode."""
     import transformers
 
     _, model_cls, _ = TINY_SHAPES[name]
-    model = getattr(transformers, model_cls)(tiny_hf_config(name))
+    model = getattr(transformers, model_cls)(tiny_hf_config(name, **overrides))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for pname, param in model.named_parameters():  # tied parameters are yielded once
