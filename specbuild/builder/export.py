@@ -102,7 +102,7 @@ def _dynamic_shapes(step: StepModule):
     states = []
     for spec in step.plugin.state_specs():
         states.append({i: {"B": b, "C": c}[d] for i, d in enumerate(spec.shape) if isinstance(d, str)})
-    return base + tuple(states)
+    return base + ((tuple(states),) if states else ())  # *states is one var-positional entry
 
 
 def io_names(step: StepModule) -> tuple[list[str], list[str]]:

@@ -90,7 +90,11 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaNetwork(nn.Module):
-    """Base model. forward() -> (final hidden [B,T,H] after the last norm, new_kv [L,2,B,Hkv,T,D], layer inputs)."""
+    """Base model. forward() -> (final hidden [B,T,H] after the last norm, new_kv [L,2,B,Hkv,T,D], layer inputs).
+
+    capture_layers lists layer indices whose input (the residual stream entering that layer, HF hidden_states[i])
+    is returned; index L means the last layer's output before the final norm.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -130,12 +134,13 @@ class LlamaNetwork(nn.Module):
         x = self.embed_tokens(input_ids)
         cos, sin = self.rope(position_ids, x.dtype)
         mask = self.attention_mask(tree_mask, past_length, kv_cache.shape[4])
-        new_k, new_v, captured = [], [], []
+        new_k, new_v, inputs = [], [], {}
         for i, layer in enumerate(self.layers):
             if i in capture_layers:
-                captured.append(x)
+                inputs[i] = x
             x, k, v = layer(x, cos, sin, mask, kv_cache[i, 0], kv_cache[i, 1])
             new_k.append(k)
             new_v.append(v)
+        inputs[len(self.layers)] = x  # "input of layer L" = the last layer's output before the final norm
         new_kv = torch.stack([torch.stack(new_k), torch.stack(new_v)], dim=1)
-        return self.norm(x), new_kv, captured
+        return self.norm(x), new_kv, [inputs[i] for i in capture_layers]

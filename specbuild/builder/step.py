@@ -84,6 +84,7 @@ class StepModule(nn.Module):
             hidden=hidden,
             captured=captured,
             input_ids=input_ids,
+            tree_mask=tree_mask,
             position_ids=position_ids,
             past_length=past_length,
             accepted_tokens=acc_tokens,

@@ -35,6 +35,7 @@ class DraftContext:
     captured: list  # inputs of the layers in plugin.capture_layers, each [B,T,H]
     input_ids: torch.Tensor
     position_ids: torch.Tensor
+    tree_mask: torch.Tensor  # [B,T,T]
     past_length: torch.Tensor
     accepted_tokens: torch.Tensor  # [B,DP] (-1 padded)
     num_accepted: torch.Tensor  # [B]

@@ -29,8 +29,9 @@ def register_head_converter(name: str) -> Callable[[HeadConverter], HeadConverte
 
 PLUGIN_MODULES = {
     "medusa": "specbuild.plugins.medusa",
-    "eagle": "specbuild.plugins.eagle",
-    "eagle3": "specbuild.plugins.eagle3",
+    # TODO: point at specbuild.plugins.eagle / eagle3 once those modules exist (they import eagle_convert)
+    "eagle": "specbuild.plugins.eagle_convert",
+    "eagle3": "specbuild.plugins.eagle_convert",
 }
 
 

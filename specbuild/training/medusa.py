@@ -138,7 +138,7 @@ def train_medusa(
     order = rng.permutation(rows)
     pos = 0
     while step < total:
-        if time.time() - t0 > time_budget_s:
+        if time.time() - t0 > 1.1 * time_budget_s:
             log(f"time budget reached at step {step}/{total}")
             break
         if pos + batch > len(order):
@@ -174,6 +174,11 @@ def train_medusa(
         loss.backward()
         opt.step()
         step += 1
+        if step == 20:  # fit the cosine schedule into the time budget
+            fit = int(step * time_budget_s / max(1e-6, time.time() - t0))
+            if fit < total:
+                log(f"schedule shortened to {fit} steps ({fit / steps_per_epoch:.2f} epochs) to fit the time budget")
+                total = max(step + 1, fit)
         if step % 50 == 0 or step == total:
             el = time.time() - t0
             rate = step * batch / el

@@ -81,6 +81,9 @@ def train_and_export(cfg: dict, log=print) -> dict:
         log=log,
     )
     train_s = time.time() - t0
+    import torch
+
+    torch.save(state, work / "heads_state.pt")
     return finish(cfg, state, feats, train_s, log=log)
 
 

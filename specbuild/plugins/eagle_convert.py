@@ -1,0 +1,462 @@
+"""Head converters for `--eagle-dir` (EAGLE-1/2) and `--eagle3-dir` (EAGLE-3): published heads -> canonical tensors.
+
+Everything is decided from the tensors, never from the head's config.json alone: the layer count (configs are known
+to disagree with the weights), the presence of `fc.bias` (LLaMA-3 heads have none while EAGLE's config default says
+they do) and of q/k/v biases. The draft config supplies head counts, head_dim, intermediate size, eps and RoPE
+(defaulting to the base model's) and every tensor shape is checked against them; errors name the file and the tensor.
+
+EAGLE-1/2 (`pytorch_model.bin`, `model.safetensors` or sharded; keys optionally prefixed `model.` / `ea_layer.`).
+Canonical tensors:
+  fc.weight [H,2H], fc.bias [H] (opt), layers.{i}.self_attn.{q,k,v,o}_proj.weight,
+  layers.{i}.self_attn.{q,k,v}_proj.bias (opt, Qwen2), layers.{i}.mlp.{gate,up,down}_proj.weight,
+  layers.{i}.post_attention_layernorm.weight, layers.{i}.input_layernorm.weight (i > 0 only), embed_tokens.weight
+  [V,H] (opt: absent or equal to the base embedding -> the base embedding is used), and with a reduced/own vocab
+  projection `lm_head.weight [Vd,H]` plus `d2t [Vd]` int64 (draft id j -> target id j + d2t[j]);
+  otherwise the base lm_head is shared.
+  head_cfg: version 1, num_layers, fc_bias, qkv_bias, num_heads, num_kv_heads, head_dim, intermediate_size,
+  rms_norm_eps, rope_theta, rope_scaling, has_embed, draft_vocab_size (int or None), source, defaults.
+
+EAGLE-3, layout "original" (SafeAILab `midlayer.*`) or "modelopt" (ModelOpt's native names `[eagle_module.]layers.0.*`,
+`hidden_norm`, `input_embeds_norm`, `eagle_lm_head`; its exported checkpoints use the original names).
+Canonical tensors:
+  fc.weight [H,3Ht], midlayer.self_attn.{q,k,v}_proj.weight [*,2H], midlayer.self_attn.o_proj.weight,
+  midlayer.mlp.{gate,up,down}_proj.weight, midlayer.{hidden_norm,input_layernorm,post_attention_layernorm}.weight,
+  norm.weight, lm_head.weight [Vd,H], d2t [Vd] int64 (zeros = identity when Vd == V), embed_tokens.weight (opt).
+  head_cfg: version 3, hidden_size, draft_vocab_size, target_hidden_size, num_heads, num_kv_heads, head_dim,
+  intermediate_size, rms_norm_eps, rope_theta, rope_scaling, capture_layers, has_embed, layout, source,
+  defaults.
+  capture_layers are base decoder-layer indices whose *input* (pre-norm residual stream, HF hidden_states[i]) is
+  captured, low -> mid -> high: EAGLE-3's [2, L//2, L-3] (clamped into [0, L-1] for toy models with few layers), or
+  ModelOpt's `eagle_aux_hidden_state_layer_ids` (outputs of layer i = inputs of layer i+1; i+1 == L means the last
+  layer's output before the final norm).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specbuild.builder.checkpoint import read_json
+from specbuild.builder.weights_io import find_weight_files, load_hf_weights
+from specbuild.errors import SpecbuildError
+from specbuild.plugins.registry import register_head_converter
+
+log = logging.getLogger(__name__)
+
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+EAGLE1_PREFIXES = ("ea_layer.", "model.")
+MODELOPT_PREFIX = "eagle_module."
+BASE_EMBED = "model.embed_tokens.weight"
+BASE_LM_HEAD = "lm_head.weight"
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
+# ModelOpt's eagle_module names (single decoder layer) -> the SafeAILab EAGLE-3 names used canonically.
+MODELOPT_TO_EAGLE3 = {
+    **{f"layers.0.self_attn.{p}.weight": f"midlayer.self_attn.{p}.weight" for p in ATTN},
+    **{f"layers.0.mlp.{p}.weight": f"midlayer.mlp.{p}.weight" for p in MLP},
+    "layers.0.post_attention_layernorm.weight": "midlayer.post_attention_layernorm.weight",
+    "hidden_norm.weight": "midlayer.hidden_norm.weight",
+    "input_embeds_norm.weight": "midlayer.input_layernorm.weight",
+    "eagle_lm_head.weight": "lm_head.weight",
+}
+
+
+def _fmt(shape) -> str:
+    return "(" + ", ".join(str(int(s)) for s in shape) + ")"
+
+
+class _HeadTensors:
+    """The head's tensors under canonical names; take() checks and removes them, leftovers are unexpected."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], shown: dict[str, str], source: str):
+        self.tensors = tensors
+        self.shown = shown  # canonical name -> the name in the file (what error messages print)
+        self.source = source
+
+    def name(self, key: str) -> str:
+        return self.shown.get(key, key)
+
+    def has(self, key: str) -> bool:
+        return key in self.tensors
+
+    def take(self, key: str, shape: tuple[int, ...], why: str = "", optional: bool = False) -> torch.Tensor | None:
+        tensor = self.tensors.pop(key, None)
+        why = f" ({why})" if why else ""
+        if tensor is None:
+            if optional:
+                return None
+            raise SpecbuildError(
+                f"{self.source}: tensor {self.name(key)} is missing (expected shape {_fmt(shape)}){why}"
+            )
+        if tuple(tensor.shape) != tuple(shape):
+            raise SpecbuildError(
+                f"{self.source}: tensor {self.name(key)} has shape {_fmt(tensor.shape)}, expected {_fmt(shape)}{why}"
+            )
+        if not tensor.is_floating_point():
+            raise SpecbuildError(
+                f"{self.source}: tensor {self.name(key)} has dtype {str(tensor.dtype).removeprefix('torch.')}, "
+                "expected a floating-point dtype (quantized heads are not supported)"
+            )
+        return tensor
+
+    def take_index(self, key: str) -> torch.Tensor | None:
+        """An integer/bool vocab-mapping buffer (d2t, t2d), any length; None when absent."""
+        return self.tensors.pop(key, None)
+
+    def check_consumed(self, what: str) -> None:
+        if self.tensors:
+            extra = sorted(self.tensors)
+            listed = ", ".join(f"{self.name(k)} (shape {_fmt(self.tensors[k].shape)})" for k in extra[:5])
+            more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
+            raise SpecbuildError(
+                f"{self.source}: unexpected tensor{'s' if len(extra) > 1 else ''} in {what}: {listed}{more}"
+            )
+
+
+def _read(head_dir: Path) -> tuple[dict[str, torch.Tensor], str, dict]:
+    files = find_weight_files(head_dir)
+    source = str(files[0]) if len(files) == 1 else str(head_dir)
+    raw = load_hf_weights(head_dir, progress=False)
+    raw = {k: v for k, v in raw.items() if not k.endswith(IGNORED_SUFFIXES)}
+    cfg_file = head_dir / "config.json"
+    cfg = read_json(cfg_file) if cfg_file.is_file() else {}
+    if not isinstance(cfg, dict):
+        raise SpecbuildError(f"{cfg_file}: expected a JSON object")
+    return raw, source, cfg
+
+
+def _strip(raw: dict[str, torch.Tensor], prefixes: tuple[str, ...], source: str) -> tuple[dict, dict]:
+    """Remove one leading prefix of `prefixes` from every key; returns (tensors, canonical -> file name)."""
+    tensors, shown = {}, {}
+    for key, value in raw.items():
+        name = next((key[len(p) :] for p in prefixes if key.startswith(p)), key)
+        if name in tensors:
+            raise SpecbuildError(f"{source}: tensors {shown[name]} and {key} both name {name}")
+        tensors[name], shown[name] = value, key
+    return tensors, shown
+
+
+def _dims(cfg: dict, model, hidden: int) -> dict[str, Any]:
+    """Attention/MLP sizes and RoPE of the draft layer: the draft config's, else the base model's."""
+    heads = int(cfg.get("num_attention_heads") or model.num_heads)
+    kv_default = heads if cfg.get("num_attention_heads") else model.num_kv_heads
+    head_dim = cfg.get("head_dim") or (hidden // heads if cfg.get("num_attention_heads") else model.head_dim)
+    rope_theta = cfg.get("rope_theta", model.rope_theta)
+    rope_scaling = cfg.get("rope_scaling") if "rope_scaling" in cfg else model.rope_scaling
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict):
+        rope_theta = params.get("rope_theta", rope_theta)
+        if params.get("rope_type", "default") != "default":
+            rope_scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    return {
+        "num_heads": heads,
+        "num_kv_heads": int(cfg.get("num_key_value_heads") or kv_default),
+        "head_dim": int(head_dim),
+        "intermediate_size": int(cfg.get("intermediate_size") or model.intermediate_size),
+        "rms_norm_eps": float(cfg.get("rms_norm_eps") or model.rms_norm_eps),
+        "rope_theta": float(rope_theta or model.rope_theta),
+        "rope_scaling": dict(rope_scaling) if isinstance(rope_scaling, dict) else None,
+    }
+
+
+def _defaults(cfg: dict, head_dir: Path) -> dict:
+    defaults = cfg.get("specbuild_defaults") or {}
+    if not isinstance(defaults, dict):
+        raise SpecbuildError(f"{head_dir / 'config.json'}: specbuild_defaults must be a mapping, got {defaults!r}")
+    return dict(defaults)
+
+
+def _check_vocab_map(src: _HeadTensors, d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: int, vocab: int):
+    """d2t [Vd] int: ids j + d2t[j] strictly increasing inside [0, V); t2d (if any) must mark exactly those ids."""
+    name = src.name("d2t")
+    if d2t.dtype.is_floating_point or d2t.dtype == torch.bool or d2t.dtype.is_complex:
+        raise SpecbuildError(
+            f"{src.source}: tensor {name} has dtype {str(d2t.dtype).removeprefix('torch.')}, "
+            "expected an integer dtype (int64)"
+        )
+    if tuple(d2t.shape) != (draft_vocab,):
+        raise SpecbuildError(
+            f"{src.source}: tensor {name} has shape {_fmt(d2t.shape)}, expected {_fmt((draft_vocab,))} "
+            "(one entry per draft-vocab row of lm_head.weight)"
+        )
+    d2t = d2t.to(torch.int64)
+    mapped = torch.arange(draft_vocab, dtype=torch.int64) + d2t
+    bad = ((mapped < 0) | (mapped >= vocab)).nonzero()
+    if len(bad):
+        j = int(bad[0])
+        raise SpecbuildError(
+            f"{src.source}: tensor {name} maps draft id {j} to target id {int(mapped[j])}, "
+            f"outside the base vocabulary [0, {vocab})"
+        )
+    if draft_vocab > 1:
+        steps = (mapped[1:] <= mapped[:-1]).nonzero()
+        if len(steps):
+            j = int(steps[0]) + 1
+            raise SpecbuildError(
+                f"{src.source}: tensor {name} maps draft ids {j - 1} and {j} to target ids "
+                f"{int(mapped[j - 1])} and {int(mapped[j])}: target ids must be strictly increasing"
+            )
+    if t2d is not None:
+        tname = src.name("t2d")
+        if tuple(t2d.shape) != (vocab,):
+            raise SpecbuildError(
+                f"{src.source}: tensor {tname} has shape {_fmt(t2d.shape)}, expected {_fmt((vocab,))} "
+                "(one entry per base-vocabulary token)"
+            )
+        marked = t2d.to(torch.bool).nonzero().flatten()
+        if len(marked) != draft_vocab or not torch.equal(marked, mapped):
+            raise SpecbuildError(
+                f"{src.source}: tensors {tname} and {name} disagree: t2d marks {len(marked)} target ids, "
+                f"d2t maps {draft_vocab} draft ids to a different set"
+            )
+    return d2t
+
+
+def _base_lm_head(base: dict) -> torch.Tensor:
+    return base[BASE_LM_HEAD] if BASE_LM_HEAD in base else base[BASE_EMBED]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor | None) -> bool:
+    return b is not None and a.shape == b.shape and torch.equal(a.to(b.dtype), b)
+
+
+@register_head_converter("eagle")
+def convert_eagle(head_dir: Path, model, base: dict) -> tuple[dict, dict]:
+    """EAGLE-1/2 heads (SafeAILab `ea_layer` state dicts), any number of layers."""
+    head_dir = Path(head_dir)
+    raw, source, cfg = _read(head_dir)
+    tensors, shown = _strip(raw, EAGLE1_PREFIXES, source)
+    src = _HeadTensors(tensors, shown, source)
+    h, vocab = model.hidden_size, model.vocab_size
+    out: dict[str, torch.Tensor] = {}
+
+    out["fc.weight"] = src.take("fc.weight", (h, 2 * h), f"hidden_size {h} of the base model")
+    fc_bias = src.take("fc.bias", (h,), f"hidden_size {h} of the base model", optional=True)
+    if fc_bias is not None:
+        out["fc.bias"] = fc_bias
+    layer_ids = {int(m[1]) for k in src.tensors if (m := LAYER_KEY.match(k))}
+    if not layer_ids:
+        raise SpecbuildError(f"{source}: holds no EAGLE decoder layer (no layers.0.* tensors)")
+    num_layers = max(layer_ids) + 1
+    if cfg.get("num_hidden_layers") not in (None, num_layers):
+        log.info(
+            "%s: config.json says num_hidden_layers %s, the tensors hold %d layers; using %d",
+            head_dir,
+            cfg.get("num_hidden_layers"),
+            num_layers,
+            num_layers,
+        )
+    dims = _dims(cfg, model, h)
+    q_out, kv_out = dims["num_heads"] * dims["head_dim"], dims["num_kv_heads"] * dims["head_dim"]
+    inter = dims["intermediate_size"]
+    attn_why = (
+        f"num_attention_heads {dims['num_heads']}, num_key_value_heads {dims['num_kv_heads']}, "
+        f"head_dim {dims['head_dim']}, hidden_size {h}"
+    )
+    qkv_bias = src.has("layers.0.self_attn.q_proj.bias")
+    for i in range(num_layers):
+        p = f"layers.{i}."
+        shapes = {"q_proj": (q_out, h), "k_proj": (kv_out, h), "v_proj": (kv_out, h), "o_proj": (h, q_out)}
+        for proj, shape in shapes.items():
+            out[f"{p}self_attn.{proj}.weight"] = src.take(f"{p}self_attn.{proj}.weight", shape, attn_why)
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            bias = src.take(f"{p}self_attn.{proj}.bias", (shapes[proj][0],), attn_why, optional=not qkv_bias)
+            if bias is not None:
+                out[f"{p}self_attn.{proj}.bias"] = bias
+        mlp_why = f"intermediate_size {inter}, hidden_size {h}"
+        for proj, shape in {"gate_proj": (inter, h), "up_proj": (inter, h), "down_proj": (h, inter)}.items():
+            out[f"{p}mlp.{proj}.weight"] = src.take(f"{p}mlp.{proj}.weight", shape, mlp_why)
+        out[f"{p}post_attention_layernorm.weight"] = src.take(f"{p}post_attention_layernorm.weight", (h,))
+        if i > 0:
+            out[f"{p}input_layernorm.weight"] = src.take(f"{p}input_layernorm.weight", (h,))
+        elif src.has(f"{p}input_layernorm.weight"):
+            raise SpecbuildError(
+                f"{source}: unexpected tensor {src.name(p + 'input_layernorm.weight')}: "
+                "EAGLE's first draft layer has no input_layernorm"
+            )
+
+    embed = src.take(
+        "embed_tokens.weight", (vocab, h), f"vocab_size {vocab}, hidden_size {h} of the base model", optional=True
+    )
+    if embed is not None and not _same(embed, base.get(BASE_EMBED)):
+        out["embed_tokens.weight"] = embed
+
+    draft_vocab = None
+    d2t, t2d = src.take_index("d2t"), src.take_index("t2d")
+    if d2t is not None:
+        vd = int(d2t.shape[0]) if d2t.dim() == 1 else -1
+        if not src.has("lm_head.weight"):
+            raise SpecbuildError(
+                f"{source}: tensor {src.name('d2t')} needs the reduced vocab projection "
+                f"lm_head.weight (shape {_fmt((max(vd, 0), h))}), which is missing"
+            )
+        lm_head = src.tensors["lm_head.weight"]
+        vd = int(lm_head.shape[0])
+        out["lm_head.weight"] = src.take("lm_head.weight", (vd, h), f"hidden_size {h} of the base model")
+        out["d2t"] = _check_vocab_map(src, d2t, t2d, vd, vocab)
+        draft_vocab = vd
+    elif t2d is not None:
+        raise SpecbuildError(f"{source}: tensor {src.name('t2d')} without d2t: the draft-to-target map is missing")
+    elif src.has("lm_head.weight"):
+        lm_head = src.take("lm_head.weight", (vocab, h), f"vocab_size {vocab}, hidden_size {h} of the base model")
+        if not _same(lm_head, _base_lm_head(base)):  # a copy of the base lm_head (vLLM's conversion) is dropped
+            out["lm_head.weight"] = lm_head
+            out["d2t"] = torch.zeros(vocab, dtype=torch.int64)
+            draft_vocab = vocab
+    src.check_consumed("an EAGLE-1/2 head")
+
+    head_cfg = {
+        "version": 1,
+        "num_layers": num_layers,
+        "fc_bias": fc_bias is not None,
+        "qkv_bias": qkv_bias,
+        **{k: dims[k] for k in ("num_heads", "num_kv_heads", "head_dim", "intermediate_size")},
+        "rms_norm_eps": dims["rms_norm_eps"],
+        "rope_theta": dims["rope_theta"],
+        "rope_scaling": dims["rope_scaling"],
+        "has_embed": "embed_tokens.weight" in out,
+        "draft_vocab_size": draft_vocab,
+        "source": str(head_dir),
+        "defaults": _defaults(cfg, head_dir),
+    }
+    return head_cfg, out
+
+
+def _eagle3_tensors(raw: dict[str, torch.Tensor], source: str) -> tuple[_HeadTensors, str]:
+    """Canonical EAGLE-3 names from the SafeAILab layout or ModelOpt's; returns (tensors, layout name)."""
+    if any(k.startswith(MODELOPT_PREFIX) for k in raw):  # a full ModelOpt model: keep only the draft module
+        raw = {k[len(MODELOPT_PREFIX) :]: v for k, v in raw.items() if k.startswith(MODELOPT_PREFIX)}
+        prefix = MODELOPT_PREFIX
+    else:
+        prefix = ""
+    tensors, shown = _strip(raw, EAGLE1_PREFIXES, source)
+    shown = {k: prefix + v for k, v in shown.items()}
+    if any(k.startswith("midlayer.") for k in tensors):
+        if any(re.match(r"midlayer\.\d+\.", k) for k in tensors):
+            raise SpecbuildError(f"{source}: multi-layer EAGLE-3 heads (midlayer.N.*) are not supported")
+        return _HeadTensors(tensors, shown, source), "original"
+    if not any(k.startswith("layers.") or k in MODELOPT_TO_EAGLE3 for k in tensors):
+        return _HeadTensors(tensors, shown, source), "original"  # nothing matches: take() reports midlayer.* missing
+    multi = sorted({m[1] for k in tensors if (m := LAYER_KEY.match(k)) and m[1] != "0"})
+    if multi:
+        raise SpecbuildError(f"{source}: multi-layer ModelOpt EAGLE-3 heads (layers.{multi[0]}.*) are not supported")
+    renamed, renamed_shown = {}, {}
+    for key, value in tensors.items():
+        name = MODELOPT_TO_EAGLE3.get(key, key)
+        renamed[name], renamed_shown[name] = value, shown[key]
+    for ours, theirs in MODELOPT_TO_EAGLE3.items():  # missing tensors are reported by their ModelOpt names
+        renamed_shown.setdefault(theirs, prefix + ours)
+    return _HeadTensors(renamed, renamed_shown, source), "modelopt"
+
+
+def _capture_layers(cfg: dict, num_layers: int, source: Path) -> list[int]:
+    aux = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or cfg.get(
+        "eagle_aux_hidden_state_layer_ids"
+    )
+    if aux:
+        layers = [int(i) + 1 for i in aux]  # ModelOpt names the layer whose *output* is captured
+        bad = [i - 1 for i in layers if not 1 <= i <= num_layers]
+        if bad:
+            raise SpecbuildError(
+                f"{source}: eagle_aux_hidden_state_layer_ids {list(aux)} names layer {bad[0]}, "
+                f"outside the base model's {num_layers} layers"
+            )
+        return layers
+    wanted = [2, num_layers // 2, num_layers - 3]
+    layers = [min(max(i, 0), num_layers - 1) for i in wanted]
+    if layers != wanted:
+        log.warning(
+            "base model has only %d layers: EAGLE-3 capture layers %s clamped to %s", num_layers, wanted, layers
+        )
+    return layers
+
+
+@register_head_converter("eagle3")
+def convert_eagle3(head_dir: Path, model, base: dict) -> tuple[dict, dict]:
+    """EAGLE-3 heads: SafeAILab `midlayer.*` checkpoints and ModelOpt exports (`eagle_module.` names)."""
+    head_dir = Path(head_dir)
+    raw, source, cfg = _read(head_dir)
+    src, layout = _eagle3_tensors(raw, source)
+    vocab, base_h = model.vocab_size, model.hidden_size
+    h = int(cfg.get("hidden_size") or base_h)
+    ht = int(cfg.get("target_hidden_size") or base_h)
+    if ht != base_h:
+        raise SpecbuildError(
+            f"{head_dir / 'config.json'}: target_hidden_size {ht} differs from the base model's "
+            f"hidden_size {base_h}: this head was trained for another model"
+        )
+    out: dict[str, torch.Tensor] = {}
+    h_why = f"hidden_size {h}" + ("" if h == base_h else " of the draft config")
+    out["fc.weight"] = src.take("fc.weight", (h, 3 * ht), f"{h_why}, 3 x target hidden size {ht}")
+    dims = _dims(cfg, model, h)
+    q_out, kv_out = dims["num_heads"] * dims["head_dim"], dims["num_kv_heads"] * dims["head_dim"]
+    inter = dims["intermediate_size"]
+    attn_why = (
+        f"num_attention_heads {dims['num_heads']}, num_key_value_heads {dims['num_kv_heads']}, "
+        f"head_dim {dims['head_dim']}, input 2 x hidden_size {h}"
+    )
+    shapes = {"q_proj": (q_out, 2 * h), "k_proj": (kv_out, 2 * h), "v_proj": (kv_out, 2 * h), "o_proj": (h, q_out)}
+    for proj, shape in shapes.items():
+        key = f"midlayer.self_attn.{proj}.weight"
+        out[key] = src.take(key, shape, attn_why)
+    for proj, shape in {"gate_proj": (inter, h), "up_proj": (inter, h), "down_proj": (h, inter)}.items():
+        key = f"midlayer.mlp.{proj}.weight"
+        out[key] = src.take(key, shape, f"intermediate_size {inter}, {h_why}")
+    for norm in ("hidden_norm", "input_layernorm", "post_attention_layernorm"):
+        out[f"midlayer.{norm}.weight"] = src.take(f"midlayer.{norm}.weight", (h,), h_why)
+    out["norm.weight"] = src.take("norm.weight", (h,), h_why)
+
+    d2t, t2d = src.take_index("d2t"), src.take_index("t2d")
+    if src.has("lm_head.weight"):
+        vd = int(src.tensors["lm_head.weight"].shape[0])
+        out["lm_head.weight"] = src.take("lm_head.weight", (vd, h), h_why)
+    elif layout == "modelopt" and h == base_h:  # ModelOpt drafts without eagle_lm_head use the base lm_head
+        vd = vocab
+        out["lm_head.weight"] = _base_lm_head(base)
+    else:
+        vd = int(d2t.shape[0]) if d2t is not None and d2t.dim() == 1 else int(cfg.get("draft_vocab_size") or vocab)
+        src.take("lm_head.weight", (vd, h), h_why)  # raises: missing
+    if d2t is None:
+        if vd != vocab:
+            raise SpecbuildError(
+                f"{source}: tensor {src.name('d2t')} is missing (expected shape {_fmt((vd,))}): "
+                f"lm_head.weight has {vd} rows, a draft vocabulary smaller than the base's {vocab}"
+            )
+        if t2d is not None:
+            raise SpecbuildError(f"{source}: tensor {src.name('t2d')} without d2t: the draft-to-target map is missing")
+        d2t = torch.zeros(vocab, dtype=torch.int64)
+    out["d2t"] = _check_vocab_map(src, d2t, t2d, vd, vocab)
+
+    embed_why = f"base vocab_size {vocab}, {h_why}"
+    embed = src.take("embed_tokens.weight", (vocab, h), embed_why, optional=True)
+    if embed is None and h != base_h:
+        raise SpecbuildError(
+            f"{source}: tensor embed_tokens.weight is missing (expected shape {_fmt((vocab, h))}): "
+            f"the draft hidden_size {h} differs from the base's {base_h}, so the base embedding "
+            "cannot be used"
+        )
+    if embed is not None and not _same(embed, base.get(BASE_EMBED)):
+        out["embed_tokens.weight"] = embed
+    src.check_consumed(f"an EAGLE-3 head ({layout} layout)")
+
+    head_cfg = {
+        "version": 3,
+        "hidden_size": h,
+        "draft_vocab_size": vd,
+        "target_hidden_size": ht,
+        **{k: dims[k] for k in ("num_heads", "num_kv_heads", "head_dim", "intermediate_size")},
+        "rms_norm_eps": dims["rms_norm_eps"],
+        "rope_theta": dims["rope_theta"],
+        "rope_scaling": dims["rope_scaling"],
+        "capture_layers": _capture_layers(cfg, model.num_layers, head_dir / "config.json"),
+        "has_embed": "embed_tokens.weight" in out,
+        "layout": layout,
+        "source": str(head_dir),
+        "defaults": _defaults(cfg, head_dir),
+    }
+    return head_cfg, out
