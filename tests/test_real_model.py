@@ -21,8 +21,12 @@ PROMPTS = [
 def smollm2_engine(smollm2_checkpoint, tmp_path_factory):
     from specbuild.builder.build import BuildOptions, build_engine
 
-    return build_engine(smollm2_checkpoint, tmp_path_factory.mktemp("smollm2_none") / "engine",
-                        BuildOptions(max_seq_len=512, output_logits=True), log=quiet)
+    return build_engine(
+        smollm2_checkpoint,
+        tmp_path_factory.mktemp("smollm2_none") / "engine",
+        BuildOptions(max_seq_len=512, output_logits=True),
+        log=quiet,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -37,17 +37,19 @@ class EaglePlugin(ModePlugin):
         tree_spec = getattr(options, "tree", None) or defaults.get("tree")
         max_draft = getattr(options, "max_draft_len", None)
         self._tree = None
-        if getattr(options, "tree", None) is not None or (
-            tree_spec is not None and not any(getattr(options, k, None) for k in PUBLISHED_DEFAULTS)
-        ):
+        explicit_dynamic = any(getattr(options, k, None) is not None for k in PUBLISHED_DEFAULTS)
+        if getattr(options, "tree", None) is not None or (tree_spec is not None and not explicit_dynamic):
             tree = parse_tree(tree_spec)
             tree.check(max_draft_len=max_draft, source="--tree")
             self._tree = tree
             self.expansion = {"type": "static", "tree_size": tree.size}
         else:
-            k = int(getattr(options, "eagle_top_k", None) or defaults["eagle_top_k"])
-            depth = int(getattr(options, "eagle_depth", None) or defaults["eagle_depth"])
-            total = int(getattr(options, "eagle_total_tokens", None) or defaults["eagle_total_tokens"])
+
+            def pick(key):
+                value = getattr(options, key, None)
+                return int(defaults[key] if value is None else value)
+
+            k, depth, total = pick("eagle_top_k"), pick("eagle_depth"), pick("eagle_total_tokens")
             vocab = self.drafter.draft_vocab or net.cfg.vocab_size
             if not 1 <= k <= min(vocab, 3839):
                 raise SpecbuildError(f"--eagle-top-k {k} must be between 1 and {min(vocab, 3839)}")

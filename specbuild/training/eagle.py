@@ -1,0 +1,600 @@
+"""Self-distilled EAGLE-1 and EAGLE-3 draft heads: feature extraction, training-time-test training, export.
+
+Data: the greedy sequences of `specbuild.training.distill` (prompt_ids + gen_ids per JSON line). One base forward
+per sequence gives, for positions p = prompt_len-PROMPT_TAIL .. len-2 (shards under `features_dir`):
+`h_low`, `h_mid`, `h_high` [N,H] fp16 (inputs of base layers 2, L//2, L-3 = HF hidden_states[i], EAGLE-3),
+`hidden` [N,H] fp16 (final normed hidden = input of lm_head, EAGLE-1), `token` [N] (x_{p+1}),
+`greedy` [N] (the base model's argmax at p), `seq` [N] and `pos` [N] (absolute position p).
+
+Training uses the engine's own module (`specbuild.plugins.eagle_draft.DraftNet`) and its semantics: the draft
+pairs feature f_t with token x_{t+1} at rope position t and its output h_t predicts x_{t+2}, the base model's
+greedy token after x_{t+1} (`greedy[t+1]`). Training-time test: step 0 runs on the true features; in step j the
+feature at position t is the step-(j-1) output h_{t-1} (the engine feeds a node's draft output to its children),
+and position t attends to the step-0 keys at positions <= t-j plus its own unrolled ancestors of steps 1..j-1
+(exactly the engine's expansion memories: draft cache + tree ancestors). Loss per step 0.8^j * CE (EAGLE-3:
+over the draft vocab, targets outside it masked; EAGLE-1: over the base lm_head restricted to a frequent-token
+subset for speed) + for EAGLE-1 a SmoothL1 between h_t and the true f_{t+1}.
+
+Export: `save_eagle3` (SafeAILab original layout, fc/midlayer/norm/lm_head/d2t/t2d) and `save_eagle1`
+(fc with bias, layers.0.* without input_layernorm, no embed_tokens, base lm_head), fp16 safetensors + config.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from specbuild.training import distill
+
+PROMPT_TAIL = 8
+FEATURE_KEYS = ("h_low", "h_mid", "h_high")
+
+
+# ----------------------------------------------------------------------------------------------- features
+
+
+def capture_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's captured decoder-layer inputs: 2, L//2, L-3 (clamped for toy models)."""
+    return [min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3)]
+
+
+@torch.inference_mode()
+def extract_features(
+    hf_dir: str | Path,
+    sequences_jsonl: str | Path,
+    out_dir: str | Path,
+    batch_tokens: int = 2048,
+    time_budget_s: float = 1e9,
+    max_sequences: int | None = None,
+    log=print,
+) -> int:
+    """One base forward per sequence; writes one shard per batch (resumes: sequences with shards are skipped).
+
+    Returns the number of sequences with features."""
+    distill.setup_torch()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done_file = out_dir / "done.txt"
+    done = set(done_file.read_text().split()) if done_file.exists() else set()
+    seqs = [r for r in distill.read_sequences(sequences_jsonl) if len(r["gen_ids"]) >= 2]
+    if max_sequences is not None:
+        seqs = seqs[:max_sequences]
+    todo = [r for r in seqs if r["id"] not in done]
+    todo.sort(key=lambda r: len(r["prompt_ids"]) + len(r["gen_ids"]))
+    if not todo:
+        return len(done)
+    model, tok = distill.load_model(hf_dir)
+    n_layers = model.config.num_hidden_layers
+    cap = capture_layers(n_layers)
+    captured: dict[int, torch.Tensor] = {}
+
+    def hook(idx):
+        def f(mod, args, kwargs):
+            captured[idx] = args[0] if args else kwargs["hidden_states"]
+
+        return f
+
+    for i in sorted(set(cap)):
+        model.model.layers[i].register_forward_pre_hook(hook(i), with_kwargs=True)
+    # nothing after the last captured layer's input is needed (the final hidden comes from distill's shards)
+    model.model.layers = model.model.layers[: max(cap) + 1]
+    model.model.norm = torch.nn.Identity()
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    t0 = time.time()
+    i = 0
+    while i < len(todo):
+        if time.time() - t0 > time_budget_s:
+            log(f"feature time budget reached: {len(done)} sequences")
+            break
+        n_max = len(todo[i]["prompt_ids"]) + len(todo[i]["gen_ids"])
+        j = i + 1
+        while j < len(todo) and (j - i + 1) * (len(todo[j]["prompt_ids"]) + len(todo[j]["gen_ids"])) <= batch_tokens:
+            j += 1
+        batch = todo[i:j]
+        fulls = [r["prompt_ids"] + r["gen_ids"] for r in batch]
+        ids, mask, pos = distill._left_pad(fulls, pad)
+        captured.clear()
+        model.model(input_ids=ids, attention_mask=mask, position_ids=pos)
+        rows: dict[str, list] = {k: [] for k in (*FEATURE_KEYS, "token", "seq", "pos")}
+        L = ids.shape[1]
+        for b, r in enumerate(batch):
+            n_full, P = len(fulls[b]), len(r["prompt_ids"])
+            p0 = P - min(PROMPT_TAIL, P)
+            a, e = L - n_full + p0, L - 1  # positions p0 .. n_full-2
+            for key, li in zip(FEATURE_KEYS, cap):
+                rows[key].append(captured[li][b, a:e].to(torch.float16).numpy())
+            rows["token"].append(np.asarray(fulls[b][p0 + 1 :], dtype=np.int32))
+            rows["seq"].append(np.full(n_full - 1 - p0, distill._seq_no(r["id"]), dtype=np.int32))
+            rows["pos"].append(np.arange(p0, n_full - 1, dtype=np.int32))
+        from safetensors.numpy import save_file
+
+        name = f"fwd-{batch[0]['id']}-{len(batch)}"
+        save_file({k: np.ascontiguousarray(np.concatenate(v)) for k, v in rows.items()}, str(out_dir / f".{name}"))
+        (out_dir / f".{name}").rename(out_dir / f"{name}.safetensors")
+        done.update(r["id"] for r in batch)
+        done_file.write_text("\n".join(sorted(done)) + "\n")
+        i = j
+        log(f"features {len(done)} sequences ({i}/{len(todo)} of this run), max len {n_max}, {time.time() - t0:.0f}s")
+    return len(done)
+
+
+def check_hidden_states(hf_dir: str | Path) -> dict:
+    """Whether HF's hidden_states[-1] is the normed final hidden and hidden_states[i] the input of layer i."""
+    model, _ = distill.load_model(hf_dir)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    with torch.inference_mode():
+        out = model.model(input_ids=ids, output_hidden_states=True)
+        hs = out.hidden_states
+        captured = {}
+
+        def hook(idx):
+            def f(mod, args, kwargs):
+                x = args[0] if args else kwargs["hidden_states"]
+                captured[idx] = x.clone()
+
+            return f
+
+        handles = [model.model.layers[i].register_forward_pre_hook(hook(i), with_kwargs=True) for i in (2, 15, 27)]
+        model.model(input_ids=ids)
+        for h in handles:
+            h.remove()
+    return {
+        "n_hidden_states": len(hs),
+        "last_is_normed": bool(torch.allclose(hs[-1], out.last_hidden_state)),
+        "last_is_norm_of_prev": bool(torch.allclose(hs[-1], model.model.norm(hs[-2]), atol=1e-5)),
+        "layer_inputs_match": all(bool(torch.allclose(hs[i], captured[i])) for i in captured),
+    }
+
+
+# ----------------------------------------------------------------------------------------------- data
+
+
+def _load_shards(features_dir: str | Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+    from safetensors import safe_open
+
+    shards = sorted(Path(features_dir).glob("*.safetensors"))
+    if not shards:
+        raise FileNotFoundError(f"no feature shards in {features_dir}")
+    parts: dict[str, list] = {k: [] for k in keys}
+    for s in shards:
+        with safe_open(str(s), framework="numpy") as f:
+            for k in keys:
+                parts[k].append(f.get_tensor(k))
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def load_sequences(version: int, features_dir: str | Path, sequences_jsonl: str | Path) -> list[dict]:
+    """Per sequence: `feat` [n,F] fp16 (EAGLE-3: h_low|h_mid|h_high; EAGLE-1: final normed hidden), `token` [n]
+    (x_{p+1}), `valid` [n] (x_{p+2} is a greedy base token, i.e. a generated one), `pos` [n], `seq`."""
+    prompt_len = {distill._seq_no(r["id"]): len(r["prompt_ids"]) for r in distill.read_sequences(sequences_jsonl)}
+    if version == 3:
+        d = _load_shards(features_dir, (*FEATURE_KEYS, "token", "seq", "pos"))
+        feat = np.concatenate([d[k] for k in FEATURE_KEYS], axis=1)
+        pos = d["pos"]
+    else:  # distill's shards: hidden, next_token, seq, gen_offset (gen_offset = p - (P - 1))
+        d = _load_shards(features_dir, ("hidden", "next_token", "seq", "gen_offset"))
+        feat, d["token"] = d["hidden"], d["next_token"]
+        pos = np.zeros_like(d["seq"])
+    seq = d["seq"]
+    cuts = np.nonzero(np.diff(seq) != 0)[0] + 1
+    out = []
+    for a, e in zip(np.r_[0, cuts], np.r_[cuts, len(seq)]):
+        s = int(seq[a])
+        if s not in prompt_len or e - a < 3:
+            continue
+        P = prompt_len[s]
+        if version == 3:
+            p = pos[a:e].astype(np.int64)
+        else:
+            p = d["gen_offset"][a:e].astype(np.int64) + P - 1
+        valid = np.zeros(e - a, dtype=bool)
+        valid[:-1] = p[1:] + 1 >= P  # target x_{p+2} = token[t+1] is generated
+        out.append({"seq": s, "feat": feat[a:e], "token": d["token"][a:e].astype(np.int64), "valid": valid, "pos": p})
+    return out
+
+
+def split_heldout(seqs: list[dict], frac: float) -> tuple[list[dict], list[dict]]:
+    held = [s for s in seqs if (s["seq"] * 2654435761 % 2**32) / 2**32 < frac]
+    ids = {s["seq"] for s in held}
+    return [s for s in seqs if s["seq"] not in ids], held
+
+
+def draft_vocab(seqs: list[dict], size: int, vocab: int) -> np.ndarray:
+    """The `size` most frequent target tokens of the training generations, sorted by id."""
+    counts = np.zeros(vocab, dtype=np.int64)
+    for s in seqs:
+        np.add.at(counts, s["token"][1:][s["valid"][:-1]], 1)
+    counts += np.bincount(np.concatenate([s["token"] for s in seqs]), minlength=vocab)[:vocab] > 0  # tie-break
+    top = np.argsort(-counts, kind="stable")[:size]
+    return np.sort(top)
+
+
+def chunks(seqs: list[dict], length: int) -> list[dict]:
+    out = []
+    for s in seqs:
+        n = len(s["token"])
+        for a in range(0, n, length):
+            e = min(n, a + length)
+            if e - a >= 3 and s["valid"][a:e].any():
+                out.append({k: (v[a:e] if isinstance(v, np.ndarray) else v) for k, v in s.items()})
+    return out
+
+
+def collate(items: list[dict]) -> dict[str, torch.Tensor]:
+    b, n = len(items), max(len(it["token"]) for it in items)
+    f = items[0]["feat"].shape[1]
+    feat = torch.zeros(b, n, f)
+    token = torch.zeros(b, n, dtype=torch.long)
+    valid = torch.zeros(b, n, dtype=torch.bool)
+    pos = torch.zeros(b, n, dtype=torch.long)
+    for i, it in enumerate(items):
+        m = len(it["token"])
+        feat[i, :m] = torch.from_numpy(it["feat"].astype(np.float32))
+        token[i, :m] = torch.from_numpy(it["token"])
+        valid[i, :m] = torch.from_numpy(it["valid"])
+        pos[i, :m] = torch.from_numpy(it["pos"]) if it["pos"][0] >= 0 else torch.arange(m)
+        pos[i, m:] = pos[i, m - 1] + 1 + torch.arange(n - m)
+    return {"feat": feat, "token": token, "valid": valid, "pos": pos}
+
+
+# ----------------------------------------------------------------------------------------------- model
+
+
+class BaseParts(torch.nn.Module):
+    """The frozen base tensors a draft uses: embed_tokens and lm_head (tied for SmolLM2)."""
+
+    def __init__(self, hf_dir: str | Path):
+        super().__init__()
+        from safetensors import safe_open
+
+        with safe_open(str(Path(hf_dir) / "model.safetensors"), framework="pt") as f:
+            emb = f.get_tensor("model.embed_tokens.weight").float()
+            head = f.get_tensor("lm_head.weight").float() if "lm_head.weight" in f.keys() else emb
+        self.embed_tokens = torch.nn.Embedding.from_pretrained(emb, freeze=True)
+        self.lm_head = torch.nn.Linear(emb.shape[1], head.shape[0], bias=False)
+        self.lm_head.weight = torch.nn.Parameter(head, requires_grad=False)
+
+
+def base_config(hf_dir: str | Path):
+    from specbuild.builder.model_config import ModelConfig
+
+    return ModelConfig.from_hf(json.loads((Path(hf_dir) / "config.json").read_text()))
+
+
+def head_config(version: int, base, intermediate_size: int, draft_vocab_size: int | None) -> dict:
+    cfg = {
+        "version": version,
+        "num_heads": base.num_heads,
+        "num_kv_heads": base.num_kv_heads,
+        "head_dim": base.head_dim,
+        "intermediate_size": intermediate_size,
+        "rms_norm_eps": base.rms_norm_eps,
+        "rope_theta": base.rope_theta,
+        "has_embed": False,
+    }
+    if version == 3:
+        cfg["draft_vocab_size"] = draft_vocab_size
+    else:
+        cfg.update({"num_layers": 1, "fc_bias": True, "qkv_bias": False, "draft_vocab_size": None})
+    return cfg
+
+
+def build_draft(version: int, hf_dir, intermediate_size: int, draft_vocab_size: int | None, seed: int = 0):
+    from specbuild.plugins.eagle_draft import DraftNet
+
+    torch.manual_seed(seed)
+    base = base_config(hf_dir)
+    draft = DraftNet(head_config(version, base, intermediate_size, draft_vocab_size), base, version)
+    for m in draft.modules():  # LLaMA init
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                torch.nn.init.zeros_(m.bias)
+    return draft
+
+
+def ttt_forward(draft, net, batch: dict, steps: int):
+    """Training-time test. Returns the per-step draft outputs [B,n,H] (list of `steps`).
+
+    Step 0 runs on the true features (causal). In step j, position t gets feature h^{(j-1)}_{t-1} and attends to
+    step-0 keys at positions <= t-j, step-i keys at position t-j+i (i = 1..j-1) and itself."""
+    feat, token, pos = batch["feat"], batch["token"], batch["pos"]
+    b, n = token.shape
+    r = torch.arange(n)
+    rows, cols = r.view(n, 1), r.view(1, n)
+    eye = (rows == cols).unsqueeze(0).expand(b, n, n)
+    f0 = draft.fc(feat) if draft.version == 3 else feat
+    causal = (cols <= rows).unsqueeze(0).expand(b, n, n)
+    empty = [[] for _ in draft.layers]
+    h, ks, vs = draft.run(token, f0, pos, net, empty, [[] for _ in draft.layers], [], causal)
+    outs, mem_k, mem_v = [h], [[k] for k in ks], [[v] for v in vs]
+    for j in range(1, steps):
+        feats = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)
+        masks = [(cols <= rows - j).unsqueeze(0).expand(b, n, n)]
+        masks += [(cols == rows - j + i).unsqueeze(0).expand(b, n, n) for i in range(1, j)]
+        h, ks, vs = draft.run(token, feats, pos, net, mem_k, mem_v, masks, eye)
+        outs.append(h)
+        for li in range(len(ks)):
+            mem_k[li] = mem_k[li] + [ks[li]]
+            mem_v[li] = mem_v[li] + [vs[li]]
+    return outs
+
+
+def step_losses(draft, net, outs, batch, tgt_map: torch.Tensor, sub_w: torch.Tensor | None, l1_weight: float):
+    """Per-step (loss, correct, count). tgt_map [V] maps a target id to its logit column (-1: masked).
+
+    EAGLE-3: logits = lm_head(norm(h)) over the draft vocab. EAGLE-1: h @ sub_w.T (base lm_head rows of a
+    frequent-token subset) + l1_weight * SmoothL1(h_t, f_{t+1})."""
+    token, valid, feat = batch["token"], batch["valid"], batch["feat"]
+    b, n = token.shape
+    target_ids = torch.cat([token[:, 1:], token[:, :1]], dim=1)
+    col = tgt_map[target_ids]
+    res = []
+    for j, h in enumerate(outs):
+        m = valid & (col >= 0)
+        if j:
+            m[:, :j] = False
+        logits = draft.lm_head(draft.norm(h[m])) if draft.version == 3 else h[m] @ sub_w.t()
+        tgt = col[m]
+        loss = torch.nn.functional.cross_entropy(logits.float(), tgt) if tgt.numel() else h.sum() * 0
+        if draft.version == 1 and l1_weight:
+            mf = valid.clone()
+            if j:
+                mf[:, :j] = False
+            nxt = torch.cat([feat[:, 1:], feat[:, :1]], dim=1)
+            loss = loss + l1_weight * torch.nn.functional.smooth_l1_loss(h[mf], nxt[mf])
+        correct = (logits.argmax(-1) == tgt).sum().item() if tgt.numel() else 0
+        res.append((loss, correct, int(tgt.numel())))
+    return res
+
+
+def _target_map(version: int, used: np.ndarray, vocab: int) -> torch.Tensor:
+    m = torch.full((vocab,), -1, dtype=torch.long)
+    m[torch.from_numpy(used)] = torch.arange(len(used))
+    return m
+
+
+@torch.no_grad()
+def evaluate(draft, net, seqs: list[dict], tgt_map, sub_w, steps: int = 4, length: int = 256, batch: int = 16) -> dict:
+    """Per-step top-1 accuracy (training-time-test unroll) over `seqs`; for EAGLE-3 positions whose target is
+    outside the draft vocab count as misses (acc_all) and are excluded (acc_in_vocab)."""
+    draft.eval()
+    items = chunks(seqs, length)
+    corr, cnt, total = np.zeros(steps), np.zeros(steps), np.zeros(steps)
+    for i in range(0, len(items), batch):
+        bt = collate(items[i : i + batch])
+        outs = ttt_forward(draft, net, bt, steps)
+        for j, (_, c, k) in enumerate(step_losses(draft, net, outs, bt, tgt_map, sub_w, 0.0)):
+            corr[j] += c
+            cnt[j] += k
+            v = bt["valid"].clone()
+            v[:, :j] = False
+            total[j] += int(v.sum())
+    draft.train()
+    return {
+        "acc_in_vocab": [round(float(c / max(k, 1)), 4) for c, k in zip(corr, cnt)],
+        "acc_all": [round(float(c / max(t, 1)), 4) for c, t in zip(corr, total)],
+        "positions": int(total[0]),
+    }
+
+
+def train_eagle(
+    version: int,
+    hf_dir: str | Path,
+    features_dir: str | Path,
+    sequences_jsonl: str | Path,
+    eval_sets: dict | None = None,
+    intermediate_size: int = 768,
+    draft_vocab_size: int = 8192,
+    steps: int = 3,
+    step_decay: float = 0.8,
+    l1_weight: float = 0.1,
+    chunk_len: int = 256,
+    batch: int = 16,
+    lr: float = 1e-3,
+    warmup: int = 50,
+    epochs: float = 4.0,
+    time_budget_s: float = 1200.0,
+    heldout_frac: float = 0.05,
+    feature_noise: float = 0.0,
+    seed: int = 0,
+    log_every: int = 20,
+    log=print,
+) -> dict:
+    """Train an EAGLE draft (version 1 or 3) with training-time test. Returns {draft, used, metrics}.
+
+    eval_sets: {name: (features_dir, sequences_jsonl)} evaluated after training (never trained on)."""
+    distill.setup_torch()
+    base = base_config(hf_dir)
+    net = BaseParts(hf_dir)
+    seqs = load_sequences(version, features_dir, sequences_jsonl)
+    train, held = split_heldout(seqs, heldout_frac)
+    used = draft_vocab(train, draft_vocab_size, base.vocab_size)
+    tgt_map = _target_map(version, used, base.vocab_size)
+    sub_w = net.lm_head.weight[torch.from_numpy(used)] if version == 1 else None
+    draft = build_draft(version, hf_dir, intermediate_size, draft_vocab_size if version == 3 else None, seed)
+    if version == 3:
+        d2t = torch.from_numpy(used).long() - torch.arange(len(used))
+        draft.d2t.copy_(d2t)
+    items = chunks(train, chunk_len)
+    n_tok = sum(int(it["valid"].sum()) for it in items)
+    total_steps = max(1, int(epochs * len(items) / batch))
+    log(
+        f"EAGLE-{version}: {len(train)} train / {len(held)} held-out sequences, {len(items)} chunks, {n_tok} targets, "
+        f"{total_steps} optimizer steps max, draft vocab coverage "
+        f"{float(tgt_map[torch.from_numpy(np.concatenate([s['token'] for s in train]))].ge(0).float().mean()):.3f}"
+    )
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    rng = random.Random(seed)
+    t0 = time.time()
+    step = 0
+    done = False
+    ema = None
+    while not done:
+        order = list(range(len(items)))
+        rng.shuffle(order)
+        for i in range(0, len(order) - batch + 1, batch):
+            if step >= total_steps or time.time() - t0 > time_budget_s:
+                done = True
+                break
+            bt = collate([items[k] for k in order[i : i + batch]])
+            if feature_noise:
+                bt["feat"] = bt["feat"] + (torch.rand_like(bt["feat"]) - 0.5) * feature_noise
+            sched = min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total_steps)))
+            for g in opt.param_groups:
+                g["lr"] = lr * max(sched, 0.02)
+            outs = ttt_forward(draft, net, bt, steps)
+            res = step_losses(draft, net, outs, bt, tgt_map, sub_w, l1_weight)
+            loss = sum(step_decay**j * r[0] for j, r in enumerate(res))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 0.5)
+            opt.step()
+            accs = [r[1] / max(r[2], 1) for r in res]
+            ema = accs if ema is None else [0.95 * e + 0.05 * a for e, a in zip(ema, accs)]
+            step += 1
+            if step % log_every == 0:
+                log(
+                    f"step {step}/{total_steps} loss {loss.item():.3f} acc {[round(a, 3) for a in ema]} "
+                    f"lr {lr * max(sched, 0.02):.2e} {time.time() - t0:.0f}s"
+                )
+        if not items:
+            break
+    train_s = time.time() - t0
+    metrics = {"version": version, "train_s": round(train_s, 1), "optimizer_steps": step, "train_sequences": len(train)}
+    metrics["heldout"] = evaluate(draft, net, held, tgt_map, sub_w)
+    log(f"held-out: {metrics['heldout']}")
+    for name, (fd, js) in (eval_sets or {}).items():
+        try:
+            ev = load_sequences(version, fd, js)
+        except FileNotFoundError as e:
+            log(f"eval set {name} skipped: {e}")
+            continue
+        metrics[name] = evaluate(draft, net, ev, tgt_map, sub_w)
+        log(f"{name}: {metrics[name]}")
+    return {"draft": draft, "used": used, "metrics": metrics}
+
+
+# ----------------------------------------------------------------------------------------------- export
+
+
+def _draft_config_json(version: int, hf_dir, draft, base_model_name: str, defaults: dict, metrics: dict | None) -> dict:
+    hf = json.loads((Path(hf_dir) / "config.json").read_text())
+    c = draft.c
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "torch_dtype": "float16",
+        "hidden_size": c["hidden"],
+        "intermediate_size": c["intermediate_size"],
+        "num_attention_heads": c["num_heads"],
+        "num_key_value_heads": c["num_kv_heads"],
+        "head_dim": c["head_dim"],
+        "hidden_act": "silu",
+        "rms_norm_eps": c["rms_norm_eps"],
+        "rope_theta": float(hf.get("rope_theta") or (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+        "max_position_embeddings": hf.get("max_position_embeddings", 2048),
+        "vocab_size": hf["vocab_size"],
+        "num_hidden_layers": 1,
+        "bias": version == 1,
+        "base_model": base_model_name,
+        "specbuild_defaults": dict(defaults),
+    }
+    if version == 3:
+        cfg["draft_vocab_size"] = int(draft.lm_head.weight.shape[0])
+    if metrics:
+        cfg["specbuild_training"] = metrics
+    return cfg
+
+
+def _write(out_dir: str | Path, tensors: dict[str, torch.Tensor], cfg: dict) -> None:
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def save_eagle3(out_dir, draft, used: np.ndarray, hf_dir, base_model_name: str, defaults: dict, metrics=None):
+    """SafeAILab EAGLE-3 layout: fc.weight, midlayer.*, norm.weight, lm_head.weight, d2t [Vd] int64, t2d [V] bool
+    (no embed_tokens: the base embedding is used), fp16 weights."""
+    sd = draft.state_dict()
+    tensors = {k: v.detach().to(torch.float16) for k, v in sd.items() if k != "d2t"}
+    vocab = json.loads((Path(hf_dir) / "config.json").read_text())["vocab_size"]
+    used_t = torch.from_numpy(np.asarray(used)).long()
+    tensors["d2t"] = used_t - torch.arange(len(used_t))
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[used_t] = True
+    tensors["t2d"] = t2d
+    _write(out_dir, tensors, _draft_config_json(3, hf_dir, draft, base_model_name, defaults, metrics))
+
+
+def save_eagle1(out_dir, draft, hf_dir, base_model_name: str, defaults: dict, metrics=None):
+    """SafeAILab EAGLE-1 layout: fc.weight/bias, layers.0.* without input_layernorm, no embed_tokens/lm_head."""
+    sd = draft.state_dict()
+    tensors = {k: v.detach().to(torch.float16) for k, v in sd.items() if k != "d2t"}
+    _write(out_dir, tensors, _draft_config_json(1, hf_dir, draft, base_model_name, defaults, metrics))
+
+
+# ----------------------------------------------------------------------------------------------- recipes
+
+
+def run_eagle_recipe(path: str | Path, log=print) -> dict:
+    """Run an EAGLE recipe (`kind: eagle` or `eagle3`): features, training, evaluation, export.
+
+    Sequences come from the Medusa recipe's data stage (`distill_dir`: train.jsonl, humaneval.jsonl and, for
+    EAGLE-1, its final-hidden shards feat_train / feat_humaneval); EAGLE-3 layer features go to `feature_dir`."""
+    cfg = yaml.safe_load(Path(path).read_text())
+    version = 3 if cfg.get("kind", "eagle3") == "eagle3" else 1
+    hf, dd = cfg["base_model"], Path(cfg["distill_dir"])
+    t = cfg.get("train", {})
+    distill.setup_torch()
+    if version == 3:
+        fd = Path(cfg["feature_dir"])
+        f = cfg.get("features", {})
+        extract_features(hf, dd / "humaneval.jsonl", fd / "humaneval", log=log)
+        budget = float(f.get("time_budget_s", 1e9))
+        extract_features(hf, dd / "train.jsonl", fd / "train", time_budget_s=budget, log=log)
+        train_dir, he_dir = fd / "train", fd / "humaneval"
+    else:
+        train_dir, he_dir = dd / "feat_train", dd / "feat_humaneval"
+    res = train_eagle(
+        version,
+        hf,
+        train_dir,
+        dd / "train.jsonl",
+        eval_sets={"humaneval": (he_dir, dd / "humaneval.jsonl")},
+        intermediate_size=int(t.get("intermediate_size", 768)),
+        draft_vocab_size=int(t.get("draft_vocab_size", 8192)),
+        steps=int(t.get("ttt_steps", 3)),
+        step_decay=float(t.get("step_decay", 0.8)),
+        l1_weight=float(t.get("l1_weight", 0.1)),
+        chunk_len=int(t.get("chunk_len", 256)),
+        batch=int(t.get("batch", 16)),
+        lr=float(t.get("lr", 1e-3)),
+        warmup=int(t.get("warmup", 50)),
+        epochs=float(t.get("epochs", 4)),
+        time_budget_s=float(t.get("time_budget_s", 1200)),
+        heldout_frac=float(t.get("heldout_frac", 0.05)),
+        feature_noise=float(t.get("feature_noise", 0.0)),
+        log=log,
+    )
+    defaults = cfg.get("specbuild_defaults", {"eagle_top_k": 6, "eagle_depth": 5, "eagle_total_tokens": 24})
+    name = cfg.get("base_model_name", str(hf))
+    if version == 3:
+        save_eagle3(cfg["output_dir"], res["draft"], res["used"], hf, name, defaults, res["metrics"])
+    else:
+        save_eagle1(cfg["output_dir"], res["draft"], hf, name, defaults, res["metrics"])
+    work = Path(cfg.get("work_dir", cfg.get("feature_dir", dd)))
+    work.mkdir(parents=True, exist_ok=True)
+    (work / f"metrics-eagle{version}.json").write_text(json.dumps(res["metrics"], indent=1) + "\n")
+    return res["metrics"]
