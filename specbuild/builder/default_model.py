@@ -62,3 +62,16 @@ def prepare_smollm2(out_dir: str | os.PathLike | None = None, overwrite: bool = 
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return out
+
+
+HEADS_ROOT = Path(__file__).resolve().parent.parent / "data" / "heads"
+
+
+def shipped_heads() -> dict[str, Path]:
+    """Speculative heads trained for SmolLM2 and shipped in the package: mode -> head directory."""
+    out = {}
+    for mode in ("medusa", "eagle", "eagle3"):
+        path = HEADS_ROOT / f"smollm2-{mode}"
+        if (path / "config.json").is_file():
+            out[mode] = path
+    return out

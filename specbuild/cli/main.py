@@ -290,9 +290,10 @@ def prepare_default_model(output_dir):
 
 # ---------------------------------------------------------------- demo
 def _embedded_heads(mode: str) -> Path | None:
-    """Heads for SmolLM2 shipped in specbuild/data/heads/<mode>, if any."""
-    path = Path(__file__).resolve().parent.parent / "data" / "heads" / mode
-    return path if path.is_dir() else None
+    """Heads for SmolLM2 shipped in specbuild/data/heads/smollm2-<mode>, if any."""
+    from specbuild.builder.default_model import shipped_heads
+
+    return shipped_heads().get(mode)
 
 
 @cli.command()

@@ -1,0 +1,61 @@
+"""Engine build: manifest contents, TensorRT-parseable graphs, recipes, atomic output on failure."""
+
+import onnx
+import pytest
+import yaml
+
+from specbuild import engine_format as ef
+from specbuild.builder.build import BuildOptions, build_engine
+from specbuild.builder.trt_compat import lint_onnx_for_tensorrt
+from specbuild.errors import SpecbuildError
+from tests.conftest import quiet
+
+pytestmark = pytest.mark.xdist_group("tiny")
+
+
+def test_manifest_records_format_limits_and_io(tiny_engines):
+    manifest = yaml.safe_load((tiny_engines["qwen2_bias"] / ef.ENGINE_MANIFEST).read_text())
+    assert manifest["format"] == ef.ENGINE_FORMAT and manifest["format_version"] == ef.ENGINE_FORMAT_VERSION
+    assert manifest["speculative_mode"] == "none" and manifest["lossless"] is True
+    assert manifest["limits"]["max_seq_len"] == 128
+    inputs = {i["name"]: i for i in manifest["io"]["inputs"]}
+    assert {ef.INPUT_IDS, ef.TREE_MASK, ef.PATHS, ef.KV_CACHE, ef.RAND_ACCEPT} <= set(inputs)
+    assert inputs[ef.TREE_MASK]["dtype"] == "bool"
+    outputs = {o["name"] for o in manifest["io"]["outputs"]}
+    assert {ef.ACCEPTED_TOKENS, ef.NUM_ACCEPTED, ef.ACCEPTED_NODES, ef.NEW_KV, ef.NEXT_INPUT_IDS} <= outputs
+    assert manifest["validation"]["max_abs_diff"] < 1e-3
+
+
+@pytest.mark.parametrize("shape", ["llama_gqa_llama3rope", "llama_tied_linear", "qwen2_bias"])
+def test_every_exported_graph_passes_the_tensorrt_operator_check(tiny_engines, shape):
+    model = onnx.load(str(tiny_engines[shape] / ef.ENGINE_ONNX), load_external_data=False)
+    assert lint_onnx_for_tensorrt(model) == []
+    assert {o.domain: o.version for o in model.opset_import}.get("", 0) == 18
+
+
+def test_recipe_options_and_overrides(tmp_path, tiny_checkpoints):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("build:\n  speculative_mode: none\n  max_seq_len: 64\n")
+    opts = BuildOptions.from_recipe(recipe, max_seq_len=32)
+    assert opts.max_seq_len == 32 and opts.speculative_mode == "none"
+    recipe.write_text("build:\n  max_seq_length: 64\n")
+    with pytest.raises(SpecbuildError, match="max_seq_length"):
+        BuildOptions.from_recipe(recipe)
+
+
+def test_failed_build_leaves_no_output(tmp_path, tiny_checkpoints, monkeypatch):
+    import specbuild.builder.export as export
+
+    def boom(*args, **kwargs):
+        raise SpecbuildError("export validation: max abs diff 1 exceeds 0.001")
+
+    monkeypatch.setattr(export, "validate_export", boom)
+    with pytest.raises(SpecbuildError, match="export validation"):
+        build_engine(tiny_checkpoints["qwen2_bias"], tmp_path / "engine", BuildOptions(), log=quiet)
+    assert not (tmp_path / "engine").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".engine")]
+    with pytest.raises(SpecbuildError, match="max-seq-len"):
+        build_engine(tiny_checkpoints["qwen2_bias"], tmp_path / "engine", BuildOptions(max_seq_len=100000), log=quiet)
+    with pytest.raises(SpecbuildError, match="speculative-mode"):
+        build_engine(tiny_checkpoints["qwen2_bias"], tmp_path / "engine", BuildOptions(speculative_mode="x"), log=quiet)
+    assert not (tmp_path / "engine").exists()

@@ -1,0 +1,50 @@
+"""SmolLM2-135M-Instruct with the speculative heads shipped in the package: exact greedy ids and real acceptance."""
+
+import pytest
+import torch
+
+from specbuild.builder.default_model import shipped_heads
+from specbuild.runtime.engine import Engine
+from tests.conftest import hf_greedy, quiet
+
+pytestmark = pytest.mark.xdist_group("real_spec")
+
+# What this release ships; a head directory that goes missing (or appears untested) fails here.
+SHIPPED = {"medusa", "eagle", "eagle3"}
+PROMPTS = [
+    'def is_prime(n):\n    """Return True if n is a prime number."""\n',
+    "<|im_start|>user\nGive me three tips for staying healthy.<|im_end|>\n<|im_start|>assistant\n",
+    "from typing import List\n\n\ndef below_zero(operations: List[int]) -> bool:\n",
+]
+
+
+def test_the_package_ships_the_expected_heads():
+    assert set(shipped_heads()) == SHIPPED
+
+
+@pytest.fixture(scope="module")
+def hf_model(smollm2_hf):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_hf, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("mode", sorted(SHIPPED))
+def test_greedy_equals_transformers_with_shipped_heads(mode, smollm2_hf, hf_model, tmp_path):
+    from specbuild.builder.build import BuildOptions, build_engine
+    from specbuild.builder.convert import convert_checkpoint
+
+    heads = shipped_heads()
+    assert mode in heads, f"{mode} heads are not shipped"
+    ckpt = convert_checkpoint(smollm2_hf, tmp_path / "ckpt", heads={mode: heads[mode]}, progress=False)
+    engine_dir = build_engine(
+        ckpt, tmp_path / "engine", BuildOptions(speculative_mode=mode, max_seq_len=512), log=quiet
+    )
+    engine = Engine(engine_dir)
+    steps = []
+    for prompt in PROMPTS:
+        ids = engine.codec.encode(prompt)
+        result = engine.generate(input_ids=ids, max_new_tokens=64)
+        assert result.output_ids == hf_greedy(hf_model, ids, 64), (mode, prompt)
+        steps += result.accepted_per_step
+    assert sum(steps) / len(steps) > 1.5  # the shipped heads really draft accepted tokens
