@@ -27,21 +27,25 @@ def at_most(x, hi: int):
     return torch.where(x > hi, torch.full_like(x, hi), x)
 
 
-def target_probs(logits, temperature, top_k, top_p):
-    """Processed target distribution [B,W,V] (float32): temperature -> top-k -> top-p; one-hot argmax at T=0.
-
-    With top-k and top-p off, the full softmax is used. Filtering works over the TOP_K_CAP most likely tokens.
-    """
-    logits = logits.float()
-    b, w, v = logits.shape
-    greedy = (temperature <= 0).view(b, 1, 1)
+def _onehot_argmax(logits):
+    v = logits.shape[-1]
     argmax = logits.argmax(dim=-1, keepdim=True)
-    onehot = (torch.arange(v, device=logits.device).view(1, 1, v) == argmax).float()
-    temp = torch.clamp(temperature, min=1e-5).view(b, 1, 1)
-    scaled = logits / temp
+    return (torch.arange(v, device=logits.device).view(1, 1, v) == argmax).float()
+
+
+def _greedy_probs(logits, temperature, top_k, top_p):
+    return _onehot_argmax(logits)
+
+
+def _plain_probs(scaled, top_k, top_p):
+    return torch.softmax(scaled, dim=-1)
+
+
+def _filtered_probs(scaled, top_k, top_p):
+    """top-k then top-p over the TOP_K_CAP most likely tokens (a constant-K TopK: TensorRT needs K <= 3840)."""
+    b, w, v = scaled.shape
     cap = min(v, TOP_K_CAP)
-    sorted_vals, _ = torch.topk(scaled, k=cap, dim=-1)  # constant K (TensorRT: K <= 3840)
-    # top-k: keep values >= the k-th largest; with top-k off, top-p works over the `cap` most likely tokens
+    sorted_vals, _ = torch.topk(scaled, k=cap, dim=-1)
     k = at_most(torch.where(top_k > 0, top_k, torch.full_like(top_k, cap)), cap)
     kth = sorted_vals.gather(2, (k - 1).view(b, 1, 1).expand(b, w, 1))
     sorted_vals = sorted_vals.masked_fill(sorted_vals < kth, float("-inf"))
@@ -53,9 +57,27 @@ def target_probs(logits, temperature, top_k, top_p):
     threshold = sorted_vals.gather(2, n_keep - 1)  # the smallest kept logit
     filtering = ((top_k > 0) | (top_p < 1.0)).view(b, 1, 1)
     threshold = torch.where(filtering, threshold, torch.full_like(threshold, float("-inf")))
-    scaled = scaled.masked_fill(scaled < threshold, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
-    return torch.where(greedy, onehot, probs)
+    return torch.softmax(scaled.masked_fill(scaled < threshold, float("-inf")), dim=-1)
+
+
+def _sampled_probs(logits, temperature, top_k, top_p):
+    b = logits.shape[0]
+    scaled = logits / torch.clamp(temperature, min=1e-5).view(b, 1, 1)
+    filtering = ((top_k > 0) | (top_p < 1.0)).any()
+    probs = torch.cond(filtering, _filtered_probs, _plain_probs, (scaled, top_k, top_p))
+    return torch.where((temperature <= 0).view(b, 1, 1), _onehot_argmax(logits), probs)
+
+
+def target_probs(logits, temperature, top_k, top_p):
+    """Processed target distribution [B,W,V] (float32): temperature -> top-k -> top-p; one-hot argmax at T=0.
+
+    With top-k and top-p off, the full softmax is used; filtering works over the TOP_K_CAP most likely tokens.
+    Data-dependent branches (ONNX If) skip the sort when no row filters and all sampling work when every row is
+    greedy, so greedy verification of a tree costs one argmax over the vocabulary.
+    """
+    logits = logits.float()
+    sampling = (temperature > 0).any()
+    return torch.cond(sampling, _sampled_probs, _greedy_probs, (logits, temperature, top_k, top_p))
 
 
 def typical_probs(logits, temperature, epsilon, alpha):

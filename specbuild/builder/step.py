@@ -62,12 +62,12 @@ class StepModule(nn.Module):
         t = input_ids.shape[1]
         w = rand_accept.shape[1]
         off = t - w
-        logits = self.net.lm_head(hidden[:, off:])
+        logits = self.net.lm_head(hidden.narrow(1, off, w))
         paths_w = torch.where(paths >= 0, paths - off, torch.full_like(paths, -1))
         acc_tokens, num_acc, acc_nodes_w, last_w = accept(
             logits,
-            input_ids[:, off:],
-            tree_mask[:, off:, off:],
+            input_ids.narrow(1, off, w),
+            tree_mask.narrow(1, off, w).narrow(2, off, w),
             paths_w,
             temperature,
             top_k,

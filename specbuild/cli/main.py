@@ -399,3 +399,37 @@ def bench(engine_dirs, prompts, num_prompts, max_new_tokens, hf_model_dir, threa
 
 if __name__ == "__main__":
     cli()
+
+
+# ---------------------------------------------------------------- train
+@cli.command()
+@click.option(
+    "--recipe",
+    required=True,
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Training recipe (recipes/train-*-smollm2.yaml).",
+)
+@handle_errors
+def train(recipe):
+    """Train speculative heads for a base model by self-distillation (CPU), as a recipe describes.
+
+    Medusa recipes run data generation, feature extraction, head training, tree choice and export; EAGLE
+    recipes (`kind: eagle` / `kind: eagle3`) reuse the generated sequences and train the draft network.
+    """
+    import yaml
+
+    try:
+        kind = (yaml.safe_load(Path(recipe).read_text()) or {}).get("kind", "medusa")
+    except yaml.YAMLError as exc:
+        raise SpecbuildError(f"recipe {recipe}: invalid YAML ({exc})") from None
+    if kind == "medusa":
+        from specbuild.training.recipe import run_recipe
+
+        metrics = run_recipe(recipe)
+    elif kind in ("eagle", "eagle3"):
+        from specbuild.training.eagle import run_eagle_recipe
+
+        metrics = run_eagle_recipe(recipe)
+    else:
+        raise SpecbuildError(f"recipe {recipe}: unknown kind {kind!r} (medusa, eagle, eagle3)")
+    click.echo(json.dumps(metrics, indent=2, default=str))

@@ -53,11 +53,13 @@ def extract_features(
     batch_tokens: int = 2048,
     time_budget_s: float = 1e9,
     max_sequences: int | None = None,
+    prompt_tail: int | None = PROMPT_TAIL,
     log=print,
 ) -> int:
     """One base forward per sequence; writes one shard per batch (resumes: sequences with shards are skipped).
 
-    Returns the number of sequences with features."""
+    prompt_tail: rows start this many positions before the end of the prompt (None: the whole prompt, as needed
+    by `simulate_tau`). Returns the number of sequences with features."""
     distill.setup_torch()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -106,7 +108,7 @@ def extract_features(
         L = ids.shape[1]
         for b, r in enumerate(batch):
             n_full, P = len(fulls[b]), len(r["prompt_ids"])
-            p0 = P - min(PROMPT_TAIL, P)
+            p0 = 0 if prompt_tail is None else P - min(prompt_tail, P)
             a, e = L - n_full + p0, L - 1  # positions p0 .. n_full-2
             for key, li in zip(FEATURE_KEYS, cap):
                 rows[key].append(captured[li][b, a:e].to(torch.float16).numpy())
@@ -448,7 +450,8 @@ def train_eagle(
             bt = collate([items[k] for k in order[i : i + batch]])
             if feature_noise:
                 bt["feat"] = bt["feat"] + (torch.rand_like(bt["feat"]) - 0.5) * feature_noise
-            sched = min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total_steps)))
+            progress = min(1.0, max(step / total_steps, (time.time() - t0) / time_budget_s))  # steps or time
+            sched = min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * progress))
             for g in opt.param_groups:
                 g["lr"] = lr * max(sched, 0.02)
             outs = ttt_forward(draft, net, bt, steps)
@@ -481,6 +484,67 @@ def train_eagle(
         metrics[name] = evaluate(draft, net, ev, tgt_map, sub_w)
         log(f"{name}: {metrics[name]}")
     return {"draft": draft, "used": used, "metrics": metrics}
+
+
+# ----------------------------------------------------------------------------------------------- tree simulation
+
+
+@torch.no_grad()
+def simulate_tau(draft, net, seqs: list[dict], top_k: int, depth: int, total_tokens: int, max_new: int = 128) -> dict:
+    """Mean accepted tokens per step (tau, bonus included) of greedy EAGLE-2 dynamic-tree decoding, simulated with
+    the engine's own `expand_dynamic` on known greedy continuations (`seqs` need whole-prompt features).
+
+    Greedy verification is lossless, so the accepted length of a step is the longest tree path that matches the
+    base model's greedy continuation; the draft cache holds the step-0 (true-feature) KV of the prefix."""
+    from types import SimpleNamespace
+
+    from specbuild.plugins.eagle_draft import expand_dynamic
+
+    draft.eval()
+    steps = tokens = 0
+    for s in seqs:
+        bt = collate([s])
+        n = bt["token"].shape[1]
+        full_len = n + 1
+        prompt_len = full_len - int(s["valid"].sum())
+        f0 = draft.fc(bt["feat"]) if draft.version == 3 else bt["feat"]
+        r = torch.arange(n)
+        causal = (r.view(1, n) <= r.view(n, 1)).unsqueeze(0)
+        empty = [[] for _ in draft.layers]
+        h, ks, vs = draft.run(bt["token"], f0, bt["pos"], net, empty, [[] for _ in draft.layers], [], causal)
+        kv = torch.stack([torch.stack(ks), torch.stack(vs)], dim=1)  # [Ld,2,1,Hkv,n,D]
+        x = [None] + bt["token"][0].tolist()  # x[p+1] = token[p]
+        a = prompt_len - 1
+        end = min(full_len - 1, prompt_len - 1 + max_new)
+        while a < end - 1:
+            ctx = SimpleNamespace(
+                net=net,
+                input_ids=torch.tensor([[0]]),
+                position_ids=bt["pos"][:, a : a + 1],
+                past_length=torch.tensor([a]),
+                tree_mask=torch.ones(1, 1, 1, dtype=torch.bool),
+                last_node=torch.tensor([0]),
+                bonus=bt["token"][:, a],
+            )
+            out = expand_dynamic(
+                draft, ctx, h[:, a : a + 1], kv[..., :a, :], kv[..., a : a + 1, :], top_k, depth, total_tokens
+            )
+            ids, paths = out["next_input_ids"][0].tolist(), out["next_paths"][0].tolist()
+            best = 0
+            for path in paths:
+                nodes = [i for i in path if i >= 0][1:]
+                d = 0
+                for d_i, node in enumerate(nodes, start=1):
+                    p = a + 1 + d_i
+                    if p > end or ids[node] != x[p]:
+                        break
+                    d = d_i
+                best = max(best, d)
+            steps += 1
+            tokens += best + 1
+            a += best + 1
+    draft.train()
+    return {"tau": round(tokens / max(steps, 1), 3), "steps": steps, "tokens": tokens}
 
 
 # ----------------------------------------------------------------------------------------------- export

@@ -81,11 +81,10 @@ def target_index(feats: dict[str, np.ndarray], num_heads: int) -> np.ndarray:
 
 
 def split_by_sequence(feats: dict[str, np.ndarray], heldout_frac: float, seed: int = 0) -> np.ndarray:
-    """Boolean mask of held-out rows (whole sequences)."""
-    seqs = np.unique(feats["seq"])
-    rng = np.random.default_rng(seed)
-    held = rng.choice(seqs, size=max(1, int(round(len(seqs) * heldout_frac))), replace=False)
-    return np.isin(feats["seq"], held)
+    """Boolean mask of held-out rows: whole sequences, chosen by their (hash-derived) number, so the split of a
+    sequence stays the same when more data is added."""
+    key = (feats["seq"].astype(np.int64) + seed * 7919) % 10000
+    return key < int(round(heldout_frac * 10000))
 
 
 # ----------------------------------------------------------------------------------------------- training
@@ -341,5 +340,7 @@ def save_medusa_v2(
     }
     if extra:
         cfg.update(extra)
-    (out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+    text = json.dumps({k: v for k, v in cfg.items() if k != "medusa_choices"}, indent=1)
+    text = text[:-2] + f',\n "medusa_choices": {json.dumps(medusa_choices)}\n}}\n'
+    (out / "config.json").write_text(text)
     return out
