@@ -12,6 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one thread per xdist worker: two workers on two cores, no oversubscription (ORT reads SPECBUILD_THREADS)
+    os.environ.setdefault("SPECBUILD_THREADS", "1")
+    torch.set_num_threads(1)
+
 TINY_SEED = 0
 TINY_STD = 0.3
 TINY_VOCAB_STD = 0.5  # embeddings / lm_head: peaked logits

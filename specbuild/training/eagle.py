@@ -259,6 +259,7 @@ class BaseParts(torch.nn.Module):
         with safe_open(str(Path(hf_dir) / "model.safetensors"), framework="pt") as f:
             emb = f.get_tensor("model.embed_tokens.weight").float()
             head = f.get_tensor("lm_head.weight").float() if "lm_head.weight" in f.keys() else emb
+            self.register_buffer("final_norm", f.get_tensor("model.norm.weight").float(), persistent=False)
         self.embed_tokens = torch.nn.Embedding.from_pretrained(emb, freeze=True)
         self.lm_head = torch.nn.Linear(emb.shape[1], head.shape[0], bias=False)
         self.lm_head.weight = torch.nn.Parameter(head, requires_grad=False)
@@ -422,9 +423,13 @@ def train_eagle(
     tgt_map = _target_map(version, used, base.vocab_size)
     sub_w = net.lm_head.weight[torch.from_numpy(used)] if version == 1 else None
     draft = build_draft(version, hf_dir, intermediate_size, draft_vocab_size if version == 3 else None, seed)
-    if version == 3:
-        d2t = torch.from_numpy(used).long() - torch.arange(len(used))
-        draft.d2t.copy_(d2t)
+    h = base.hidden_size
+    with torch.no_grad():  # start from the base model's output space: pass the (last) feature through fc
+        draft.fc.weight[:, -h:] += torch.eye(h)
+        if version == 3:
+            draft.d2t.copy_(torch.from_numpy(used).long() - torch.arange(len(used)))
+            draft.lm_head.weight.copy_(net.lm_head.weight[torch.from_numpy(used)])
+            draft.norm.weight.copy_(net.final_norm)
     items = chunks(train, chunk_len)
     n_tok = sum(int(it["valid"].sum()) for it in items)
     total_steps = max(1, int(epochs * len(items) / batch))

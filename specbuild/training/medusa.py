@@ -9,7 +9,7 @@ evaluation always uses the full vocabulary.
 
 `choose_tree` picks a prefix-closed tree of rank paths that maximises the empirical expected accepted length on
 held-out rows (joint rank statistics of all heads, so no independence assumption is needed), and
-`save_medusa_v2` writes `config.json` + `model.safetensors` (`medusa_head.{k}.{j}.linear.weight|bias`).
+`save_medusa_v2` writes the published v2 layout: `config.json` + `medusa_lm_head.safetensors` (`{k}.{j}.linear.*`).
 """
 
 from __future__ import annotations
@@ -317,7 +317,8 @@ def save_medusa_v2(
     vocab_size: int = 49152,
     extra: dict | None = None,
 ) -> Path:
-    """config.json + model.safetensors (float16, `medusa_head.{k}.{j}.linear.weight|bias`, no per-head lm_head)."""
+    """Published Medusa "version 2" layout: config.json (`version: "2"`) + medusa_lm_head.safetensors (float16,
+    `{k}.{j}.linear.weight|bias`, no per-head lm_head: heads reuse the base lm_head)."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
@@ -327,8 +328,8 @@ def save_medusa_v2(
         for j in range(num_layers):
             for p in ("weight", "bias"):
                 t = state[f"medusa_head.{k}.{j}.linear.{p}"]
-                tensors[f"medusa_head.{k}.{j}.linear.{p}"] = t.to(torch.float16).contiguous()
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+                tensors[f"{k}.{j}.linear.{p}"] = t.to(torch.float16).contiguous()
+    save_file(tensors, str(out / "medusa_lm_head.safetensors"), metadata={"format": "pt"})
     cfg = {
         "medusa_num_heads": num_heads,
         "medusa_num_layers": num_layers,
