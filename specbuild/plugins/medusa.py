@@ -49,6 +49,7 @@ def convert_medusa(head_dir: Path, model, base: dict) -> tuple[dict, dict]:
     cfg = read_json(head_dir / "config.json") if (head_dir / "config.json").is_file() else {}
     h = model.hidden_size
     per_head: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
+    draft_vocab = raw.pop("draft_vocab", None)
     for key, value in raw.items():
         m = KEY.match(key)
         if not m:
@@ -106,6 +107,23 @@ def convert_medusa(head_dir: Path, model, base: dict) -> tuple[dict, dict]:
     }
     if cfg.get("medusa_choices"):
         head_cfg["medusa_choices"] = Tree.from_choices(cfg["medusa_choices"]).to_list()
+    if draft_vocab is not None:
+        # specbuild extension: v2 heads may carry the ids their proposals are restricted to (frequent tokens), so
+        # each head projects onto those rows of the base lm_head only; verification is unchanged (lossless)
+        ids = draft_vocab.to(torch.int64).flatten()
+        if own_lm_head:
+            raise SpecbuildError(f"{source}: draft_vocab is only supported for heads that share the base lm_head")
+        if (
+            ids.numel() == 0
+            or int(ids.min()) < 0
+            or int(ids.max()) >= model.vocab_size
+            or not bool((ids[1:] > ids[:-1]).all())
+        ):
+            raise SpecbuildError(
+                f"{source}: draft_vocab must hold strictly increasing token ids in [0, {model.vocab_size})"
+            )
+        out["draft_vocab"] = ids
+        head_cfg["draft_vocab_size"] = int(ids.numel())
     return head_cfg, out
 
 
@@ -162,7 +180,13 @@ class MedusaPlugin(ModePlugin):
             bool(cfg.get("own_lm_head")),
         )
         state = {}
+        self.draft_lm_head = None
         for key, value in checkpoint.head_tensors("medusa").items():
+            if key == "draft_vocab":
+                self.register_buffer("draft_ids", value.to(torch.long), persistent=False)
+                self.draft_lm_head = nn.Linear(net.cfg.hidden_size, value.numel(), bias=False)
+                self.draft_lm_head.weight.data = net.lm_head.weight.data[value.to(torch.long)].clone()
+                continue
             parts = key.split(".")
             if parts[2] == "blocks":
                 state[f"blocks.{parts[1]}.{parts[3]}.{parts[4]}"] = value
@@ -186,11 +210,19 @@ class MedusaPlugin(ModePlugin):
             return {"next_input_ids": ctx.bonus.unsqueeze(1)}
         candidates = []
         for head in range(self._tree.depth):
-            logits = self.heads(last, head, ctx.net.lm_head)
-            candidates.append(torch.topk(logits.float(), k=k, dim=-1).indices)
+            if self.draft_lm_head is not None:  # proposals from the draft vocabulary's rows of the base lm_head
+                idx = torch.topk(self.heads(last, head, self.draft_lm_head).float(), k=k, dim=-1).indices
+                candidates.append(self.draft_ids[idx])
+            else:
+                logits = self.heads(last, head, ctx.net.lm_head)
+                candidates.append(torch.topk(logits.float(), k=k, dim=-1).indices)
         flat = torch.cat(candidates, dim=1)  # [B, depth*k]
         drafts = flat.index_select(1, self.gather_index)
         return {"next_input_ids": torch.cat([ctx.bonus.unsqueeze(1), drafts], dim=1)}
 
     def manifest(self) -> dict:
-        return {"num_heads": self.num_heads, "top_k": self.top_k}
+        return {
+            "num_heads": self.num_heads,
+            "top_k": self.top_k,
+            "draft_vocab_size": None if self.draft_lm_head is None else int(self.draft_ids.numel()),
+        }

@@ -16,13 +16,35 @@ import yaml
 
 from specbuild.training import distill, medusa
 
+PATH_KEYS = ("work_dir", "distill_dir", "feature_dir", "output_dir")
+
+
+def resolve_paths(cfg: dict) -> dict:
+    """`base_model: default` -> the embedded SmolLM2 (prepared on first use); `~` and env vars expanded."""
+    import os
+
+    cfg = dict(cfg)
+    if cfg.get("base_model") == "default":
+        from specbuild.builder.default_model import prepare_smollm2
+
+        cfg["base_model"] = str(prepare_smollm2())
+    for key in PATH_KEYS:
+        if cfg.get(key):
+            cfg[key] = os.path.expandvars(os.path.expanduser(str(cfg[key])))
+    return cfg
+
 
 def load_recipe(path: str | Path) -> dict:
-    cfg = yaml.safe_load(Path(path).read_text())
+    from specbuild.errors import SpecbuildError
+
+    try:
+        cfg = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecbuildError(f"recipe {path}: cannot read ({exc})") from None
     for key in ("base_model", "work_dir", "output_dir"):
-        if key not in cfg:
-            raise ValueError(f"{path}: recipe needs `{key}`")
-    return cfg
+        if key not in (cfg or {}):
+            raise SpecbuildError(f"recipe {path}: needs `{key}`")
+    return resolve_paths(cfg)
 
 
 def prepare_data(cfg: dict, log=print) -> None:
@@ -117,6 +139,10 @@ def finish(cfg: dict, state, feats: dict, train_s: float, log=print) -> dict:
 def run_recipe(path: str | Path, log=print) -> dict:
     """Run a whole recipe; returns the metrics written to `<work_dir>/metrics.json`."""
     cfg = load_recipe(path)
+    if cfg.get("kind", "medusa") in ("eagle", "eagle3"):
+        from specbuild.training.eagle import run_eagle_recipe
+
+        return run_eagle_recipe(path, log=log)
     distill.setup_torch()
     prepare_data(cfg, log=log)
     return train_and_export(cfg, log=log)

@@ -182,3 +182,35 @@ def test_typical_acceptance_is_opt_in_and_labelled(toy_medusa, tmp_path):
     assert engine.manifest["lossless"] is False
     ids = PROMPTS[0]
     assert engine.generate(input_ids=ids, max_new_tokens=30).output_ids == hf_greedy(model, ids, 30)
+
+
+def test_draft_vocabulary_extension_is_exact_and_validated(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = toy_model("llama_tied_linear", tmp_path / "hf", seed=4)
+    write_medusa_heads(tmp_path / "heads", "v2", _hidden(model), 12, num_heads=3, seed=4)
+    file = tmp_path / "heads" / "medusa_lm_head.safetensors"
+    state = load_file(str(file))
+    save_file({**state, "draft_vocab": torch.tensor([0, 2, 3, 5, 7, 8, 9, 11])}, str(file))
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={"medusa": tmp_path / "heads"}, progress=False)
+    engine = Engine(
+        build_engine(ckpt, tmp_path / "engine", BuildOptions(speculative_mode="medusa", tree=TREE), log=quiet),
+        threads=1,
+    )
+    assert engine.manifest["mode"]["draft_vocab_size"] == 8
+    drafted = set()
+    real_run = engine.backend.run
+
+    def spy(feeds):
+        out = real_run(feeds)
+        drafted.update(out["next_input_ids"][0, 1:].tolist())
+        return out
+
+    engine.backend.run = spy
+    for ids in PROMPTS:
+        assert engine.generate(input_ids=ids, max_new_tokens=30).output_ids == hf_greedy(model, ids, 30)
+    assert drafted and drafted <= {0, 2, 3, 5, 7, 8, 9, 11}  # proposals come from the draft vocabulary only
+    save_file({**state, "draft_vocab": torch.tensor([3, 2, 5])}, str(file))
+    with pytest.raises(SpecbuildError, match="draft_vocab must hold strictly increasing"):
+        convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt2", heads={"medusa": tmp_path / "heads"}, progress=False)
+    assert not (tmp_path / "ckpt2").exists()
