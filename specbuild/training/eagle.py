@@ -568,7 +568,7 @@ def _draft_config_json(version: int, hf_dir, draft, base_model_name: str, defaul
         "num_key_value_heads": c["num_kv_heads"],
         "head_dim": c["head_dim"],
         "hidden_act": "silu",
-        "rms_norm_eps": c["rms_norm_eps"],
+        "rms_norm_eps": hf.get("rms_norm_eps", c["rms_norm_eps"]),
         "rope_theta": float(hf.get("rope_theta") or (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
         "max_position_embeddings": hf.get("max_position_embeddings", 2048),
         "vocab_size": hf["vocab_size"],
@@ -622,7 +622,9 @@ def run_eagle_recipe(path: str | Path, log=print) -> dict:
 
     Sequences come from the Medusa recipe's data stage (`distill_dir`: train.jsonl, humaneval.jsonl and, for
     EAGLE-1, its final-hidden shards feat_train / feat_humaneval); EAGLE-3 layer features go to `feature_dir`."""
-    cfg = yaml.safe_load(Path(path).read_text())
+    from specbuild.training.recipe import resolve_paths
+
+    cfg = resolve_paths(yaml.safe_load(Path(path).read_text()))
     version = 3 if cfg.get("kind", "eagle3") == "eagle3" else 1
     hf, dd = cfg["base_model"], Path(cfg["distill_dir"])
     t = cfg.get("train", {})
