@@ -109,14 +109,18 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
         )
     plugin_cls = load_plugin_class(options.speculative_mode)
     torch.manual_seed(0)
-    net = LlamaNetwork.from_tensors(cfg, ckpt.tensors(), ckpt.dtype)
+    # ONNX Runtime's CPU kernels barely cover bfloat16: bf16 checkpoints become fp32 engines (exact upcast)
+    engine_dtype = "float32" if ckpt.dtype == "bfloat16" else ckpt.dtype
+    if engine_dtype != ckpt.dtype:
+        log("bfloat16 checkpoint: building a float32 engine (ONNX Runtime CPU has few bfloat16 kernels)")
+    net = LlamaNetwork.from_tensors(cfg, ckpt.tensors(), engine_dtype)
     plugin = plugin_cls(ckpt, net, options).to(net.embed_tokens.weight.dtype).eval()
     step = StepModule(net, plugin, output_logits=options.output_logits, typical=options.typical_acceptance).eval()
     tree = plugin.tree()
-    tolerance = options.validate_tolerance or (1e-3 if ckpt.dtype == "float32" else 5e-2)
+    tolerance = options.validate_tolerance or (1e-3 if engine_dtype == "float32" else 5e-2)
     with atomic_output_dir(output_dir, overwrite=options.overwrite) as tmp:
         onnx_path = tmp / ef.ENGINE_ONNX
-        log(f"exporting {options.speculative_mode} step graph ({cfg.num_layers} layers, {ckpt.dtype}) ...")
+        log(f"exporting {options.speculative_mode} step graph ({cfg.num_layers} layers, {engine_dtype}) ...")
         inputs, outputs = export_step(step, onnx_path)
         diff = validate_export(step, onnx_path, tolerance)
         log(f"export validated against torch: max abs diff {diff:.3g} (bound {tolerance:g})")
@@ -138,7 +142,8 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
             "format_version": ef.ENGINE_FORMAT_VERSION,
             "specbuild_version": __version__,
             "speculative_mode": options.speculative_mode,
-            "dtype": ckpt.dtype,
+            "dtype": engine_dtype,
+            "checkpoint_dtype": ckpt.dtype,
             "lossless": options.typical_acceptance is None,
             "typical_acceptance": list(options.typical_acceptance) if options.typical_acceptance else None,
             "model": {

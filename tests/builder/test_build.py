@@ -59,3 +59,21 @@ def test_failed_build_leaves_no_output(tmp_path, tiny_checkpoints, monkeypatch):
     with pytest.raises(SpecbuildError, match="speculative-mode"):
         build_engine(tiny_checkpoints["qwen2_bias"], tmp_path / "engine", BuildOptions(speculative_mode="x"), log=quiet)
     assert not (tmp_path / "engine").exists()
+
+
+def test_bfloat16_checkpoint_builds_an_exact_float32_engine(tmp_path, tiny_hf_models):
+    import numpy as np
+    import torch
+
+    from specbuild.builder.convert import convert_checkpoint
+    from specbuild.runtime.engine import Engine
+    from tests.conftest import tiny_hf_model
+
+    ckpt = convert_checkpoint(tiny_hf_models["qwen2_bias"], tmp_path / "ckpt", dtype="bfloat16", progress=False)
+    engine = Engine(build_engine(ckpt, tmp_path / "engine", BuildOptions(output_logits=True), log=quiet), threads=1)
+    assert engine.manifest["dtype"] == "float32" and engine.manifest["checkpoint_dtype"] == "bfloat16"
+    model = tiny_hf_model("qwen2_bias").to(torch.bfloat16).to(torch.float32)  # the same rounded weights
+    ids = [1, 5, 9, 13, 7]
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(engine.prefill_logits(ids) - want).max() < 1e-4
