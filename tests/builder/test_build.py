@@ -72,7 +72,10 @@ def test_bfloat16_checkpoint_builds_an_exact_float32_engine(tmp_path, tiny_hf_mo
     ckpt = convert_checkpoint(tiny_hf_models["qwen2_bias"], tmp_path / "ckpt", dtype="bfloat16", progress=False)
     engine = Engine(build_engine(ckpt, tmp_path / "engine", BuildOptions(output_logits=True), log=quiet), threads=1)
     assert engine.manifest["dtype"] == "float32" and engine.manifest["checkpoint_dtype"] == "bfloat16"
-    model = tiny_hf_model("qwen2_bias").to(torch.bfloat16).to(torch.float32)  # the same rounded weights
+    model = tiny_hf_model("qwen2_bias")
+    with torch.no_grad():  # the same bf16-rounded weights (parameters only: rotary buffers stay exact)
+        for param in model.parameters():
+            param.copy_(param.to(torch.bfloat16).to(torch.float32))
     ids = [1, 5, 9, 13, 7]
     with torch.no_grad():
         want = model(torch.tensor([ids])).logits[0].numpy()
