@@ -34,33 +34,42 @@ def rotate_half(x):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        h, d = cfg.hidden_size, cfg.head_dim
-        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
+    """GQA attention with RoPE. project() and attend() are shared with the EAGLE draft layers."""
 
-    def forward(self, x, cos, sin, mask, past_k, past_v):
-        """x [B,T,H]; cos/sin [B,1,T,D]; mask [B,1,1,T,C+T] bool; past_k/v [B,Hkv,C,D]."""
+    def __init__(self, in_dim: int, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(in_dim, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+
+    def project(self, x, cos, sin):
+        """q [B,Hq,T,D], k/v [B,Hkv,T,D] with RoPE applied to q and k."""
         b, t, _ = x.shape
-        hkv, g, d = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
+        d = self.head_dim
         q = self.q_proj(x).view(b, t, self.num_heads, d).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, hkv, d).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, hkv, d).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        keys = torch.cat([past_k, k], dim=2)
-        values = torch.cat([past_v, v], dim=2)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, d).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, d).transpose(1, 2)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+    def attend(self, q, keys, values, mask):
+        """q [B,Hq,T,D]; keys/values [B,Hkv,M,D]; mask [B,1,1,T,M] bool -> o_proj output [B,T,H]."""
+        b, _, t, d = q.shape
+        hkv, g = self.num_kv_heads, self.num_heads // self.num_kv_heads
         q = q.reshape(b, hkv, g, t, d)
         scores = torch.matmul(q, keys.unsqueeze(2).transpose(-1, -2)) * (d**-0.5)
         scores = scores.float().masked_fill(~mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(values.dtype)
         out = torch.matmul(probs, values.unsqueeze(2))  # [B,Hkv,G,T,D]
         out = out.reshape(b, self.num_heads, t, d).transpose(1, 2).reshape(b, t, self.num_heads * d)
-        return self.o_proj(out), k, v
+        return self.o_proj(out)
+
+    def forward(self, x, cos, sin, mask, past_k, past_v):
+        """x [B,T,H]; cos/sin [B,1,T,D]; mask [B,1,1,T,C+T] bool; past_k/v [B,Hkv,C,D]."""
+        q, k, v = self.project(x, cos, sin)
+        out = self.attend(q, torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2), mask)
+        return out, k, v
 
 
 class MLP(nn.Module):
@@ -78,7 +87,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        h = cfg.hidden_size
+        self.self_attn = Attention(h, h, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attention_bias)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 

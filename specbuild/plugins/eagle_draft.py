@@ -14,36 +14,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specbuild.builder.network import RMSNorm, rotate_half
+from specbuild.builder.network import Attention, RMSNorm
 
 
-class DraftAttention(nn.Module):
-    def __init__(self, in_dim, hidden, heads, kv_heads, head_dim, qkv_bias):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.q_proj = nn.Linear(in_dim, heads * head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+class DraftAttention(Attention):
+    """The base attention over a list of memories (draft cache, accepted path, expansion nodes) plus itself."""
 
     def forward(self, x, cos, sin, mem_k, mem_v, mem_mask, self_mask):
         """x [B,n,in]; mem_k/v lists of [B,Hkv,M,D]; mem_mask list of [B,n,M] bool; self_mask [B,n,n] bool."""
-        b, n, _ = x.shape
-        hkv, g, d = self.kv_heads, self.heads // self.kv_heads, self.head_dim
-        q = self.q_proj(x).view(b, n, self.heads, d).transpose(1, 2)
-        k = self.k_proj(x).view(b, n, hkv, d).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, hkv, d).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        keys = torch.cat([*mem_k, k], dim=2)
-        values = torch.cat([*mem_v, v], dim=2)
+        q, k, v = self.project(x, cos, sin)
         mask = torch.cat([*mem_mask, self_mask], dim=2).unsqueeze(1).unsqueeze(1)  # [B,1,1,n,M]
-        q = q.reshape(b, hkv, g, n, d)
-        scores = torch.matmul(q, keys.unsqueeze(2).transpose(-1, -2)) * (d**-0.5)
-        scores = scores.float().masked_fill(~mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(values.dtype)
-        out = torch.matmul(probs, values.unsqueeze(2)).reshape(b, self.heads, n, d).transpose(1, 2)
-        return self.o_proj(out.reshape(b, n, self.heads * d)), k, v
+        out = self.attend(q, torch.cat([*mem_k, k], dim=2), torch.cat([*mem_v, v], dim=2), mask)
+        return out, k, v
 
 
 class DraftMLP(nn.Module):
