@@ -4,16 +4,15 @@ exact greedy ids, lossless sampling, seeded determinism, build-time option check
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine, SamplingParams
 from tests.conftest import TINY_SHAPES, hf_greedy, quiet
+from tests.plugins.distribution_check import chi_square_pvalue, exact_distribution
 from tests.plugins.eagle_fixtures import write_eagle1_head, write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model
-from tests.plugins.test_medusa import _exact_distribution
 
 pytestmark = pytest.mark.xdist_group("eagle")
 
@@ -75,17 +74,14 @@ def test_sampling_preserves_the_base_distribution(tmp_path, mode):
     engine = Engine(engine_dir, threads=1)
     prompt, n, samples = [1, 5, 3], 3, 2500
     params = dict(temperature=0.9, top_k=0, top_p=1.0)
-    exact = _exact_distribution(model, prompt, n, **params)
+    exact = exact_distribution(model, prompt, n, **params)
     counts: dict = {}
     steps = []
     for seed in range(samples):
         r = engine.generate(input_ids=prompt, max_new_tokens=n, sampling=SamplingParams(seed=seed, **params))
         counts[tuple(r.output_ids)] = counts.get(tuple(r.output_ids), 0) + 1
         steps += r.accepted_per_step
-    big = [s for s, p in exact.items() if p * samples >= 5]
-    observed = [counts.get(s, 0) for s in big] + [samples - sum(counts.get(s, 0) for s in big)]
-    expected = [exact[s] * samples for s in big] + [samples * (1 - sum(exact[s] for s in big))]
-    assert chisquare(observed, expected).pvalue > 1e-3
+    assert chi_square_pvalue(counts, exact, samples) > 1e-3
     assert max(steps) > 1
     a = engine.generate(input_ids=prompt, max_new_tokens=20, sampling=SamplingParams(seed=11, **params))
     b = engine.generate(input_ids=prompt, max_new_tokens=20, sampling=SamplingParams(seed=11, **params))

@@ -5,15 +5,14 @@ import json
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine, SamplingParams
-from tests.builder.reference_acceptance import reference_probs
 from tests.conftest import TINY_SHAPES, hf_greedy, quiet
+from tests.plugins.distribution_check import chi_square_pvalue, exact_distribution
 from tests.plugins.medusa_helpers import medusa_state, toy_model, write_medusa_heads
 
 pytestmark = pytest.mark.xdist_group("medusa")
@@ -114,24 +113,6 @@ def test_bad_trees_are_rejected_at_build(toy_medusa, tmp_path):
         assert not (tmp_path / "engine").exists()
 
 
-def _exact_distribution(model, prompt, n, temperature, top_k, top_p):
-    """P(first n generated tokens) by enumerating every sequence (tiny vocabulary)."""
-    vocab = model.config.vocab_size
-    probs = {(): 1.0}
-    for _ in range(n):
-        seqs = list(probs)
-        with torch.no_grad():
-            logits = model(torch.tensor([prompt + list(s) for s in seqs])).logits[:, -1].double().numpy()
-        nxt = {}
-        for s, row in zip(seqs, logits):
-            p = reference_probs(row, temperature, top_k, top_p)
-            for tok in range(vocab):
-                if p[tok] > 0:
-                    nxt[s + (tok,)] = probs[s] * p[tok]
-        probs = nxt
-    return probs
-
-
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 4, 0.9)])
 def test_sampling_preserves_the_base_distribution(tmp_path, temperature, top_k, top_p):
     vocab = 8
@@ -146,7 +127,7 @@ def test_sampling_preserves_the_base_distribution(tmp_path, temperature, top_k, 
     )
     engine = Engine(eng, threads=1)
     prompt, n, samples = [1, 5, 3], 3, 3000
-    exact = _exact_distribution(model, prompt, n, temperature, top_k, top_p)
+    exact = exact_distribution(model, prompt, n, temperature, top_k, top_p)
     counts: dict = {}
     steps = []
     for seed in range(samples):
@@ -158,12 +139,7 @@ def test_sampling_preserves_the_base_distribution(tmp_path, temperature, top_k, 
         counts[tuple(r.output_ids)] = counts.get(tuple(r.output_ids), 0) + 1
         steps += r.accepted_per_step
     assert set(counts) <= set(exact)
-    big = [s for s, p in exact.items() if p * samples >= 5]
-    observed = [counts.get(s, 0) for s in big] + [samples - sum(counts.get(s, 0) for s in big)]
-    expected = [exact[s] * samples for s in big] + [samples * (1 - sum(exact[s] for s in big))]
-    if expected[-1] < 1e-9:
-        observed, expected = observed[:-1], expected[:-1]
-    assert chisquare(observed, expected).pvalue > 1e-3
+    assert chi_square_pvalue(counts, exact, samples) > 1e-3
     assert max(steps) > 1  # speculative steps accepted drafts
     again = engine.generate(input_ids=prompt, max_new_tokens=n, sampling=SamplingParams(temperature, top_k, top_p, 7))
     first = engine.generate(input_ids=prompt, max_new_tokens=n, sampling=SamplingParams(temperature, top_k, top_p, 7))
