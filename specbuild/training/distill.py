@@ -181,17 +181,29 @@ def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
 
 
 @torch.inference_mode()
-def greedy_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int], pad_id: int):
+def greedy_batch(
+    model, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int], pad_id: int, layers: tuple[int, ...] = ()
+):
     """Greedy continuations of a batch; returns (generated ids per row, hidden rows per row as np.float16).
 
-    Hidden rows per sequence cover positions prompt_len-PROMPT_TAIL .. len(prompt+gen)-2.
+    Hidden rows per sequence cover positions prompt_len-PROMPT_TAIL .. len(prompt+gen)-2. With `layers`, each
+    row is the final normed hidden followed by the inputs of those decoder layers ([n, H * (1 + len(layers))]),
+    i.e. EAGLE-3's captured features come out of the same decoding pass.
     """
     ids, mask, pos = _left_pad(prompts, pad_id)
     B, L = ids.shape
-    out = model.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+    want = bool(layers)
+
+    def features(out) -> torch.Tensor:
+        if not want:
+            return out.last_hidden_state
+        return torch.cat([out.last_hidden_state, *(out.hidden_states[i] for i in layers)], dim=-1)
+
+    out = model.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, output_hidden_states=want)
     cache = out.past_key_values
     h_last = out.last_hidden_state
-    tails = [h_last[b, L - min(PROMPT_TAIL, len(p)) :] for b, p in enumerate(prompts)]
+    f_last = features(out)
+    tails = [f_last[b, L - min(PROMPT_TAIL, len(p)) :] for b, p in enumerate(prompts)]
     tok = model.lm_head(h_last[:, -1]).argmax(-1)
     gens = [[] for _ in range(B)]
     steps: list[torch.Tensor] = []
@@ -206,14 +218,19 @@ def greedy_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: 
         mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype)], dim=1)
         pos = pos[:, -1:] + 1
         out = model.model(
-            input_ids=tok[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
+            input_ids=tok[:, None],
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            output_hidden_states=want,
         )
         cache = out.past_key_values
         h = out.last_hidden_state[:, 0]
-        steps.append(h)
+        steps.append(features(out)[:, 0])
         tok = model.lm_head(h).argmax(-1)
         tok[done] = pad_id
-    stacked = torch.stack(steps, dim=1) if steps else torch.zeros((B, 0, h_last.shape[-1]))
+    stacked = torch.stack(steps, dim=1) if steps else torch.zeros((B, 0, f_last.shape[-1]))
     hidden = []
     for b in range(B):
         n_gen = len(gens[b])
@@ -246,6 +263,26 @@ def _write_shard(out_dir: Path, name: str, rows: list[dict[str, np.ndarray]]) ->
     tmp.rename(out_dir / f"{name}.safetensors")
 
 
+def _write_layer_shard(out_dir: Path, batch: list[dict], gens: list[list[int]], hidden: list[np.ndarray], H: int):
+    """EAGLE-3 rows (h_low, h_mid, h_high, token, seq, pos) of a generated batch; marks the ids done."""
+    from specbuild.training.eagle import FEATURE_KEYS
+
+    rows: dict[str, list] = {k: [] for k in (*FEATURE_KEYS, "token", "seq", "pos")}
+    for p, g, h in zip(batch, gens, hidden):
+        full, P = p["ids"] + g, len(p["ids"])
+        p0 = P - min(PROMPT_TAIL, P)
+        for j, key in enumerate(FEATURE_KEYS):
+            rows[key].append(h[:, H * (1 + j) : H * (2 + j)])
+        rows["token"].append(np.asarray(full[p0 + 1 :], dtype=np.int32))
+        rows["seq"].append(np.full(len(full) - 1 - p0, _seq_no(p["id"]), dtype=np.int32))
+        rows["pos"].append(np.arange(p0, len(full) - 1, dtype=np.int32))
+    _write_shard(out_dir, f"gen-{batch[0]['id']}-{len(batch)}", [{k: np.concatenate(v) for k, v in rows.items()}])
+    done_file = out_dir / "done.txt"
+    done = set(done_file.read_text().split()) if done_file.exists() else set()
+    done.update(p["id"] for p in batch)
+    done_file.write_text("\n".join(sorted(done)) + "\n")
+
+
 def _seq_no(pid: str) -> int:
     return int.from_bytes(hashlib.sha1(pid.encode()).digest()[:4], "little") & 0x7FFFFFFF
 
@@ -267,10 +304,13 @@ def generate_sequences(
     features_dir: str | Path | None = None,
     seed: int = 0,
     log=print,
+    layer_features_dir: str | Path | None = None,
 ) -> list[dict]:
     """Greedy continuations for `prompts` ({id, kind, ids}); appends to `out_jsonl`, skipping done ids.
 
     Returns all records of the file. Stops starting new batches once the time budget would be exceeded.
+    `features_dir` gets final-hidden shards; `layer_features_dir` gets EAGLE-3 layer-input shards in the format
+    of `eagle.extract_features` (which then skips these sequences), from the same decoding pass.
     """
     setup_torch()
     out_jsonl = Path(out_jsonl)
@@ -284,6 +324,11 @@ def generate_sequences(
     model, tok = load_model(hf_dir)
     eos = {tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")}
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    layers: tuple[int, ...] = ()
+    if layer_features_dir is not None:
+        from specbuild.training.eagle import capture_layers
+
+        layers = tuple(capture_layers(model.config.num_hidden_layers))
     t0 = time.time()
     n_tok = 0
     last_batch_s = 0.0
@@ -293,10 +338,13 @@ def generate_sequences(
             break
         batch = todo[i : i + batch_size]
         tb = time.time()
-        gens, hidden = greedy_batch(model, [p["ids"] for p in batch], max_new_tokens, eos, pad)
+        gens, hidden = greedy_batch(model, [p["ids"] for p in batch], max_new_tokens, eos, pad, layers)
+        H = model.config.hidden_size
         if features_dir is not None:
-            rows = [_rows_for(p["ids"], g, h, _seq_no(p["id"])) for p, g, h in zip(batch, gens, hidden)]
+            rows = [_rows_for(p["ids"], g, h[:, :H], _seq_no(p["id"])) for p, g, h in zip(batch, gens, hidden)]
             _write_shard(Path(features_dir), f"gen-{batch[0]['id']}", rows)
+        if layers:
+            _write_layer_shard(Path(layer_features_dir), batch, gens, hidden, H)
         with out_jsonl.open("a") as fh:
             for p, g in zip(batch, gens):
                 fh.write(json.dumps({"id": p["id"], "kind": p["kind"], "prompt_ids": p["ids"], "gen_ids": g}) + "\n")

@@ -607,11 +607,21 @@ def save_eagle3(out_dir, draft, used: np.ndarray, hf_dir, base_model_name: str, 
     _write(out_dir, tensors, _draft_config_json(3, hf_dir, draft, base_model_name, defaults, metrics))
 
 
-def save_eagle1(out_dir, draft, hf_dir, base_model_name: str, defaults: dict, metrics=None):
-    """SafeAILab EAGLE-1 layout: fc.weight/bias, layers.0.* without input_layernorm, no embed_tokens/lm_head."""
+def save_eagle1(out_dir, draft, hf_dir, base_model_name: str, defaults: dict, metrics=None, used=None):
+    """SafeAILab EAGLE-1 layout: fc.weight/bias, layers.0.* without input_layernorm, no embed_tokens.
+
+    With `used` (the training draft vocabulary, sorted target ids) the head also carries `lm_head.weight` =
+    those rows of the base lm_head and `d2t`, so the engine drafts over the vocabulary it was trained on
+    (EAGLE-3's reduced-vocabulary layout); without it the base lm_head is shared."""
     sd = draft.state_dict()
     tensors = {k: v.detach().to(torch.float16) for k, v in sd.items() if k != "d2t"}
-    _write(out_dir, tensors, _draft_config_json(1, hf_dir, draft, base_model_name, defaults, metrics))
+    cfg = _draft_config_json(1, hf_dir, draft, base_model_name, defaults, metrics)
+    if used is not None:
+        used_t = torch.from_numpy(np.asarray(used)).long()
+        tensors["lm_head.weight"] = BaseParts(hf_dir).lm_head.weight[used_t].detach().to(torch.float16)
+        tensors["d2t"] = used_t - torch.arange(len(used_t))
+        cfg["draft_vocab_size"] = len(used_t)
+    _write(out_dir, tensors, cfg)
 
 
 # ----------------------------------------------------------------------------------------------- recipes
@@ -664,7 +674,8 @@ def run_eagle_recipe(path: str | Path, log=print) -> dict:
     if version == 3:
         save_eagle3(cfg["output_dir"], res["draft"], res["used"], hf, name, defaults, res["metrics"])
     else:
-        save_eagle1(cfg["output_dir"], res["draft"], hf, name, defaults, res["metrics"])
+        used = res["used"] if t.get("ship_draft_vocab", False) else None
+        save_eagle1(cfg["output_dir"], res["draft"], hf, name, defaults, res["metrics"], used=used)
     work = Path(cfg.get("work_dir", cfg.get("feature_dir", dd)))
     work.mkdir(parents=True, exist_ok=True)
     (work / f"metrics-eagle{version}.json").write_text(json.dumps(res["metrics"], indent=1) + "\n")

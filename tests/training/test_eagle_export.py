@@ -1,0 +1,32 @@
+"""EAGLE-1 heads written by the trainer convert back to the same draft, with or without their draft vocabulary."""
+
+import numpy as np
+import pytest
+import torch
+
+from specbuild.builder.checkpoint import Checkpoint
+from specbuild.builder.convert import convert_checkpoint
+from specbuild.training import eagle
+
+pytestmark = pytest.mark.xdist_group("real")
+
+
+@pytest.mark.parametrize("with_vocab", [False, True])
+def test_save_eagle1_round_trip(smollm2_hf, tmp_path, with_vocab):
+    draft = eagle.build_draft(1, smollm2_hf, intermediate_size=64, draft_vocab_size=None)
+    used = np.sort(np.random.default_rng(0).choice(49152, size=300, replace=False)) if with_vocab else None
+    eagle.save_eagle1(tmp_path / "head", draft, smollm2_hf, "smollm2", {"eagle_top_k": 2}, used=used)
+    out = convert_checkpoint(smollm2_hf, tmp_path / "ckpt", heads={"eagle": tmp_path / "head"}, progress=False)
+    ckpt = Checkpoint.load(out)
+    cfg, tensors = ckpt.heads["eagle"], ckpt.head_tensors("eagle")
+    assert cfg["defaults"] == {"eagle_top_k": 2}
+    for name, value in draft.state_dict().items():
+        if name != "d2t":
+            assert torch.equal(tensors[name].float(), value.half().float()), name
+    if not with_vocab:
+        assert cfg["draft_vocab_size"] is None and "lm_head.weight" not in tensors
+        return
+    base = eagle.BaseParts(smollm2_hf).lm_head.weight
+    assert cfg["draft_vocab_size"] == 300
+    assert torch.equal(tensors["lm_head.weight"].float(), base[torch.from_numpy(used)].half().float())
+    assert torch.equal(torch.arange(300) + tensors["d2t"], torch.from_numpy(used))
