@@ -2,8 +2,8 @@
 in one run with engines interleaved per prompt so that they share the machine's noise.
 
 Per prompt set and engine: tokens/s (overall and decode), TTFT, τ (mean tokens per decode step, bonus included),
-speed-up against the first `none`-mode engine, η = speed-up / τ, host overhead per decode step (ms and as a share of
-engine time) and whether the output equals the baseline's token for token. `--context-sweep` times host and engine
+speed-up against the first `none`-mode engine, η = speed-up / τ, speed relative to the first `medusa` engine,
+host overhead per decode step (ms and as a share of engine time) and whether the output equals the baseline's token for token. `--context-sweep` times host and engine
 ms/step of the first engine at ~64 vs ~1024 tokens of context.
 """
 
@@ -200,6 +200,7 @@ def run_benchmark(
         engines.append(eng)
         labels.append(_label(Path(d), eng.manifest["speculative_mode"], used))
     base_idx = next((i for i, e in enumerate(engines) if e.manifest["speculative_mode"] == "none"), None)
+    medusa_idx = next((i for i, e in enumerate(engines) if e.manifest["speculative_mode"] == "medusa"), None)
     codec = engines[0].codec
     hf = HFTimer(hf_model_dir, threads, engines[0].eos_ids) if hf_model_dir else None
     log("warming up")
@@ -243,11 +244,11 @@ def run_benchmark(
                 hf_samples.append(hf.sample(ids, max_new_tokens))
         base = samples[base_idx] if base_idx is not None else None
         rows = {lab: summarize(s, base) for lab, s in zip(labels, samples)}
-        if base_idx is not None:
-            base_tps = rows[labels[base_idx]]["tokens_per_s"]
-            for row in rows.values():
-                row["speedup"] = row["tokens_per_s"] / base_tps if base_tps else None
-                row["eta"] = row["speedup"] / row["tau"] if row["speedup"] and row["tau"] else None
+        add_relative_speed(
+            rows,
+            labels[base_idx] if base_idx is not None else None,
+            labels[medusa_idx] if medusa_idx is not None else None,
+        )
         set_report: dict[str, Any] = {"engines": rows}
         if hf:
             set_report["transformers"] = summarize(hf_samples, base)
@@ -257,6 +258,17 @@ def run_benchmark(
     if sweep:
         report["context_sweep"] = {"engine": labels[0], **context_sweep(engines[0], max_new_tokens, log)}
     return report
+
+
+def add_relative_speed(rows: dict[str, dict], baseline: str | None, medusa: str | None) -> None:
+    """Per engine row: `speedup` over the baseline (`none`) engine, η = speedup / τ, and `vs_medusa`, the
+    tokens/s ratio to the first Medusa engine of the run (None where there is no such engine)."""
+    base_tps = rows[baseline]["tokens_per_s"] if baseline else None
+    medusa_tps = rows[medusa]["tokens_per_s"] if medusa else None
+    for row in rows.values():
+        row["speedup"] = row["tokens_per_s"] / base_tps if base_tps else None
+        row["eta"] = row["speedup"] / row["tau"] if row["speedup"] and row["tau"] else None
+        row["vs_medusa"] = row["tokens_per_s"] / medusa_tps if medusa_tps else None
 
 
 def _fmt(value, spec: str) -> str:
@@ -283,7 +295,8 @@ def render(report: dict[str, Any], console=None) -> None:
             f"(baseline {report['baseline'] or 'none'})",
             title_justify="left",
         )
-        cols = ["engine", "tok/s", "decode tok/s", "TTFT ms", "τ", "speed-up", "η", "host ms/step", "host %", "same"]
+        cols = ["engine", "tok/s", "decode tok/s", "TTFT ms", "τ", "speed-up", "η", "vs medusa"]
+        cols += ["host ms/step", "host %", "same"]
         for col in cols:
             table.add_column(col, justify="left" if col == "engine" else "right")
         for label, r in res["engines"].items():
@@ -295,6 +308,7 @@ def render(report: dict[str, Any], console=None) -> None:
                 _fmt(r["tau"], ".2f"),
                 _fmt(r.get("speedup"), ".2f"),
                 _fmt(r.get("eta"), ".2f"),
+                _fmt(r.get("vs_medusa"), ".2f"),
                 _fmt(r["host_ms_per_step"], ".2f"),
                 _fmt(100 * r["host_share"], ".1f"),
                 f"{r['matches_baseline']}/{r['prompts']}" if "matches_baseline" in r else "-",
@@ -307,7 +321,7 @@ def render(report: dict[str, Any], console=None) -> None:
                 _fmt(hf["tokens_per_s"], ".1f"),
                 _fmt(hf["decode_tokens_per_s"], ".1f"),
                 _fmt(hf["ttft_ms"], ".0f"),
-                *["-"] * 5,
+                *["-"] * 6,
                 same,
             )
         console.print(table)

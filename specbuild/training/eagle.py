@@ -388,6 +388,15 @@ def evaluate(draft, net, seqs: list[dict], tgt_map, sub_w, steps: int = 4, lengt
     }
 
 
+def _load_head(head_dir: str | Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {
+        k: v.float() if v.is_floating_point() else v
+        for k, v in load_file(str(Path(head_dir) / "model.safetensors")).items()
+    }
+
+
 def train_eagle(
     version: int,
     hf_dir: str | Path,
@@ -409,17 +418,25 @@ def train_eagle(
     feature_noise: float = 0.0,
     seed: int = 0,
     log_every: int = 20,
+    init_from: str | Path | None = None,
     log=print,
 ) -> dict:
     """Train an EAGLE draft (version 1 or 3) with training-time test. Returns {draft, used, metrics}.
 
-    eval_sets: {name: (features_dir, sequences_jsonl)} evaluated after training (never trained on)."""
+    eval_sets: {name: (features_dir, sequences_jsonl)} evaluated after training (never trained on).
+    init_from: a head directory this function wrote before (model.safetensors); training continues from its
+    weights, and an EAGLE-3 head keeps its draft vocabulary."""
     distill.setup_torch()
     base = base_config(hf_dir)
     net = BaseParts(hf_dir)
     seqs = load_sequences(version, features_dir, sequences_jsonl)
     train, held = split_heldout(seqs, heldout_frac)
-    used = draft_vocab(train, draft_vocab_size, base.vocab_size)
+    init = _load_head(init_from) if init_from else None
+    if init is not None and version == 3:
+        used = (torch.arange(len(init["d2t"])) + init["d2t"]).numpy()
+        draft_vocab_size = len(used)
+    else:
+        used = draft_vocab(train, draft_vocab_size, base.vocab_size)
     tgt_map = _target_map(version, used, base.vocab_size)
     sub_w = net.lm_head.weight[torch.from_numpy(used)] if version == 1 else None
     draft = build_draft(version, hf_dir, intermediate_size, draft_vocab_size if version == 3 else None, seed)
@@ -430,6 +447,11 @@ def train_eagle(
             draft.d2t.copy_(torch.from_numpy(used).long() - torch.arange(len(used)))
             draft.lm_head.weight.copy_(net.lm_head.weight[torch.from_numpy(used)])
             draft.norm.weight.copy_(net.final_norm)
+    if init is not None:
+        own = draft.state_dict()
+        state = {k: v.to(own[k].dtype) for k, v in init.items() if k in own and k != "d2t"}
+        draft.load_state_dict({**own, **state})
+        log(f"continuing from {init_from} ({len(state)} tensors)")
     items = chunks(train, chunk_len)
     n_tok = sum(int(it["valid"].sum()) for it in items)
     total_steps = max(1, int(epochs * len(items) / batch))
@@ -667,6 +689,7 @@ def run_eagle_recipe(path: str | Path, log=print) -> dict:
         time_budget_s=float(t.get("time_budget_s", 1200)),
         heldout_frac=float(t.get("heldout_frac", 0.05)),
         feature_noise=float(t.get("feature_noise", 0.0)),
+        init_from=t.get("init_from"),
         log=log,
     )
     defaults = cfg.get("specbuild_defaults", {"eagle_top_k": 6, "eagle_depth": 5, "eagle_total_tokens": 24})

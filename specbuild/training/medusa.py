@@ -316,6 +316,7 @@ def save_medusa_v2(
     medusa_choices: list[list[int]],
     vocab_size: int = 49152,
     extra: dict | None = None,
+    draft_vocab: np.ndarray | None = None,
 ) -> Path:
     """Published Medusa "version 2" layout: config.json (`version: "2"`) + medusa_lm_head.safetensors (float16,
     `{k}.{j}.linear.weight|bias`, no per-head lm_head: heads reuse the base lm_head)."""
@@ -329,6 +330,8 @@ def save_medusa_v2(
             for p in ("weight", "bias"):
                 t = state[f"medusa_head.{k}.{j}.linear.{p}"]
                 tensors[f"{k}.{j}.linear.{p}"] = t.to(torch.float16).contiguous()
+    if draft_vocab is not None:  # specbuild extension: sorted target ids whose base lm_head rows the heads use
+        tensors["draft_vocab"] = torch.from_numpy(np.asarray(draft_vocab, dtype=np.int64))
     save_file(tensors, str(out / "medusa_lm_head.safetensors"), metadata={"format": "pt"})
     cfg = {
         "medusa_num_heads": num_heads,

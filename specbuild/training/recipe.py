@@ -8,6 +8,7 @@ go to `<work_dir>/metrics.json`; the heads go to `output_dir` in the Medusa v2 l
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -21,8 +22,6 @@ PATH_KEYS = ("work_dir", "distill_dir", "feature_dir", "output_dir")
 
 def resolve_paths(cfg: dict) -> dict:
     """`base_model: default` -> the embedded SmolLM2 (prepared on first use); `~` and env vars expanded."""
-    import os
-
     cfg = dict(cfg)
     if cfg.get("base_model") == "default":
         from specbuild.builder.default_model import prepare_smollm2
@@ -48,44 +47,71 @@ def load_recipe(path: str | Path) -> dict:
 
 
 def prepare_data(cfg: dict, log=print) -> None:
+    """HumanEval evaluation continuations, then one or more generation rounds of training sequences.
+
+    `data` holds the first round's settings; `data.rounds` (optional) lists further rounds, each overriding
+    some of them (seed, prompt counts, budgets) and giving an `id_prefix` so that its sequences never collide
+    with earlier ones. With `data.eagle3_feature_dir`, EAGLE-3's layer features come out of the same pass."""
     from transformers import AutoTokenizer
 
     d, work, hf = cfg.get("data", {}), Path(cfg["work_dir"]), cfg["base_model"]
     tok = AutoTokenizer.from_pretrained(hf)
     n_he = int(d.get("eval_humaneval_prompts", 20))
-    max_new = int(d.get("max_new_tokens", 160))
     if n_he:
         he = [
             {"id": f"he-{i:03d}", "kind": "humaneval", "ids": tok(p)["input_ids"]}
             for i, p in enumerate(distill.humaneval_prompts(n_he))
         ]
         distill.generate_sequences(
-            hf, he, max_new, n_he, work / "humaneval.jsonl", 1e9, features_dir=work / "feat_humaneval", log=log
+            hf,
+            he,
+            int(d.get("max_new_tokens", 160)),
+            n_he,
+            work / "humaneval.jsonl",
+            1e9,
+            features_dir=work / "feat_humaneval",
+            log=log,
         )
-    prompts = distill.build_prompts(
-        tok,
-        int(d.get("code_prompts", 1600)),
-        int(d.get("chat_prompts", 800)),
-        seed=int(d.get("seed", 0)),
-        chat_code_frac=float(d.get("chat_code_frac", 0.2)),
-        max_prompt_tokens=int(d.get("max_prompt_tokens", 256)),
-    )
-    distill.generate_sequences(
-        hf,
-        prompts,
-        max_new,
-        int(d.get("batch_size", 96)),
-        work / "train.jsonl",
-        float(d.get("time_budget_s", 1800)),
-        features_dir=work / "feat_train",
-        log=log,
-    )
+    layer_dir = d.get("eagle3_feature_dir")
+    layer_dir = Path(os.path.expandvars(os.path.expanduser(layer_dir))) if layer_dir else None
+    base = {k: v for k, v in d.items() if k != "rounds"}
+    for r in [base, *[{**base, "id_prefix": f"r{i}-", **rd} for i, rd in enumerate(d.get("rounds") or [], 1)]]:
+        prefix = r.get("id_prefix", "")
+        prompts = distill.build_prompts(
+            tok,
+            int(r.get("code_prompts", 1600)),
+            int(r.get("chat_prompts", 800)),
+            seed=int(r.get("seed", 0)),
+            chat_code_frac=float(r.get("chat_code_frac", 0.2)),
+            max_prompt_tokens=int(r.get("max_prompt_tokens", 256)),
+        )
+        if prefix:  # later rounds skip prompts an earlier round already has
+            seen = {tuple(s["prompt_ids"]) for s in distill.read_sequences(work / "train.jsonl")}
+            prompts = [dict(p, id=prefix + p["id"]) for p in prompts if tuple(p["ids"]) not in seen]
+        distill.generate_sequences(
+            hf,
+            prompts,
+            int(r.get("max_new_tokens", 160)),
+            int(r.get("batch_size", 96)),
+            work / "train.jsonl",
+            float(r.get("time_budget_s", 1800)),
+            features_dir=work / "feat_train",
+            layer_features_dir=layer_dir,
+            log=log,
+        )
 
 
 def train_and_export(cfg: dict, log=print) -> dict:
     t, work, hf = cfg.get("train", {}), Path(cfg["work_dir"]), cfg["base_model"]
     K, nl = int(t.get("num_heads", 4)), int(t.get("num_layers", 1))
     feats = distill.load_features(work / "feat_train")
+    init = None
+    if t.get("init_from"):  # continue training heads this recipe wrote before (Medusa v2 layout)
+        from safetensors.torch import load_file
+
+        raw = load_file(str(Path(t["init_from"]) / "medusa_lm_head.safetensors"))
+        init = {f"medusa_head.{k}": v.float() for k, v in raw.items() if k != "draft_vocab"}
+        log(f"continuing from {t['init_from']}")
     t0 = time.time()
     state = medusa.train_medusa(
         feats,
@@ -100,6 +126,7 @@ def train_and_export(cfg: dict, log=print) -> dict:
         head_decay=float(t.get("head_decay", 0.8)),
         n_negatives=int(t.get("n_negatives", 1024)),
         soft_weight=float(t.get("soft_weight", 0.5)),
+        init_state=init,
         log=log,
     )
     train_s = time.time() - t0
@@ -118,19 +145,35 @@ def finish(cfg: dict, state, feats: dict, train_s: float, log=print) -> dict:
     he_feats = distill.load_features(work / "feat_humaneval") if (work / "feat_humaneval").is_dir() else None
     ev_he = medusa.evaluate(state, he_feats, hf, K, nl, max_rows=4000) if he_feats else None
     sel = ev_he if (tr.get("select_on") == "humaneval" and ev_he) else ev_held
-    choices = medusa.choose_tree(sel["ranks"], sel["ok"], int(tr.get("max_nodes", 24)))
-    metrics = {"train_s": round(train_s, 1), "tree_nodes": len(choices), "medusa_choices": choices}
+    chosen = medusa.choose_tree(sel["ranks"], sel["ok"], int(tr.get("max_nodes", 24)))
+    shipped = tr.get("choices") or chosen  # an explicit tree (picked by `specbuild bench`) wins
+    metrics = {"train_s": round(train_s, 1), "tree_nodes": len(chosen), "medusa_choices": chosen}
     for name, ev in (("heldout", ev_held), ("humaneval", ev_he)):
         if ev is None:
             continue
         metrics[name] = {
             "accuracy": ev["accuracy"],
-            "tau_empirical": medusa.tree_tau(choices, ev["ranks"], ev["ok"]),
-            "tau_independent": medusa.expected_tau_independent(choices, ev["ranks"], ev["ok"]),
+            "tau_empirical": medusa.tree_tau(chosen, ev["ranks"], ev["ok"]),
+            "tau_independent": medusa.expected_tau_independent(chosen, ev["ranks"], ev["ok"]),
+            "tau_empirical_shipped_tree": medusa.tree_tau(shipped, ev["ranks"], ev["ok"]),
         }
         log(f"{name}: {json.dumps(metrics[name])}")
+    vocab = None
+    if t.get("draft_vocab", True):  # specbuild extension: project onto the training targets seen twice or more
+        counts = np.bincount(feats["next_token"][~held], minlength=int(medusa.load_lm_head(hf).shape[0]))
+        vocab = np.nonzero(counts >= 2)[0]
+        metrics["draft_vocab_size"] = int(len(vocab))
+    extra = {"specbuild_note": tr["note"]} if tr.get("note") else None
     medusa.save_medusa_v2(
-        cfg["output_dir"], state, K, nl, int(feats["hidden"].shape[1]), cfg.get("base_model_name", str(hf)), choices
+        cfg["output_dir"],
+        state,
+        K,
+        nl,
+        int(feats["hidden"].shape[1]),
+        cfg.get("base_model_name", str(hf)),
+        shipped,
+        extra=extra,
+        draft_vocab=vocab,
     )
     Path(work / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     return metrics

@@ -8,7 +8,7 @@ from safetensors.numpy import load_file
 
 from specbuild.training import distill, eagle
 
-pytestmark = pytest.mark.xdist_group("real")
+pytestmark = pytest.mark.xdist_group("training")
 
 
 def _rows(d: Path) -> dict[str, np.ndarray]:

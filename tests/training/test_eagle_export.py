@@ -8,7 +8,7 @@ from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.training import eagle
 
-pytestmark = pytest.mark.xdist_group("real")
+pytestmark = pytest.mark.xdist_group("training")
 
 
 @pytest.mark.parametrize("with_vocab", [False, True])

@@ -1,0 +1,38 @@
+"""The recipe's data stage: several generation rounds append to one data set without id collisions."""
+
+import pytest
+
+from specbuild.training import distill, recipe
+
+pytestmark = pytest.mark.xdist_group("training")
+
+
+def test_rounds_append_with_prefixed_ids(smollm2_hf, tmp_path):
+    base = {"code_prompts": 2, "chat_prompts": 0, "chat_code_frac": 0.0, "max_new_tokens": 4, "batch_size": 4}
+    cfg = {
+        "base_model": str(smollm2_hf),
+        "work_dir": str(tmp_path / "work"),
+        "data": {
+            **base,
+            "seed": 0,
+            "eval_humaneval_prompts": 0,
+            "eagle3_feature_dir": str(tmp_path / "layers"),
+            "rounds": [{"seed": 1, "id_prefix": "s1-", "code_prompts": 3}],
+        },
+    }
+    recipe.prepare_data(cfg, log=lambda *a: None)
+    seqs = distill.read_sequences(tmp_path / "work" / "train.jsonl")
+    ids = [s["id"] for s in seqs]
+    assert len(ids) == len(set(ids))
+    first = [i for i in ids if not i.startswith("s1-")]
+    later = [i for i in ids if i.startswith("s1-")]
+    assert sorted(first) == ["code-00000", "code-00001"] and later
+    prompts = [tuple(s["prompt_ids"]) for s in seqs]
+    assert len(prompts) == len(set(prompts))  # a later round skips prompts an earlier one has
+    assert all(1 <= len(s["gen_ids"]) <= 4 for s in seqs)
+    assert set((tmp_path / "layers" / "done.txt").read_text().split()) == set(ids)
+    feats = distill.load_features(tmp_path / "work" / "feat_train")
+    assert set(feats["seq"].tolist()) == {distill._seq_no(i) for i in ids}
+
+    recipe.prepare_data(cfg, log=lambda *a: None)  # resumes: nothing new
+    assert len(distill.read_sequences(tmp_path / "work" / "train.jsonl")) == len(seqs)
