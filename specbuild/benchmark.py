@@ -3,8 +3,9 @@ in one run with engines interleaved per prompt so that they share the machine's 
 
 Per prompt set and engine: tokens/s (overall and decode), TTFT, τ (mean tokens per decode step, bonus included),
 speed-up against the first `none`-mode engine, η = speed-up / τ, speed relative to the first `medusa` engine,
-host overhead per decode step (ms and as a share of engine time) and whether the output equals the baseline's token for token. `--context-sweep` times host and engine
-ms/step of the first engine at ~64 vs ~1024 tokens of context.
+host overhead per decode step (ms and as a share of engine time) and whether the output equals the baseline's
+token for token. `--context-sweep` times host and engine ms/step of the first engine at ~64 vs ~1024 tokens of
+context.
 """
 
 from __future__ import annotations
