@@ -1,4 +1,5 @@
 """Package metadata for specbuild."""
+
 from setuptools import find_packages, setup
 
 setup(
