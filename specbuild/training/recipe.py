@@ -160,7 +160,7 @@ def finish(cfg: dict, state, feats: dict, train_s: float, log=print) -> dict:
         log(f"{name}: {json.dumps(metrics[name])}")
     vocab = None
     if t.get("draft_vocab", True):  # specbuild extension: project onto the training targets seen twice or more
-        counts = np.bincount(feats["next_token"][~held], minlength=int(medusa.load_lm_head(hf).shape[0]))
+        counts = np.bincount(feats["next_token"][~held])
         vocab = np.nonzero(counts >= 2)[0]
         metrics["draft_vocab_size"] = int(len(vocab))
     extra = {"specbuild_note": tr["note"]} if tr.get("note") else None
