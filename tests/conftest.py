@@ -143,7 +143,7 @@ def tiny_checkpoints(tiny_hf_models, tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def smollm2_hf(tmp_path_factory) -> Path:
-    """SmolLM2-135M-Instruct as a HF directory; reused from the cache dir when SPECBUILD_CACHE is set."""
+    """SmolLM2-135M-Instruct as a HF directory; reused from the cache directory SPECBUILD_CACHE names, if set."""
     from specbuild.builder.default_model import prepare_smollm2
 
     if os.environ.get("SPECBUILD_CACHE"):

@@ -265,6 +265,15 @@ def _write_shard(out_dir: Path, name: str, rows: list[dict[str, np.ndarray]]) ->
     tmp.rename(out_dir / f"{name}.safetensors")
 
 
+def layer_row_index(full: list[int], p0: int, pid: str) -> dict[str, np.ndarray]:
+    """token / seq / pos of EAGLE-3 layer-feature rows for positions p0 .. len(full)-2 of one sequence."""
+    return {
+        "token": np.asarray(full[p0 + 1 :], dtype=np.int32),
+        "seq": np.full(len(full) - 1 - p0, _seq_no(pid), dtype=np.int32),
+        "pos": np.arange(p0, len(full) - 1, dtype=np.int32),
+    }
+
+
 def _write_layer_shard(out_dir: Path, batch: list[dict], gens: list[list[int]], hidden: list[np.ndarray], H: int):
     """EAGLE-3 rows (h_low, h_mid, h_high, token, seq, pos) of a generated batch; marks the ids done."""
     from specbuild.training.eagle import FEATURE_KEYS
@@ -275,9 +284,8 @@ def _write_layer_shard(out_dir: Path, batch: list[dict], gens: list[list[int]], 
         p0 = P - min(PROMPT_TAIL, P)
         for j, key in enumerate(FEATURE_KEYS):
             rows[key].append(h[:, H * (1 + j) : H * (2 + j)])
-        rows["token"].append(np.asarray(full[p0 + 1 :], dtype=np.int32))
-        rows["seq"].append(np.full(len(full) - 1 - p0, _seq_no(p["id"]), dtype=np.int32))
-        rows["pos"].append(np.arange(p0, len(full) - 1, dtype=np.int32))
+        for key, value in layer_row_index(full, p0, p["id"]).items():
+            rows[key].append(value)
     _write_shard(out_dir, f"gen-{batch[0]['id']}-{len(batch)}", [{k: np.concatenate(v) for k, v in rows.items()}])
     done_file = out_dir / "done.txt"
     done = set(done_file.read_text().split()) if done_file.exists() else set()
@@ -326,6 +334,7 @@ def generate_sequences(
     model, tok = load_model(hf_dir)
     eos = {tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")}
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    H = model.config.hidden_size
     layers: tuple[int, ...] = ()
     if layer_features_dir is not None:
         from specbuild.training.eagle import capture_layers
@@ -341,7 +350,6 @@ def generate_sequences(
         batch = todo[i : i + batch_size]
         tb = time.time()
         gens, hidden = greedy_batch(model, [p["ids"] for p in batch], max_new_tokens, eos, pad, layers)
-        H = model.config.hidden_size
         if features_dir is not None:
             rows = [_rows_for(p["ids"], g, h[:, :H], _seq_no(p["id"])) for p, g, h in zip(batch, gens, hidden)]
             _write_shard(Path(features_dir), f"gen-{batch[0]['id']}", rows)

@@ -112,9 +112,8 @@ def extract_features(
             a, e = L - n_full + p0, L - 1  # positions p0 .. n_full-2
             for key, li in zip(FEATURE_KEYS, cap):
                 rows[key].append(captured[li][b, a:e].to(torch.float16).numpy())
-            rows["token"].append(np.asarray(fulls[b][p0 + 1 :], dtype=np.int32))
-            rows["seq"].append(np.full(n_full - 1 - p0, distill._seq_no(r["id"]), dtype=np.int32))
-            rows["pos"].append(np.arange(p0, n_full - 1, dtype=np.int32))
+            for key, value in distill.layer_row_index(fulls[b], p0, r["id"]).items():
+                rows[key].append(value)
         from safetensors.numpy import save_file
 
         name = f"fwd-{batch[0]['id']}-{len(batch)}"

@@ -20,6 +20,10 @@ from specbuild.training import distill, medusa
 PATH_KEYS = ("work_dir", "distill_dir", "feature_dir", "output_dir")
 
 
+def expand_path(path) -> str:
+    return os.path.expandvars(os.path.expanduser(str(path)))
+
+
 def resolve_paths(cfg: dict) -> dict:
     """`base_model: default` -> the embedded SmolLM2 (prepared on first use); `~` and env vars expanded."""
     cfg = dict(cfg)
@@ -29,7 +33,7 @@ def resolve_paths(cfg: dict) -> dict:
         cfg["base_model"] = str(prepare_smollm2())
     for key in PATH_KEYS:
         if cfg.get(key):
-            cfg[key] = os.path.expandvars(os.path.expanduser(str(cfg[key])))
+            cfg[key] = expand_path(cfg[key])
     return cfg
 
 
@@ -73,7 +77,7 @@ def prepare_data(cfg: dict, log=print) -> None:
             log=log,
         )
     layer_dir = d.get("eagle3_feature_dir")
-    layer_dir = Path(os.path.expandvars(os.path.expanduser(layer_dir))) if layer_dir else None
+    layer_dir = Path(expand_path(layer_dir)) if layer_dir else None
     base = {k: v for k, v in d.items() if k != "rounds"}
     for r in [base, *[{**base, "id_prefix": f"r{i}-", **rd} for i, rd in enumerate(d.get("rounds") or [], 1)]]:
         prefix = r.get("id_prefix", "")
