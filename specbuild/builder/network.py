@@ -54,21 +54,28 @@ class Attention(nn.Module):
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
     def attend(self, q, keys, values, mask):
-        """q [B,Hq,T,D]; keys/values [B,Hkv,M,D]; mask [B,1,1,T,M] bool -> o_proj output [B,T,H]."""
+        """q [B,Hq,T,D]; keys/values: lists of [B,Hkv,M_i,D] chunks (cache, new tokens, ...); mask [B,1,1,T,sum M_i]
+        bool -> o_proj output [B,T,H].
+
+        Scores are computed per chunk and only they are concatenated (T x M, not the M x D keys and values), so
+        the KV cache is never copied into a longer tensor."""
         b, _, t, d = q.shape
         hkv, g = self.num_kv_heads, self.num_heads // self.num_kv_heads
         q = q.reshape(b, hkv, g, t, d)
-        scores = torch.matmul(q, keys.unsqueeze(2).transpose(-1, -2)) * (d**-0.5)
+        scores = torch.cat([torch.matmul(q, k.unsqueeze(2).transpose(-1, -2)) for k in keys], dim=-1) * (d**-0.5)
         scores = scores.float().masked_fill(~mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(values.dtype)
-        out = torch.matmul(probs, values.unsqueeze(2))  # [B,Hkv,G,T,D]
+        probs = torch.softmax(scores, dim=-1).to(values[0].dtype)
+        chunks = torch.split(probs, [k.shape[2] for k in keys], dim=-1) if len(keys) > 1 else (probs,)
+        out = torch.matmul(chunks[0], values[0].unsqueeze(2))  # [B,Hkv,G,T,D]
+        for p, v in zip(chunks[1:], values[1:]):
+            out = out + torch.matmul(p, v.unsqueeze(2))
         out = out.reshape(b, self.num_heads, t, d).transpose(1, 2).reshape(b, t, self.num_heads * d)
         return self.o_proj(out)
 
     def forward(self, x, cos, sin, mask, past_k, past_v):
         """x [B,T,H]; cos/sin [B,1,T,D]; mask [B,1,1,T,C+T] bool; past_k/v [B,Hkv,C,D]."""
         q, k, v = self.project(x, cos, sin)
-        out = self.attend(q, torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2), mask)
+        out = self.attend(q, [past_k, k], [past_v, v], mask)
         return out, k, v
 
 

@@ -24,7 +24,7 @@ class DraftAttention(Attention):
         """x [B,n,in]; mem_k/v lists of [B,Hkv,M,D]; mem_mask list of [B,n,M] bool; self_mask [B,n,n] bool."""
         q, k, v = self.project(x, cos, sin)
         mask = torch.cat([*mem_mask, self_mask], dim=2).unsqueeze(1).unsqueeze(1)  # [B,1,1,n,M]
-        out = self.attend(q, torch.cat([*mem_k, k], dim=2), torch.cat([*mem_v, v], dim=2), mask)
+        out = self.attend(q, [*mem_k, k], [*mem_v, v], mask)
         return out, k, v
 
 
