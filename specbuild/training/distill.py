@@ -2,6 +2,8 @@
 
 Prompts (never HumanEval or MT-bench, which are evaluation sets):
 - code: Python stdlib sources, cut right after a function's docstring or at a random line inside its body;
+- stub: a stdlib function's signature and docstring alone, dedented, in the style of a code-completion benchmark
+  prompt (the model answers these with a body or with prose about the code, as it does for HumanEval);
 - chat: ShareGPT first human turns in the model's chat template (the packaged JSON is truncated at the end,
   so it is read element by element).
 
@@ -23,6 +25,9 @@ import gzip
 import hashlib
 import json
 import random
+import re
+import sysconfig
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-STDLIB_DIR = Path("/root/.pyenv/versions/3.11.7/lib/python3.11")
+STDLIB_DIR = Path(sysconfig.get_paths()["stdlib"])
 SKIP_PARTS = {"test", "tests", "site-packages", "idlelib", "lib2to3", "turtledemo", "__pycache__"}
 PROMPT_TAIL = 8
 
@@ -97,6 +102,53 @@ def code_prompts(n: int, seed: int = 0, root: Path = STDLIB_DIR, max_chars: int 
     return out
 
 
+SELF_ARG = re.compile(r"\((self|cls)(,\s*|\))")  # a method's first parameter, dropped from stubs
+TYPING_NAMES = ("List", "Dict", "Tuple", "Optional", "Union", "Any", "Iterable", "Callable")
+
+
+def stub_prompts(
+    n: int, seed: int = 0, root: Path = STDLIB_DIR, max_doc_lines: int = 16, per_file: int = 12
+) -> list[str]:
+    """`n` standalone function stubs from stdlib functions with docstrings: the `def` line and the docstring,
+    dedented, with `self`/`cls` dropped and a `typing` import when the annotations name typing generics."""
+    rng = random.Random(seed)
+    files = _stdlib_files(root)
+    rng.shuffle(files)
+    out: list[str] = []
+    for path in files:
+        if len(out) >= n:
+            break
+        try:
+            src = path.read_text(encoding="utf-8")
+            tree = ast.parse(src)
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        lines = src.splitlines()
+        funcs = [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        rng.shuffle(funcs)
+        taken = 0
+        for f in funcs:
+            doc = ast.get_docstring(f)
+            if doc is None or f.name.startswith("__") or len(doc) < 30 or taken >= per_file:
+                continue
+            doc_node = f.body[0]
+            if doc_node.end_lineno - doc_node.lineno + 1 > max_doc_lines:
+                continue
+            text = textwrap.dedent("\n".join(lines[f.lineno - 1 : doc_node.end_lineno])) + "\n"
+            text = SELF_ARG.sub(lambda m: "(" if m.group(2).startswith(",") else "()", text, count=1)
+            try:
+                ast.parse(text + "    pass\n")
+            except SyntaxError:
+                continue
+            used = [t for t in TYPING_NAMES if re.search(rf"\b{t}\[", text.split('"""')[0].split("'''")[0])]
+            header = f"from typing import {', '.join(used)}\n\n\n" if used else ("\n" if rng.random() < 0.5 else "")
+            out.append(header + text)
+            taken += 1
+            if len(out) >= n:
+                break
+    return out
+
+
 def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
     """Conversations of the packaged (truncated) ShareGPT JSON, decoded element by element."""
     if path is None:
@@ -149,9 +201,16 @@ def chat_wrap(tok, text: str) -> list[int]:
 
 
 def build_prompts(
-    tok, n_code: int, n_chat: int, seed: int = 0, chat_code_frac: float = 0.2, max_prompt_tokens: int = 320
+    tok,
+    n_code: int,
+    n_chat: int,
+    seed: int = 0,
+    chat_code_frac: float = 0.2,
+    max_prompt_tokens: int = 320,
+    n_stub: int = 0,
 ) -> list[dict]:
-    """Token-id prompts `{id, kind, ids}`: raw code continuations, chat-wrapped code and ShareGPT chat."""
+    """Token-id prompts `{id, kind, ids}`: raw code continuations, chat-wrapped code, ShareGPT chat and
+    standalone function stubs."""
     rng = random.Random(seed)
     prompts = []
     for i, code in enumerate(code_prompts(n_code, seed)):
@@ -165,6 +224,10 @@ def build_prompts(
         ids = chat_wrap(tok, text)
         if len(ids) <= max_prompt_tokens:
             prompts.append({"id": f"chat-{i:05d}", "kind": "chat", "ids": ids})
+    for i, text in enumerate(stub_prompts(n_stub, seed)):
+        ids = tok(text)["input_ids"]
+        if len(ids) <= max_prompt_tokens:
+            prompts.append({"id": f"stub-{i:05d}", "kind": "stub", "ids": list(ids)})
     return prompts
 
 

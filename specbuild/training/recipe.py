@@ -88,6 +88,7 @@ def prepare_data(cfg: dict, log=print) -> None:
             seed=int(r.get("seed", 0)),
             chat_code_frac=float(r.get("chat_code_frac", 0.2)),
             max_prompt_tokens=int(r.get("max_prompt_tokens", 256)),
+            n_stub=int(r.get("stub_prompts", 0)),
         )
         if prefix:  # later rounds skip prompts an earlier round already has
             seen = {tuple(s["prompt_ids"]) for s in distill.read_sequences(work / "train.jsonl")}

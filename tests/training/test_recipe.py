@@ -17,16 +17,20 @@ def test_rounds_append_with_prefixed_ids(smollm2_hf, tmp_path):
             "seed": 0,
             "eval_humaneval_prompts": 0,
             "eagle3_feature_dir": str(tmp_path / "layers"),
-            "rounds": [{"seed": 1, "id_prefix": "s1-", "code_prompts": 3}],
+            "rounds": [
+                {"seed": 1, "id_prefix": "s1-", "code_prompts": 3},
+                {"seed": 3, "id_prefix": "s3-", "code_prompts": 0, "stub_prompts": 2},
+            ],
         },
     }
     recipe.prepare_data(cfg, log=lambda *a: None)
     seqs = distill.read_sequences(tmp_path / "work" / "train.jsonl")
     ids = [s["id"] for s in seqs]
     assert len(ids) == len(set(ids))
-    first = [i for i in ids if not i.startswith("s1-")]
+    first = [i for i in ids if not i.startswith(("s1-", "s3-"))]
     later = [i for i in ids if i.startswith("s1-")]
     assert sorted(first) == ["code-00000", "code-00001"] and later
+    assert sorted(i for i in ids if i.startswith("s3-")) == ["s3-stub-00000", "s3-stub-00001"]
     prompts = [tuple(s["prompt_ids"]) for s in seqs]
     assert len(prompts) == len(set(prompts))  # a later round skips prompts an earlier one has
     assert all(1 <= len(s["gen_ids"]) <= 4 for s in seqs)
