@@ -62,23 +62,28 @@ def _stdlib_files(root: Path) -> list[Path]:
     return sorted(files)
 
 
-def code_prompts(n: int, seed: int = 0, root: Path = STDLIB_DIR, max_chars: int = 1500) -> list[str]:
-    """`n` code prompts from stdlib functions: cut after the docstring (half) or at a random body line."""
-    rng = random.Random(seed)
+def _stdlib_functions(rng: random.Random, root: Path) -> Iterator[tuple[list[str], list]]:
+    """(source lines, function nodes in random order) of each parseable stdlib file, files in random order."""
     files = _stdlib_files(root)
     rng.shuffle(files)
-    out: list[str] = []
     for path in files:
-        if len(out) >= n:
-            break
         try:
             src = path.read_text(encoding="utf-8")
             tree = ast.parse(src)
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
-        lines = src.splitlines()
         funcs = [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
         rng.shuffle(funcs)
+        yield src.splitlines(), funcs
+
+
+def code_prompts(n: int, seed: int = 0, root: Path = STDLIB_DIR, max_chars: int = 1500) -> list[str]:
+    """`n` code prompts from stdlib functions: cut after the docstring (half) or at a random body line."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    for lines, funcs in _stdlib_functions(rng, root):
+        if len(out) >= n:
+            break
         for f in funcs[:3]:  # at most 3 per file for variety
             has_doc = ast.get_docstring(f) is not None
             body_start = f.body[1].lineno if has_doc and len(f.body) > 1 else f.body[0].lineno
@@ -112,20 +117,10 @@ def stub_prompts(
     """`n` standalone function stubs from stdlib functions with docstrings: the `def` line and the docstring,
     dedented, with `self`/`cls` dropped and a `typing` import when the annotations name typing generics."""
     rng = random.Random(seed)
-    files = _stdlib_files(root)
-    rng.shuffle(files)
     out: list[str] = []
-    for path in files:
+    for lines, funcs in _stdlib_functions(rng, root):
         if len(out) >= n:
             break
-        try:
-            src = path.read_text(encoding="utf-8")
-            tree = ast.parse(src)
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        lines = src.splitlines()
-        funcs = [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        rng.shuffle(funcs)
         taken = 0
         for f in funcs:
             doc = ast.get_docstring(f)
@@ -135,12 +130,14 @@ def stub_prompts(
             if doc_node.end_lineno - doc_node.lineno + 1 > max_doc_lines:
                 continue
             text = textwrap.dedent("\n".join(lines[f.lineno - 1 : doc_node.end_lineno])) + "\n"
-            text = SELF_ARG.sub(lambda m: "(" if m.group(2).startswith(",") else "()", text, count=1)
+            n_sig = doc_node.lineno - f.lineno  # signature lines (decorators are not included)
+            sig = "\n".join(text.split("\n")[:n_sig])
+            text = SELF_ARG.sub(lambda m: "(" if m.group(2).startswith(",") else "()", sig, count=1) + text[len(sig) :]
             try:
                 ast.parse(text + "    pass\n")
             except SyntaxError:
                 continue
-            used = [t for t in TYPING_NAMES if re.search(rf"\b{t}\[", text.split('"""')[0].split("'''")[0])]
+            used = [t for t in TYPING_NAMES if re.search(rf"\b{t}\[", sig)]
             header = f"from typing import {', '.join(used)}\n\n\n" if used else ("\n" if rng.random() < 0.5 else "")
             out.append(header + text)
             taken += 1
