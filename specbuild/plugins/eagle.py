@@ -97,9 +97,12 @@ class EaglePlugin(ModePlugin):
         return out
 
     def manifest(self) -> dict:
-        return {
+        out = {
             "draft_version": self.drafter.version,
             "draft_layers": self.drafter.num_layers,
             "draft_vocab_size": self.drafter.draft_vocab,
             "expansion": self.expansion,
         }
+        if self.drafter.version == 3:  # speculators/vLLM heads: the layer's residual is hidden_norm(x), not x
+            out["draft_norm_before_residual"] = self.drafter.c["norm_before_residual"]
+        return out

@@ -58,11 +58,14 @@ class Eagle1Layer(nn.Module):
 
 
 class Eagle3Layer(nn.Module):
-    """EAGLE-3 midlayer: attention over cat(input_layernorm(embedding), hidden_norm(x)) (width 2H)."""
+    """EAGLE-3 midlayer: attention over cat(input_layernorm(embedding), hidden_norm(x)) (width 2H).
+
+    The attention output is added to x, or with norm_before_residual (speculators/vLLM) to hidden_norm(x)."""
 
     def __init__(self, c):
         super().__init__()
         h = c["hidden"]
+        self.norm_before_residual = bool(c.get("norm_before_residual", False))
         self.input_layernorm = RMSNorm(h, c["rms_norm_eps"])
         self.hidden_norm = RMSNorm(h, c["rms_norm_eps"])
         self.self_attn = DraftAttention(2 * h, h, c["num_heads"], c["num_kv_heads"], c["head_dim"], False)
@@ -70,9 +73,10 @@ class Eagle3Layer(nn.Module):
         self.mlp = DraftMLP(h, c["intermediate_size"])
 
     def forward(self, x, emb, cos, sin, mem_k, mem_v, mem_mask, self_mask):
-        y = torch.cat([self.input_layernorm(emb), self.hidden_norm(x)], dim=-1)
+        normed = self.hidden_norm(x)
+        y = torch.cat([self.input_layernorm(emb), normed], dim=-1)
         a, k, v = self.self_attn(y, cos, sin, mem_k, mem_v, mem_mask, self_mask)
-        x = x + a
+        x = (normed if self.norm_before_residual else x) + a
         return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
 
@@ -91,6 +95,7 @@ class DraftNet(nn.Module):
             "intermediate_size": head_cfg.get("intermediate_size") or base_cfg.intermediate_size,
             "rms_norm_eps": float(head_cfg.get("rms_norm_eps") or base_cfg.rms_norm_eps),
             "qkv_bias": bool(head_cfg.get("qkv_bias", False)),
+            "norm_before_residual": bool(head_cfg.get("norm_before_residual", False)),
         }
         self.c = c
         theta = float(head_cfg.get("rope_theta") or base_cfg.rope_theta)

@@ -181,6 +181,34 @@ EAGLE3_TO_MODELOPT = {
 }
 
 
+def speculators_config(base_cfg, *, draft_vocab: int, norm_before_residual: bool | None = False, **top) -> dict:
+    """config.json of a speculators (vLLM) EAGLE-3 head: the draft layer's LlamaConfig under transformer_layer_config
+    (vocab_size = the target's), EAGLE-3 fields at the top level. norm_before_residual None leaves the key out."""
+    layer = _draft_config(base_cfg, num_hidden_layers=1, architectures=None, torch_dtype=None)
+    layer.update({"hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False})
+    cfg = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.3.0",
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3, "verifier_accept_k": 1}],
+            "verifier": {"architectures": ["LlamaForCausalLM"], "name_or_path": "org/verifier"},
+        },
+        "transformer_layer_config": layer,
+        "draft_vocab_size": draft_vocab,
+        "norm_before_residual": norm_before_residual,
+        "target_hidden_size": None,
+        "embed_requires_grad": False,
+        "torch_dtype": "bfloat16",
+        **top,
+    }
+    if norm_before_residual is None:
+        del cfg["norm_before_residual"]
+    return cfg
+
+
 def write_eagle3_head(
     out_dir: Path,
     base_cfg,
@@ -190,17 +218,35 @@ def write_eagle3_head(
     draft_vocab: int | None = None,
     with_t2d: bool = True,
     config_extra: dict | None = None,
+    norm_before_residual: bool | None = False,
+    embed: torch.Tensor | None = None,
     seed: int = 0,
 ) -> dict:
-    """An EAGLE-3 head. layout: original (SafeAILab `midlayer.*`) | modelopt (`eagle_module.layers.0.*` etc.).
+    """An EAGLE-3 head. layout: original (SafeAILab `midlayer.*`) | modelopt (`eagle_module.layers.0.*` etc.) |
+    speculators (vLLM's speculators format: `layers.0.*`, d2t and t2d always, speculators config.json).
 
-    draft_vocab: size of the reduced draft vocabulary (default: the base vocab, no d2t/t2d). The config keeps
-    num_hidden_layers 40 like the official Vicuna-13B EAGLE-3 config. Returns the state under the written names.
+    draft_vocab: size of the reduced draft vocabulary (default: the base vocab, no d2t/t2d except for speculators).
+    The original/modelopt config keeps num_hidden_layers 40 like the official Vicuna-13B EAGLE-3 config.
+    norm_before_residual (speculators only; None leaves the key out), embed (written as embed_tokens.weight, as
+    speculators does with the verifier's embedding). Returns the state under the written names.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = eagle3_state(base_cfg, draft_vocab=draft_vocab, with_t2d=with_t2d, seed=seed)
     vocab = base_dims(base_cfg)["vocab"]
+    if embed is not None:
+        state["embed_tokens.weight"] = embed.clone()
+    if layout == "speculators":
+        vd = draft_vocab or vocab
+        if "d2t" not in state:
+            state["d2t"] = torch.zeros(vd, dtype=torch.int64)
+            state["t2d"] = torch.ones(vocab, dtype=torch.bool)
+        state = {k.replace("midlayer.", "layers.0."): v for k, v in state.items()}
+        save_state(state, out_dir, fmt)
+        cfg = speculators_config(base_cfg, draft_vocab=vd, norm_before_residual=norm_before_residual)
+        cfg.update(config_extra or {})
+        (out_dir / "config.json").write_text(json.dumps(cfg))
+        return state
     extra = {
         "num_hidden_layers": 40,
         "draft_vocab_size": draft_vocab or vocab,

@@ -123,3 +123,98 @@ def test_draft_state_is_committed_like_the_base_cache(tmp_path):
     # every generated token except the last (the pending root) is committed, plus the whole prompt
     assert seen["draft_len"] == len(ids) + len(result.output_ids) - 1
     assert np.isfinite(torch.tensor(0.0).item())
+
+
+# speculators (vLLM) EAGLE-3 heads: norm_before_residual
+
+SMALL_DYNAMIC = dict(eagle_top_k=2, eagle_depth=2, eagle_total_tokens=4)
+
+
+def test_speculators_head_reproduces_greedy_ids(tmp_path):
+    """A speculators-layout head (layers.0.*, transformer_layer_config, norm_before_residual true, the verifier's
+    embedding copy) converts, builds and reproduces the base model's greedy ids."""
+    model = toy_model("llama_tied_linear", tmp_path / "hf", vocab=12)
+    embed = model.get_input_embeddings().weight.detach()
+    write_eagle3_head(
+        tmp_path / "head", model.config, layout="speculators", draft_vocab=8, norm_before_residual=True, embed=embed
+    )
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={"eagle3": tmp_path / "head"}, progress=False)
+    opts = BuildOptions(speculative_mode="eagle3", **SMALL_DYNAMIC)
+    engine_dir = build_engine(ckpt, tmp_path / "engine", opts, log=quiet)
+    mode = Engine(engine_dir).manifest["mode"]
+    assert mode["draft_norm_before_residual"] is True and mode["draft_vocab_size"] == 8
+    steps = _check_greedy(model, engine_dir)
+    assert max(steps) > 1
+
+
+def _speculators_layer_reference(w: dict, x, emb, norm_before_residual: bool, c: dict):
+    """speculators' EAGLE-3 first decoder layer (Eagle3FirstLayerMixin over LlamaDecoderLayer), written out for one
+    causal sequence at positions 0..T-1 with no cache: hidden_norm(x) always feeds attention; the attention residual
+    is hidden_norm(x) with norm_before_residual, else x."""
+    heads, kv_heads, d, eps = c["num_heads"], c["num_kv_heads"], c["head_dim"], c["rms_norm_eps"]
+    t = x.shape[1]
+
+    def rms(v, weight):
+        return weight * (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps))
+
+    def heads_of(v, n):
+        return v.view(1, t, n, d).transpose(1, 2)
+
+    angles = torch.arange(t).float()[:, None] / (c["rope_theta"] ** (torch.arange(0, d, 2).float() / d))[None]
+    cos, sin = angles.cos(), angles.sin()
+
+    def rope(v):  # HF convention: dimension i pairs with i + d/2
+        a, b = v[..., : d // 2], v[..., d // 2 :]
+        return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+    hidden = rms(x, w["midlayer.hidden_norm.weight"])
+    residual = hidden if norm_before_residual else x
+    inp = torch.cat([rms(emb, w["midlayer.input_layernorm.weight"]), hidden], dim=-1)
+    proj = {p: inp @ w[f"midlayer.self_attn.{p}_proj.weight"].T for p in "qkv"}
+    q = rope(heads_of(proj["q"], heads))
+    k = rope(heads_of(proj["k"], kv_heads)).repeat_interleave(heads // kv_heads, dim=1)
+    v = heads_of(proj["v"], kv_heads).repeat_interleave(heads // kv_heads, dim=1)
+    att = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    h = residual + att.transpose(1, 2).reshape(1, t, heads * d) @ w["midlayer.self_attn.o_proj.weight"].T
+    m = rms(h, w["midlayer.post_attention_layernorm.weight"])
+    gate, up = m @ w["midlayer.mlp.gate_proj.weight"].T, m @ w["midlayer.mlp.up_proj.weight"].T
+    return h + (torch.nn.functional.silu(gate) * up) @ w["midlayer.mlp.down_proj.weight"].T
+
+
+def test_norm_before_residual_draft_layer_matches_speculators_math():
+    from types import SimpleNamespace
+
+    from specbuild.plugins.eagle_draft import DraftNet
+    from tests.conftest import tiny_hf_config
+    from tests.plugins.eagle_fixtures import eagle3_state
+
+    hf = tiny_hf_config("llama_gqa_llama3rope")  # H 64, 4 heads / 2 kv heads of 16, intermediate 96, V 97
+    base = SimpleNamespace(
+        hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96, rms_norm_eps=1e-6,
+        rope_theta=10000.0, vocab_size=97,
+    )  # fmt: skip
+    state = eagle3_state(hf, draft_vocab=40)
+    state.pop("t2d")
+    g = torch.Generator().manual_seed(5)
+    state["embed_tokens.weight"] = torch.randn(97, 64, generator=g)
+    t = 6
+    tokens = torch.randint(0, 97, (1, t), generator=g)
+    feats = 3.0 * torch.randn(1, t, 64, generator=g)  # far from unit RMS, so hidden_norm(x) != x
+    causal = torch.tril(torch.ones(t, t, dtype=torch.bool)).unsqueeze(0)
+    out = {}
+    for flag in (False, True):
+        head_cfg = {
+            "draft_vocab_size": 40, "target_hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
+            "intermediate_size": 96, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "has_embed": True,
+            "norm_before_residual": flag,
+        }  # fmt: skip
+        draft = DraftNet(head_cfg, base, 3)
+        draft.load(state)
+        with torch.no_grad():
+            h, _, _ = draft.run(tokens, feats, torch.arange(t).view(1, t), None, [[]], [[]], [], causal)
+            ref = _speculators_layer_reference(state, feats, state["embed_tokens.weight"][tokens], flag, head_cfg)
+            out[flag] = (h, draft.logprobs(h, None))
+        assert draft.midlayer.norm_before_residual is flag
+        torch.testing.assert_close(h, ref, rtol=1e-4, atol=1e-4)
+    assert (out[True][0] - out[False][0]).abs().max() > 0.1  # the flag changes the draft's hidden state ...
+    assert not torch.equal(out[True][1].argmax(-1), out[False][1].argmax(-1))  # ... and its proposals

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from tests.plugins.eagle_fixtures import (
     EAGLE3_TO_MODELOPT,
     eagle3_state,
     save_state,
+    speculators_config,
     write_eagle1_head,
     write_eagle3_head,
 )
@@ -241,3 +243,163 @@ def test_eagle3_modelopt_missing_tensor_uses_its_name(bases, tmp_path):
     name = "eagle_module." + EAGLE3_TO_MODELOPT["midlayer.input_layernorm.weight"]
     head = _broken_eagle3(tmp_path, lambda s: s.pop(name), layout="modelopt")
     _fails(bases[LLAMA], tmp_path, "eagle3", head, "eagle_module.input_embeds_norm.weight is missing")
+
+
+# speculators (vLLM) layout: speculators_model_type "eagle3", transformer_layer_config, layers.0.*
+
+
+def _spec_head(tmp_path: Path, base_cfg=None, **kwargs) -> dict:
+    return write_eagle3_head(tmp_path / "head", base_cfg or tiny_hf_config(LLAMA), layout="speculators", **kwargs)
+
+
+@pytest.mark.parametrize(
+    "norm_before_residual, draft_vocab, fmt", [(True, 40, "safetensors"), (False, None, "bin"), (None, 40, "sharded")]
+)
+def test_eagle3_speculators_round_trip(bases, tmp_path, norm_before_residual, draft_vocab, fmt):
+    base_embed = load_file(str(bases[LLAMA] / "model.safetensors"))["model.embed_tokens.weight"]
+    state = _spec_head(
+        tmp_path, draft_vocab=draft_vocab, fmt=fmt, norm_before_residual=norm_before_residual, embed=base_embed
+    )
+    assert "layers.0.hidden_norm.weight" in state and not any(k.startswith("midlayer.") for k in state)
+    ckpt = _convert(bases[LLAMA], tmp_path, "eagle3", tmp_path / "head")
+    cfg = ckpt.heads["eagle3"]
+    assert cfg["layout"] == "speculators" and cfg["version"] == 3
+    # a config without the key gets vLLM's default (true); speculators' own class default would be false
+    assert cfg["norm_before_residual"] is (True if norm_before_residual is None else norm_before_residual)
+    assert cfg["draft_vocab_size"] == (draft_vocab or 97) and cfg["capture_layers"] == [1, 1, 0]
+    assert cfg["has_embed"] is False  # the verifier's embedding copy equals the base's: dropped
+    expected = eagle3_state(tiny_hf_config(LLAMA), draft_vocab=draft_vocab)  # canonical (SafeAILab) names
+    expected.pop("t2d", None)
+    expected.setdefault("d2t", torch.zeros(97, dtype=torch.int64))
+    tensors = ckpt.head_tensors("eagle3")
+    assert set(tensors) == set(expected)
+    for name, value in expected.items():
+        assert torch.equal(tensors[name], value), name
+
+
+def test_eagle3_speculators_dims_come_from_transformer_layer_config(bases, tmp_path):
+    """Sizes are read from transformer_layer_config (here 4 kv heads and intermediate 48, unlike the base model's
+    2 and 96); the top level of a speculators config holds no hidden_size or head counts."""
+    layer = {**tiny_hf_config(LLAMA).to_dict(), "num_key_value_heads": 4, "intermediate_size": 48, "rms_norm_eps": 1e-5}
+    _spec_head(tmp_path, layer, draft_vocab=40, config_extra={"eagle_aux_hidden_state_layer_ids": [0, 4, 8]})
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    assert "hidden_size" not in config and config["transformer_layer_config"]["num_key_value_heads"] == 4
+    cfg = _convert(bases["llama8"], tmp_path, "eagle3", tmp_path / "head").heads["eagle3"]
+    assert (cfg["num_heads"], cfg["num_kv_heads"], cfg["head_dim"], cfg["intermediate_size"]) == (4, 4, 16, 48)
+    assert cfg["rms_norm_eps"] == 1e-5 and cfg["hidden_size"] == 64
+    assert cfg["capture_layers"] == [0, 4, 8]  # vLLM's indexing: the input of layer i, 8 = the last layer's output
+
+
+def test_eagle3_speculators_names_without_speculators_config(bases, tmp_path):
+    """layers.0.hidden_norm marks the layout even under a flat config; norm_before_residual then defaults to false."""
+    state = _spec_head(tmp_path, draft_vocab=40)
+    save_state(state, tmp_path / "head", "bin")
+    (tmp_path / "head" / "config.json").write_text(json.dumps(tiny_hf_config(LLAMA).to_dict()))
+    cfg = _convert(bases[LLAMA], tmp_path, "eagle3", tmp_path / "head").heads["eagle3"]
+    assert cfg["layout"] == "speculators" and cfg["norm_before_residual"] is False
+
+
+def _spec_config(tmp_path: Path, **changes) -> Path:
+    file = tmp_path / "head" / "config.json"
+    config = json.loads(file.read_text())
+    for key, value in changes.items():
+        if key == "layer":
+            config["transformer_layer_config"].update(value)
+        else:
+            config[key] = value
+    file.write_text(json.dumps(config))
+    return tmp_path / "head"
+
+
+@pytest.mark.parametrize(
+    "changes, needles",
+    [
+        ({"speculators_model_type": "eagle"}, ("speculators_model_type 'eagle' is not an EAGLE-3 head", "midlayer")),
+        ({"speculators_model_type": "mlp_speculator"}, ("'mlp_speculator'", "supported EAGLE-3 layouts")),
+        ({"layer": {"model_type": "qwen3"}}, ("transformer_layer_config model_type 'qwen3' is not supported",)),
+        ({"norm_before_fc": True}, ("norm_before_fc",)),
+        ({"norm_before_residual": "yes"}, ("norm_before_residual must be true or false",)),
+        ({"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}, ("[1, 2, 3] names layer 3, outside [0, 2]",)),
+        ({"transformer_layer_config": None}, ("needs transformer_layer_config",)),
+    ],
+)
+def test_eagle3_speculators_bad_config_fails(bases, tmp_path, changes, needles):
+    _spec_head(tmp_path, draft_vocab=40)
+    _fails(bases[LLAMA], tmp_path, "eagle3", _spec_config(tmp_path, **changes), "config.json", *needles)
+
+
+def _extra_q_norm(state):
+    state["layers.0.self_attn.q_norm.weight"] = torch.ones(16)
+
+
+def _second_layer(state):
+    state["layers.1.mlp.down_proj.weight"] = torch.ones(64, 96)
+
+
+@pytest.mark.parametrize(
+    "mutate, needles",
+    [
+        (_extra_q_norm, ("unexpected tensor in an EAGLE-3 head (speculators layout)", "layers.0.self_attn.q_norm")),
+        (_second_layer, ("multi-layer speculators EAGLE-3 heads (layers.1.*) are not supported",)),
+        (lambda s: s.pop("layers.0.hidden_norm.weight"), ("layers.0.hidden_norm.weight is missing",)),
+        (lambda s: s.pop("layers.0.mlp.up_proj.weight"), ("layers.0.mlp.up_proj.weight is missing", "(96, 64)")),
+        (lambda s: s.update({"fc.bias": torch.zeros(64)}), ("unexpected tensor", "fc.bias")),
+        (lambda s: s.update({"t2d": torch.ones(97, dtype=torch.bool)}), ("t2d and d2t disagree",)),
+    ],
+)
+def test_eagle3_speculators_broken_heads_fail(bases, tmp_path, mutate, needles):
+    state = _spec_head(tmp_path, draft_vocab=40)
+    mutate(state)
+    save_state(state, tmp_path / "head", "bin")
+    _fails(bases[LLAMA], tmp_path, "eagle3", tmp_path / "head", "pytorch_model.bin", *needles)
+
+
+def test_eagle3_speculators_config_without_layers_names_what_it_found(bases, tmp_path):
+    state = write_eagle1_head(tmp_path / "head", tiny_hf_config(LLAMA))  # EAGLE-1 names ...
+    state = {k.replace("layers.0.", "decoder.0."): v for k, v in state.items()}
+    save_state(state, tmp_path / "head", "bin")
+    cfg = speculators_config(tiny_hf_config(LLAMA), draft_vocab=97)  # ... under a speculators config
+    (tmp_path / "head" / "config.json").write_text(json.dumps(cfg))
+    _fails(
+        bases[LLAMA],
+        tmp_path,
+        "eagle3",
+        tmp_path / "head",
+        "speculators_model_type 'eagle3') holds no layers.0.*",
+        "decoder.0.mlp.down_proj.weight",
+    )
+
+
+def test_eagle3_unknown_layout_names_found_and_supported_layouts(bases, tmp_path):
+    """Tensors of no known layout: one line with a sample of the names found and the layouts supported."""
+    (tmp_path / "head").mkdir()
+    state = {f"transformer.h.0.attn.{p}.weight": torch.randn(64, 128) for p in ("q", "k", "v")}
+    state["transformer.wte.weight"] = torch.randn(97, 64)
+    save_state(state, tmp_path / "head", "safetensors")
+    (tmp_path / "head" / "config.json").write_text(json.dumps({"architectures": ["Eagle3Whatever"]}))
+    msg = _fails(
+        bases[LLAMA],
+        tmp_path,
+        "eagle3",
+        tmp_path / "head",
+        "no supported EAGLE-3 layout found",
+        "transformer.h.0.attn.k.weight",
+        "midlayer.*",
+        "eagle_module.",
+        "speculators_model_type",
+    )
+    assert "supported layouts" in msg
+
+
+def test_eagle1_head_given_as_eagle3_names_the_layout_problem(bases, tmp_path):
+    write_eagle1_head(tmp_path / "head", tiny_hf_config(LLAMA))
+    _fails(
+        bases[LLAMA],
+        tmp_path,
+        "eagle3",
+        tmp_path / "head",
+        "no supported EAGLE-3 layout found",
+        "fc.weight",
+        "looks like an EAGLE-1/2 head (--eagle-dir)",
+        "supported layouts",
+    )
