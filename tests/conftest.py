@@ -89,20 +89,67 @@ TINY_SHAPES: dict[str, tuple[str, str, dict]] = {
     ),
 }
 
+# Sliding-window shapes (kept out of TINY_SHAPES so the suites parametrized over it do not grow): windows far
+# shorter than prompt + output. Mistral slides on every layer; this Qwen2 only on layers >= max_window_layers.
+SLIDING_SHAPES: dict[str, tuple[str, str, dict]] = {
+    "mistral_window": (
+        "MistralConfig",
+        "MistralForCausalLM",
+        dict(
+            vocab_size=97,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            sliding_window=5,
+            tie_word_embeddings=False,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),
+    "qwen2_window": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(
+            vocab_size=89,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=128,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=1,
+            tie_word_embeddings=True,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),
+}
+ALL_SHAPES = {**TINY_SHAPES, **SLIDING_SHAPES}
+
 
 def tiny_hf_config(name: str, **overrides):
-    """A fresh transformers config object for TINY_SHAPES[name] (with optional overrides, e.g. vocab_size)."""
+    """A fresh transformers config object for TINY_SHAPES / SLIDING_SHAPES[name] (optional overrides, e.g. vocab)."""
     import transformers
 
-    config_cls, _, kwargs = TINY_SHAPES[name]
+    config_cls, _, kwargs = ALL_SHAPES[name]
     return getattr(transformers, config_cls)(**{**kwargs, **overrides})
 
 
 def tiny_hf_model(name: str, seed: int = TINY_SEED, **overrides):
-    """A TINY_SHAPES[name] transformers model with seeded, non-tiny random weights, in eval mode."""
+    """A TINY_SHAPES / SLIDING_SHAPES[name] transformers model with seeded, non-tiny random weights, in eval mode."""
     import transformers
 
-    _, model_cls, _ = TINY_SHAPES[name]
+    _, model_cls, _ = ALL_SHAPES[name]
     model = getattr(transformers, model_cls)(tiny_hf_config(name, **overrides))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

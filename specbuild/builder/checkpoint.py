@@ -36,8 +36,10 @@ class Checkpoint:
                 f"{path}: not a specbuild checkpoint (no {ef.CHECKPOINT_CONFIG}); run `specbuild convert`"
             )
         try:
-            cfg = yaml.safe_load(cfg_file.read_text())
-        except yaml.YAMLError as exc:
+            cfg = yaml.safe_load(cfg_file.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise SpecbuildError(f"{cfg_file}: cannot read ({exc.strerror or exc})") from None
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
             raise SpecbuildError(f"{cfg_file}: invalid YAML ({exc})") from None
         if not isinstance(cfg, dict) or cfg.get("format") != ef.CHECKPOINT_FORMAT:
             raise SpecbuildError(f"{cfg_file}: not a specbuild checkpoint config")
@@ -46,12 +48,27 @@ class Checkpoint:
                 f"{cfg_file}: checkpoint format version {cfg.get('format_version')} is not supported "
                 f"(this specbuild reads version {ef.CHECKPOINT_FORMAT_VERSION}); re-run `specbuild convert`"
             )
+        dtype = cfg.get("dtype", "float32")
+        if dtype not in DTYPES:
+            raise SpecbuildError(f"{cfg_file}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        heads = cfg.get("heads") or {}
+        if not isinstance(heads, dict) or not all(isinstance(h, dict) for h in heads.values()):
+            raise SpecbuildError(f"{cfg_file}: heads must map a mode name to its head config")
+        for name in heads:
+            head_file = path / ef.HEADS_DIR / f"{name}.safetensors"
+            if not head_file.is_file():
+                raise SpecbuildError(f"{head_file}: missing (config.yaml lists {name} heads)")
+        template = cfg.get("chat_template")
+        if template is not None and not isinstance(template, str):
+            raise SpecbuildError(f"{cfg_file}: chat_template must be a string")
+        if not (path / ef.CHECKPOINT_WEIGHTS).is_file():
+            raise SpecbuildError(f"{path / ef.CHECKPOINT_WEIGHTS}: missing")
         return cls(
             path=path,
-            model=ModelConfig.from_dict(cfg["model"]),
-            dtype=cfg.get("dtype", "float32"),
-            heads=cfg.get("heads") or {},
-            chat_template=cfg.get("chat_template"),
+            model=ModelConfig.from_dict(cfg.get("model"), source=f"{cfg_file}: model"),
+            dtype=dtype,
+            heads=heads,
+            chat_template=template,
         )
 
     def tensors(self, device: str = "cpu") -> dict:
@@ -75,12 +92,19 @@ class Checkpoint:
 def _load_safetensors(file: Path) -> dict:
     from safetensors.torch import load_file
 
+    from specbuild.builder.weights_io import check_finite
+
     if not file.is_file():
         raise SpecbuildError(f"{file}: missing")
     try:
-        return load_file(str(file))
+        tensors = load_file(str(file))
+    except OSError as exc:
+        raise SpecbuildError(f"{file}: cannot read ({exc.strerror or exc})") from None
     except Exception as exc:  # safetensors raises several types for corrupt files
-        raise SpecbuildError(f"{file}: cannot read safetensors ({exc})") from None
+        raise SpecbuildError(f"{file}: cannot read safetensors, truncated or corrupt ({exc})") from None
+    for name, tensor in tensors.items():
+        check_finite(tensor, name, file)
+    return tensors
 
 
 def write_checkpoint(
@@ -126,9 +150,17 @@ def write_checkpoint(
 
 
 def read_json(file: Path) -> dict:
+    """A JSON object from `file`; missing, unreadable, non-UTF-8, invalid or non-object files are one error."""
     try:
-        return json.loads(Path(file).read_text())
+        data = json.loads(Path(file).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SpecbuildError(f"{file}: missing") from None
+    except OSError as exc:
+        raise SpecbuildError(f"{file}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise SpecbuildError(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise SpecbuildError(f"{file}: invalid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise SpecbuildError(f"{file}: expected a JSON object, got {type(data).__name__}")
+    return data

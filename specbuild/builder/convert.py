@@ -12,12 +12,19 @@ from pathlib import Path
 
 import torch
 
+from specbuild import engine_format as ef
 from specbuild.builder.checkpoint import DTYPES, read_json, write_checkpoint
 from specbuild.builder.model_config import ModelConfig
-from specbuild.builder.tokenizer_io import carry_tokenizer, read_chat_template
+from specbuild.builder.tokenizer_io import (
+    SENTENCEPIECE_FILE,
+    carry_tokenizer,
+    chat_template_source,
+    read_chat_template,
+    validate_tokenizer,
+)
 from specbuild.builder.weights_io import load_hf_weights
 from specbuild.errors import SpecbuildError
-from specbuild.fsutil import atomic_output_dir
+from specbuild.fsutil import atomic_output_dir, prepare_output_dir
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +33,8 @@ IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 # Medusa-2 full models keep their heads beside the base weights; `--medusa-dir` on the same directory reads them.
 IGNORED_PREFIXES = ("medusa_head.",)
 LM_HEAD = "lm_head.weight"
+EMBED = "model.embed_tokens.weight"
+WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 MAX_LISTED = 5  # tensors named per error message
 
 
@@ -43,20 +52,28 @@ def convert_checkpoint(
         raise SpecbuildError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if not model_dir.is_dir():
         raise SpecbuildError(f"{model_dir}: model directory does not exist")
-    _check_not_overlapping(model_dir, output_dir)
     for name, head_dir in (heads or {}).items():
         if not Path(head_dir).is_dir():
             raise SpecbuildError(f"{head_dir}: {name} head directory does not exist")
+    target = prepare_output_dir(output_dir, overwrite=overwrite, inputs=[model_dir, *(heads or {}).values()])
     config_file = model_dir / "config.json"
     if not config_file.is_file():
         raise SpecbuildError(f"{config_file}: missing (a Hugging Face model directory needs config.json)")
     model = ModelConfig.from_hf(read_json(config_file), source=str(config_file))
     _add_generation_eos(model, model_dir)
 
-    with atomic_output_dir(output_dir, overwrite=overwrite) as tmp:
+    with atomic_output_dir(target) as tmp:
+        chat_template = read_chat_template(model_dir)  # the cheap inputs first: they fail before the weights load
+        if carry_tokenizer(model_dir, tmp):
+            source = model_dir / ef.TOKENIZER_FILE
+            source = source if source.is_file() else model_dir / SENTENCEPIECE_FILE
+            template_source = chat_template_source(model_dir)
+            validate_tokenizer(tmp / ef.TOKENIZER_FILE, source, model.vocab_size, chat_template, template_source)
+        else:
+            log.warning("%s: no tokenizer (tokenizer.json or tokenizer.model); the checkpoint has none", model_dir)
         raw = load_hf_weights(model_dir, progress=progress)
         tensors = validate_base_tensors(model, raw, source=str(model_dir))
-        tensors = {k: v.to(TORCH_DTYPES[dtype]) for k, v in tensors.items()}
+        tensors = {k: _cast(v, TORCH_DTYPES[dtype], k, model_dir) for k, v in tensors.items()}
         head_out = _convert_heads(heads or {}, model, tensors, TORCH_DTYPES[dtype])
         write_checkpoint(
             tmp,
@@ -64,19 +81,26 @@ def convert_checkpoint(
             tensors,
             dtype,
             heads=head_out,
-            chat_template=read_chat_template(model_dir),
+            chat_template=chat_template,
             source=str(model_dir.resolve()),
         )
-        if not carry_tokenizer(model_dir, tmp):
-            log.warning("%s: no tokenizer (tokenizer.json or tokenizer.model); the checkpoint has none", model_dir)
     return output_dir
 
 
 def validate_base_tensors(model: ModelConfig, raw: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
     """The base-model tensors of `raw` checked against `model`: ignorable tensors dropped, errors name the tensor."""
     tensors = {k: v for k, v in raw.items() if not k.endswith(IGNORED_SUFFIXES) and not k.startswith(IGNORED_PREFIXES)}
-    if model.tie_word_embeddings:
-        tensors.pop(LM_HEAD, None)
+    if model.tie_word_embeddings and LM_HEAD in tensors:
+        embed = tensors.get(EMBED)
+        if embed is not None and not _same_tensor(tensors[LM_HEAD], embed):
+            # transformers 4.x ties them (the file's lm_head is ignored), 5.x keeps the file's lm_head untied:
+            # the output would depend on the transformers version, so neither reading is guessed
+            raise SpecbuildError(
+                f"{source}: config.json has tie_word_embeddings true but tensor {LM_HEAD} differs from {EMBED}; "
+                "set tie_word_embeddings false to use lm_head.weight, or delete lm_head.weight to tie it to the "
+                "embedding"
+            )
+        tensors.pop(LM_HEAD)
     expected = model.expected_shapes()
     if LM_HEAD in expected and LM_HEAD not in tensors:
         raise SpecbuildError(
@@ -100,10 +124,10 @@ def validate_base_tensors(model: ModelConfig, raw: dict[str, torch.Tensor], sour
             raise SpecbuildError(
                 f"{source}: tensor {name} has shape {_fmt(got)}, expected {_fmt(shape)} from config.json"
             )
-        if not tensors[name].is_floating_point():
+        if tensors[name].dtype not in WEIGHT_DTYPES:
             raise SpecbuildError(
-                f"{source}: tensor {name} has dtype {str(tensors[name].dtype).removeprefix('torch.')}, "
-                "expected a floating-point dtype (quantized checkpoints are not supported)"
+                f"{source}: tensor {name} has dtype {str(tensors[name].dtype).removeprefix('torch.')}, expected "
+                "float32, float16, bfloat16 or float64 (quantized checkpoints are not supported)"
             )
     return {name: tensors[name] for name in expected}
 
@@ -116,8 +140,21 @@ def _convert_heads(
     out = {}
     for name, head_dir in heads.items():
         head_cfg, head_tensors = head_converter(name)(Path(head_dir), model, base)
-        out[name] = (head_cfg, {k: v.to(dtype) if v.is_floating_point() else v for k, v in head_tensors.items()})
+        out[name] = (head_cfg, {k: _cast(v, dtype, k, head_dir) for k, v in head_tensors.items()})
     return out
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype, name: str, source) -> torch.Tensor:
+    """`tensor` in `dtype` (floating point only); values the target dtype cannot hold are an error, never Inf."""
+    if not tensor.is_floating_point() or tensor.dtype == dtype:
+        return tensor
+    cast = tensor.to(dtype)
+    if dtype == torch.float16 and not bool(torch.isfinite(cast).all()):
+        raise SpecbuildError(
+            f"{source}: tensor {name} holds values beyond float16's range (|x| > 65504); "
+            "convert with --dtype bfloat16 or float32"
+        )
+    return cast
 
 
 def _add_generation_eos(model: ModelConfig, model_dir: Path) -> None:
@@ -126,18 +163,16 @@ def _add_generation_eos(model: ModelConfig, model_dir: Path) -> None:
     if not gen_file.is_file():
         return
     eos = read_json(gen_file).get("eos_token_id")
-    ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+        raise SpecbuildError(f"{gen_file}: eos_token_id {eos!r} is not a token id or a list of token ids")
     for token in ids:
         if int(token) not in model.eos_token_ids:
             model.eos_token_ids.append(int(token))
 
 
-def _check_not_overlapping(model_dir: Path, output_dir: Path) -> None:
-    src, dst = model_dir.resolve(), output_dir.resolve()
-    if src == dst or dst in src.parents:
-        raise SpecbuildError(
-            f"output directory {output_dir} would replace the model directory {model_dir}; choose another"
-        )
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a, b.to(a.dtype))
 
 
 def _fmt(shape) -> str:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any
 
+from specbuild.builder import config_fields
 from specbuild.errors import SpecbuildError
 
 SUPPORTED_ARCHITECTURES = {
@@ -13,12 +15,16 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
 }
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+DEFAULT_ROPE_THETA = 10000.0
+# transformers' defaults when config.json omits the key
+MISTRAL_DEFAULT_WINDOW = 4096
+QWEN2_DEFAULT_WINDOW = 4096
+QWEN2_DEFAULT_MAX_WINDOW_LAYERS = 28
 
 
 @dataclasses.dataclass
 class ModelConfig:
-    """Everything the network needs to know about a Llama-family base model."""
+    """Everything the network needs to know about a Llama-family base model (see config_fields for the HF fields)."""
 
     architecture: str
     vocab_size: int
@@ -29,10 +35,14 @@ class ModelConfig:
     num_kv_heads: int
     head_dim: int
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None
+    rope_theta: float = DEFAULT_ROPE_THETA
+    rope_scaling: dict | None = None  # {"rope_type": linear|llama3|dynamic|yarn, ...}; None = default RoPE
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    attention_bias: bool = False  # q/k/v projection biases
+    o_proj_bias: bool = False  # attention output projection bias (llama attention_bias)
+    mlp_bias: bool = False  # gate/up/down projection biases (llama mlp_bias)
+    sliding_window: int | None = None  # keys j visible from query i iff i - window < j <= i ...
+    sliding_layers: list[int] = dataclasses.field(default_factory=list)  # ... on these layers
     max_position_embeddings: int = 2048
     bos_token_id: int | None = None
     eos_token_ids: list[int] = dataclasses.field(default_factory=list)
@@ -41,19 +51,36 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - names
+    def from_dict(cls, data: dict[str, Any], source: str = "model config") -> ModelConfig:
+        """The config a canonical checkpoint stores (config.yaml `model:`), every key type-checked."""
+        if not isinstance(data, dict):
+            raise SpecbuildError(f"{source}: expected a mapping, got {type(data).__name__}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = set(data) - set(fields)
         if unknown:
-            raise SpecbuildError(f"unknown model config keys: {sorted(unknown)}")
+            raise SpecbuildError(f"{source}: unknown model config keys: {sorted(unknown)}")
+        for name, field in fields.items():
+            required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+            if name not in data:
+                if required:
+                    raise SpecbuildError(f"{source}: model config key {name!r} is missing")
+                continue
+            if not _has_type(data[name], str(field.type)):
+                raise SpecbuildError(
+                    f"{source}: model config key {name!r} is {_show(data[name])}, expected {field.type}"
+                )
         return cls(**data)
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], source: str = "config.json") -> ModelConfig:
-        """Read a transformers config dict (Llama, Mistral, Qwen2)."""
+        """A transformers config dict (Llama, Mistral, Qwen2); each field is honoured or refused (config_fields)."""
+        if not isinstance(hf, dict):
+            raise SpecbuildError(f"{source}: expected a JSON object, got {type(hf).__name__}")
         archs = hf.get("architectures") or []
+        if isinstance(archs, str):
+            archs = [archs]
         arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-        if arch is None:
+        if arch is None and not archs:
             model_type = hf.get("model_type")
             arch = model_type if model_type in SUPPORTED_ARCHITECTURES.values() else None
         if arch is None:
@@ -61,52 +88,47 @@ class ModelConfig:
                 f"{source}: unknown architecture {archs or hf.get('model_type')!r}; "
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
-
-        def need(key):
-            if key not in hf:
-                raise SpecbuildError(f"{source}: missing required key {key!r}")
-            return hf[key]
-
-        hidden = int(need("hidden_size"))
-        heads = int(need("num_attention_heads"))
-        head_dim = hf.get("head_dim") or hidden // heads
-        rope_theta = hf.get("rope_theta")
-        rope_scaling = hf.get("rope_scaling")
-        rope_params = hf.get("rope_parameters")
-        if isinstance(rope_params, dict):
-            rope_theta = rope_params.get("rope_theta", rope_theta)
-            if rope_params.get("rope_type", "default") != "default":
-                rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
-        if rope_scaling is not None:
-            rope_scaling = dict(rope_scaling)
-            rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
-            if rope_type not in SUPPORTED_ROPE_TYPES:
-                raise SpecbuildError(
-                    f"{source}: unsupported rope_scaling type {rope_type!r}; supported: llama3, linear"
-                )
-            rope_scaling["rope_type"] = rope_type
-            rope_scaling.pop("type", None)
-            if rope_type == "default":
-                rope_scaling = None
-        eos = hf.get("eos_token_id")
-        eos_ids = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
-        bias = bool(hf.get("attention_bias", arch == "qwen2"))
+        for key, value in hf.items():
+            reason = config_fields.refusal(key, value, arch)
+            if reason:
+                raise SpecbuildError(f"{source}: {key} {_show(value)} is not supported: {reason}")
+        read = _Reader(hf, source)
+        hidden = read.int("hidden_size")
+        heads = read.int("num_attention_heads")
+        head_dim = read.int("head_dim", default=None) or hidden // heads
+        if head_dim < 1:
+            raise SpecbuildError(f"{source}: hidden_size {hidden} // num_attention_heads {heads} gives head_dim 0")
+        kv_heads = read.int("num_key_value_heads", default=None) or heads
+        if heads % kv_heads:
+            raise SpecbuildError(
+                f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+            )
+        layers = read.int("num_hidden_layers")
+        max_pos = read.int("max_position_embeddings", default=2048)
+        theta, rope_scaling = _rope(hf, source, max_pos, head_dim)
+        window, sliding = _sliding_window(hf, arch, layers, read, source)
+        eos_ids = read.token_ids("eos_token_id")
+        bos = read.token_ids("bos_token_id")
         return cls(
             architecture=arch,
-            vocab_size=int(need("vocab_size")),
+            vocab_size=read.int("vocab_size"),
             hidden_size=hidden,
-            intermediate_size=int(need("intermediate_size")),
-            num_layers=int(need("num_hidden_layers")),
+            intermediate_size=read.int("intermediate_size"),
+            num_layers=layers,
             num_heads=heads,
-            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-            head_dim=int(head_dim),
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=read.float("rms_norm_eps", default=1e-6, positive=True),
+            rope_theta=theta,
             rope_scaling=rope_scaling,
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=bias,
-            max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
-            bos_token_id=hf.get("bos_token_id"),
+            tie_word_embeddings=read.bool("tie_word_embeddings", default=False),
+            attention_bias=arch == "qwen2" or (arch == "llama" and read.bool("attention_bias", default=False)),
+            o_proj_bias=arch == "llama" and read.bool("attention_bias", default=False),
+            mlp_bias=arch == "llama" and read.bool("mlp_bias", default=False),
+            sliding_window=window,
+            sliding_layers=sliding,
+            max_position_embeddings=max_pos,
+            bos_token_id=bos[0] if bos else None,
             eos_token_ids=eos_ids,
         )
 
@@ -132,33 +154,260 @@ class ModelConfig:
                 shapes[p + "self_attn.q_proj.bias"] = (q,)
                 shapes[p + "self_attn.k_proj.bias"] = (kv,)
                 shapes[p + "self_attn.v_proj.bias"] = (kv,)
+            if self.o_proj_bias:
+                shapes[p + "self_attn.o_proj.bias"] = (h,)
             shapes[p + "mlp.gate_proj.weight"] = (self.intermediate_size, h)
             shapes[p + "mlp.up_proj.weight"] = (self.intermediate_size, h)
             shapes[p + "mlp.down_proj.weight"] = (h, self.intermediate_size)
+            if self.mlp_bias:
+                shapes[p + "mlp.gate_proj.bias"] = (self.intermediate_size,)
+                shapes[p + "mlp.up_proj.bias"] = (self.intermediate_size,)
+                shapes[p + "mlp.down_proj.bias"] = (h,)
         return shapes
 
-    def inv_freq(self) -> list[float]:
-        """RoPE inverse frequencies with llama3 / linear scaling applied (as transformers computes them)."""
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of decoder layer `layer`, or None for full attention."""
+        return self.sliding_window if layer in self.sliding_layers else None
+
+    def rope_frequencies(self):
+        """(inv_freq float32 tensor [D/2], attention scaling of cos/sin), computed as transformers computes them."""
+        import torch
+
         d = self.head_dim
-        inv = [1.0 / (self.rope_theta ** (i / d)) for i in range(0, d, 2)]
-        rs = self.rope_scaling
-        if not rs:
-            return inv
-        if rs["rope_type"] == "linear":
-            return [f / float(rs["factor"]) for f in inv]
-        factor = float(rs["factor"])
-        low = float(rs.get("low_freq_factor", 1.0))
-        high = float(rs.get("high_freq_factor", 4.0))
-        old_ctx = float(rs.get("original_max_position_embeddings", 8192))
-        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
-        out = []
-        for f in inv:
-            wavelen = 2 * math.pi / f
-            if wavelen < high_wavelen:
-                out.append(f)
-            elif wavelen > low_wavelen:
-                out.append(f / factor)
-            else:
-                smooth = (old_ctx / wavelen - low) / (high - low)
-                out.append((1 - smooth) * f / factor + smooth * f)
-        return out
+        base = self.rope_theta
+        rs = self.rope_scaling or {"rope_type": "default"}
+        kind = rs["rope_type"]
+
+        def default(theta):
+            return 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).to(dtype=torch.float) / d))
+
+        if kind == "default":
+            return default(base), 1.0
+        if kind == "linear":
+            return default(base) / rs["factor"], 1.0
+        if kind == "dynamic":
+            # transformers' initial frequencies (seq_len = max_position_embeddings); it rescales only beyond that
+            factor, seq_len = rs["factor"], self.max_position_embeddings
+            base = base * ((factor * seq_len / self.max_position_embeddings) - (factor - 1)) ** (d / (d - 2))
+            return default(base), 1.0
+        if kind == "llama3":
+            inv = default(base)
+            factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+            old_ctx = rs["original_max_position_embeddings"]
+            low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+            wavelen = 2 * math.pi / inv
+            scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+            medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+            return torch.where(medium, smoothed, scaled), 1.0
+        if kind == "yarn":
+            return _yarn(rs, base, d, self.max_position_embeddings)
+        raise SpecbuildError(f"unsupported rope_type {kind!r}")  # from_hf refuses it first
+
+
+def _yarn(rs: dict, base: float, d: int, max_pos: int):
+    import torch
+
+    factor = rs.get("factor")
+    old_ctx = rs["original_max_position_embeddings"]
+    if factor is None:
+        factor = max_pos / old_ctx
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = rs.get("attention_factor")
+    if attention is None:
+        m, m_all = rs.get("mscale"), rs.get("mscale_all_dim")
+        attention = float(mscale(factor, m) / mscale(factor, m_all)) if m and m_all else mscale(factor)
+    beta_fast, beta_slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+    def correction_dim(rotations):
+        return (d * math.log(old_ctx / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if rs.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, d, 2).to(dtype=torch.float) / d)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    keep = 1 - ramp
+    return interpolation * (1 - keep) + extrapolation * keep, float(attention)
+
+
+def _has_type(value, annotation: str) -> bool:
+    """Whether a YAML value fits a ModelConfig annotation such as "int", "float", "int | None", "list[int]"."""
+    if value is None:
+        return "None" in annotation
+    if annotation.startswith("list"):
+        return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    if annotation.startswith("dict"):
+        return isinstance(value, dict)
+    if annotation.startswith("bool"):
+        return isinstance(value, bool)
+    if annotation.startswith("int"):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation.startswith("float"):
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if annotation.startswith("str"):
+        return isinstance(value, str)
+    return True
+
+
+def _show(value) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class _Reader:
+    """Typed reads of config.json values; a wrong type or range is one error naming the field and its value."""
+
+    def __init__(self, hf: dict, source: str):
+        self.hf, self.source = hf, source
+
+    def _bad(self, key, want: str):
+        return SpecbuildError(f"{self.source}: {key} {_show(self.hf.get(key))} is not {want}")
+
+    def int(self, key: str, default=..., minimum: int = 1):
+        value = self.hf.get(key)
+        if value is None:
+            if default is ...:
+                raise SpecbuildError(f"{self.source}: missing required key {key!r}")
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+            raise self._bad(key, "an integer")
+        if int(value) < minimum:
+            raise self._bad(key, f"an integer >= {minimum}")
+        return int(value)
+
+    def float(self, key: str, default: float, positive: bool = False) -> float:
+        value = self.hf.get(key, default)
+        if value is None:
+            value = default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self._bad(key, "a finite number")
+        if positive and value <= 0:
+            raise self._bad(key, "a positive number")
+        return float(value)
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self.hf.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self._bad(key, "true or false")
+        return value
+
+    def token_ids(self, key: str) -> list[int]:
+        value = self.hf.get(key)
+        values = [] if value is None else value if isinstance(value, list) else [value]
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values):
+            raise self._bad(key, "a token id or a list of token ids")
+        return [int(v) for v in values]
+
+
+def _rope(hf: dict, source: str, max_pos: int, head_dim: int) -> tuple[float, dict | None]:
+    """(rope_theta, normalized rope_scaling or None) as transformers resolves them (rope_scaling wins)."""
+    params = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
+    if not isinstance(params, dict):
+        raise SpecbuildError(f"{source}: {field} {_show(params)} is not an object")
+    if any(k in config_fields.ATTENTION_KINDS for k in params):
+        raise SpecbuildError(
+            f"{source}: {field} {_show(params)} is not supported: per-layer-type RoPE parameters are not implemented"
+        )
+    for key, value in params.items():
+        f = config_fields.ROPE_FIELDS.get(key)
+        reason = f.refusal(value, "") if f is not None and f.refusal is not None else None
+        if reason:
+            raise SpecbuildError(f"{source}: {field}.{key} {_show(value)} is not supported: {reason}")
+    theta = params.get("rope_theta", hf.get("rope_theta"))
+    theta = DEFAULT_ROPE_THETA if theta is None else theta
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 0:
+        raise SpecbuildError(f"{source}: rope_theta {_show(theta)} is not a finite positive number")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in config_fields.ROPE_TYPES:
+        raise SpecbuildError(
+            f"{source}: {field}.rope_type {_show(kind)} is not supported; supported: "
+            f"{', '.join(config_fields.ROPE_TYPES)}"
+        )
+    if kind == "default":
+        return float(theta), None
+    out: dict[str, Any] = {"rope_type": kind}
+
+    def number(key, default=..., positive=True):
+        value = params.get(key)
+        if value is None:
+            if default is ...:
+                raise SpecbuildError(f"{source}: {field}.{key} is missing (needed by rope_type {kind})")
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise SpecbuildError(f"{source}: {field}.{key} {_show(value)} is not a finite number")
+        if positive and value <= 0:
+            raise SpecbuildError(f"{source}: {field}.{key} {_show(value)} is not a positive number")
+        return value
+
+    if kind in ("linear", "dynamic"):
+        out["factor"] = number("factor")
+    if kind in ("llama3", "yarn"):
+        top = hf.get("original_max_position_embeddings")  # transformers gives the top-level value priority
+        out["original_max_position_embeddings"] = (
+            top if top is not None else number("original_max_position_embeddings", default=max_pos)
+        )
+    if kind == "llama3":
+        out["factor"] = number("factor")
+        out["low_freq_factor"] = number("low_freq_factor")
+        out["high_freq_factor"] = number("high_freq_factor")
+        if out["high_freq_factor"] == out["low_freq_factor"]:
+            raise SpecbuildError(f"{source}: {field} low_freq_factor and high_freq_factor must differ")
+    if kind == "yarn":
+        out["factor"] = number("factor", default=None)
+        for key in ("attention_factor", "mscale", "mscale_all_dim", "beta_fast", "beta_slow"):
+            value = number(key, default=None, positive=False)
+            if value is not None:
+                out[key] = value
+        truncate = params.get("truncate", True)
+        if not isinstance(truncate, bool):
+            raise SpecbuildError(f"{source}: {field}.truncate {_show(truncate)} is not true or false")
+        out["truncate"] = truncate
+    if kind == "dynamic" and head_dim <= 2:
+        raise SpecbuildError(f"{source}: dynamic RoPE needs head_dim > 2")
+    return float(theta), out
+
+
+def _sliding_window(hf: dict, arch: str, layers: int, read: _Reader, source: str) -> tuple[int | None, list[int]]:
+    """(window, sliding layer indices) as transformers' Mistral and Qwen2 modeling applies them; Llama has none."""
+    if arch == "mistral":
+        window = read.int("sliding_window", default=None) if "sliding_window" in hf else MISTRAL_DEFAULT_WINDOW
+        return window, list(range(layers)) if window is not None else []
+    if arch != "qwen2":
+        return None, []
+    use = read.bool("use_sliding_window", default=False)
+    window = (
+        (read.int("sliding_window", default=None) if "sliding_window" in hf else QWEN2_DEFAULT_WINDOW) if use else None
+    )
+    kinds = hf.get("layer_types")
+    if kinds is None:
+        first = read.int("max_window_layers", default=QWEN2_DEFAULT_MAX_WINDOW_LAYERS, minimum=0)
+        return window, [i for i in range(layers) if window is not None and i >= first]
+    if (
+        not isinstance(kinds, list)
+        or len(kinds) != layers
+        or any(k not in config_fields.ATTENTION_KINDS for k in kinds)
+    ):
+        raise SpecbuildError(
+            f"{source}: layer_types {_show(kinds)} must list {layers} entries of "
+            f"{' / '.join(config_fields.ATTENTION_KINDS)}"
+        )
+    sliding = [i for i, k in enumerate(kinds) if k == "sliding_attention"]
+    if sliding and window is None:
+        raise SpecbuildError(
+            f"{source}: layer_types names sliding_attention layers but there is no sliding window "
+            f"(use_sliding_window {_show(hf.get('use_sliding_window'))}, sliding_window "
+            f"{_show(hf.get('sliding_window'))}); transformers cannot run this config either"
+        )
+    return window, sliding

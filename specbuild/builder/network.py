@@ -36,13 +36,15 @@ def rotate_half(x):
 class Attention(nn.Module):
     """GQA attention with RoPE. project() and attend() are shared with the EAGLE draft layers."""
 
-    def __init__(self, in_dim: int, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool):
+    def __init__(
+        self, in_dim: int, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool, o_bias: bool = False
+    ):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.q_proj = nn.Linear(in_dim, heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=o_bias)
 
     def project(self, x, cos, sin):
         """q [B,Hq,T,D], k/v [B,Hkv,T,D] with RoPE applied to q and k."""
@@ -82,9 +84,10 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        bias = cfg.mlp_bias
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
 
     def forward(self, x):
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -95,7 +98,9 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         h = cfg.hidden_size
-        self.self_attn = Attention(h, h, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attention_bias)
+        self.self_attn = Attention(
+            h, h, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attention_bias, cfg.o_proj_bias
+        )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
@@ -120,7 +125,8 @@ class LlamaNetwork(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.register_buffer("inv_freq", torch.tensor(cfg.inv_freq(), dtype=torch.float32), persistent=False)
+        inv_freq, self.rope_scaling_factor = cfg.rope_frequencies()
+        self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
 
     @classmethod
     def from_tensors(cls, cfg: ModelConfig, tensors: dict, dtype: str = "float32") -> LlamaNetwork:
@@ -137,24 +143,39 @@ class LlamaNetwork(nn.Module):
     def rope(self, position_ids, dtype):
         freqs = position_ids.float().unsqueeze(-1) * self.inv_freq  # [B,T,D/2]
         emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # [B,1,T,D]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = emb.cos(), emb.sin()
+        if self.rope_scaling_factor != 1.0:  # yarn's attention factor, applied to cos/sin like transformers
+            cos, sin = cos * self.rope_scaling_factor, sin * self.rope_scaling_factor
+        return cos.to(dtype), sin.to(dtype)
 
     @staticmethod
-    def attention_mask(tree_mask, past_length, capacity: int):
-        """[B,1,1,T,C+T] bool: cache positions < past_length, plus the tree among new tokens."""
+    def attention_mask(tree_mask, past_length, capacity: int, position_ids=None, window: int | None = None):
+        """[B,1,1,T,C+T] bool: cache positions < past_length, plus the tree among new tokens.
+
+        With a sliding `window`, a query at position p also needs key position > p - window (cache slot j holds
+        position j; new tokens carry position_ids), as transformers' sliding-window mask."""
         b, t, _ = tree_mask.shape
         cache_pos = torch.arange(capacity, device=tree_mask.device)
         past = (cache_pos.unsqueeze(0) < past_length.unsqueeze(1)).unsqueeze(1).expand(b, t, capacity)
-        return torch.cat([past, tree_mask], dim=2).unsqueeze(1).unsqueeze(1)
+        new = tree_mask
+        if window is not None:
+            lowest = (position_ids - window).unsqueeze(2)  # [B,T,1]: keys must lie above it
+            past = past & (cache_pos.view(1, 1, capacity) > lowest)
+            new = new & (position_ids.unsqueeze(1) > lowest)
+        return torch.cat([past, new], dim=2).unsqueeze(1).unsqueeze(1)
 
     def forward(self, input_ids, position_ids, tree_mask, past_length, kv_cache, capture_layers=()):
         x = self.embed_tokens(input_ids)
         cos, sin = self.rope(position_ids, x.dtype)
-        mask = self.attention_mask(tree_mask, past_length, kv_cache.shape[4])
+        capacity = kv_cache.shape[4]
+        masks = {None: self.attention_mask(tree_mask, past_length, capacity)}
+        for window in {self.cfg.layer_window(i) for i in range(len(self.layers))} - {None}:
+            masks[window] = self.attention_mask(tree_mask, past_length, capacity, position_ids, window)
         new_k, new_v, inputs = [], [], {}
         for i, layer in enumerate(self.layers):
             if i in capture_layers:
                 inputs[i] = x
+            mask = masks[self.cfg.layer_window(i)]
             x, k, v = layer(x, cos, sin, mask, kv_cache[i, 0], kv_cache[i, 1])
             new_k.append(k)
             new_v.append(v)

@@ -27,6 +27,8 @@ BIN_INDEX = "pytorch_model.bin.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 # Show a progress bar only when there is enough to load for it to be worth drawing.
 PROGRESS_MIN_TENSORS = 64
+# Elements per isfinite() pass when checking weights (bounds the temporary mask's memory).
+FINITE_CHECK_CHUNK = 1 << 24
 # Training checkpoints sometimes wrap the state dict under one of these keys.
 _WRAPPER_KEYS = ("state_dict", "model", "module")
 
@@ -68,6 +70,7 @@ def _index_weight_map(model_dir: Path) -> tuple[Path, dict[str, str]] | None:
     for name in (SAFETENSORS_INDEX, BIN_INDEX):
         index_file = model_dir / name
         if index_file.is_file():
+            _index_shards(index_file)  # validates the index (readable JSON with a weight_map)
             return index_file, json.loads(index_file.read_text())["weight_map"]
     return None
 
@@ -104,12 +107,43 @@ def load_tensor_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _iter_tensor_file(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every tensor in `path`; an unreadable file or a tensor holding NaN/Inf is an error."""
+    _check_readable(path)
     if path.suffix == ".safetensors":
-        yield from _iter_safetensors(path)
+        tensors = _iter_safetensors(path)
     elif path.suffix in PICKLE_SUFFIXES:
-        yield from _load_pickle_state_dict(path).items()
+        tensors = iter(_load_pickle_state_dict(path).items())
     else:
         raise SpecbuildError(f"{path}: unsupported weight file type (expected .safetensors, .bin, .pt or .pth)")
+    for name, tensor in tensors:
+        check_finite(tensor, name, path)
+        yield name, tensor
+
+
+def _check_readable(path: Path) -> None:
+    """One error naming the file for what the OS refuses (permissions, a directory, ...), before any parser sees it."""
+    try:
+        with open(path, "rb") as fh:
+            fh.read(1)
+    except OSError as exc:
+        raise SpecbuildError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def check_finite(tensor: torch.Tensor, name: str, source) -> None:
+    """Refuse a floating-point tensor holding NaN or Inf (checked in chunks, so memory stays small)."""
+    if not tensor.is_floating_point() or tensor.numel() == 0:
+        return
+    flat = tensor.reshape(-1)
+    bad = 0
+    for chunk in flat.split(FINITE_CHECK_CHUNK):
+        if chunk.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+            chunk = chunk.float()
+        bad += int((~torch.isfinite(chunk)).sum())
+    if bad:
+        raise SpecbuildError(
+            f"{source}: tensor {name} holds {bad} non-finite value{'s' if bad > 1 else ''} (NaN or Inf) of "
+            f"{tensor.numel()}; the weights are corrupt"
+        )
 
 
 def _iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -195,17 +195,24 @@ def test_overwrite(tiny_hf_models, tmp_path):
     (out / "junk").mkdir(parents=True)
     with pytest.raises(SpecbuildError, match="already exists"):
         convert_checkpoint(tiny_hf_models["qwen2_bias"], out, progress=False)
+    with pytest.raises(SpecbuildError, match="not a specbuild output"):  # --overwrite replaces only our outputs
+        convert_checkpoint(tiny_hf_models["qwen2_bias"], out, overwrite=True, progress=False)
     assert (out / "junk").is_dir()
-    convert_checkpoint(tiny_hf_models["qwen2_bias"], out, overwrite=True, progress=False)
-    assert not (out / "junk").exists() and (out / ef.CHECKPOINT_CONFIG).is_file()
+    (out / "junk").rmdir()
+    convert_checkpoint(tiny_hf_models["qwen2_bias"], out, progress=False)  # an existing empty directory is used
+    (out / "stale").write_text("x")
+    convert_checkpoint(tiny_hf_models["qwen2_bias"], out, overwrite=True, progress=False)  # a previous checkpoint
+    assert not (out / "stale").exists() and (out / ef.CHECKPOINT_CONFIG).is_file()
 
 
 def test_output_must_not_replace_model_dir(tiny_hf_models, tmp_path):
     hf = copy_with(tiny_hf_models["qwen2_bias"], tmp_path / "hf")
-    with pytest.raises(SpecbuildError, match="would replace the model directory"):
+    with pytest.raises(SpecbuildError, match="is the input"):
         convert_checkpoint(hf, hf, overwrite=True, progress=False)
-    with pytest.raises(SpecbuildError, match="would replace the model directory"):
+    with pytest.raises(SpecbuildError, match="contains the input"):
         convert_checkpoint(hf, tmp_path, overwrite=True, progress=False)
+    with pytest.raises(SpecbuildError, match="inside the input directory"):
+        convert_checkpoint(hf, hf / "ckpt", progress=False)
     assert (hf / "model.safetensors").is_file()
 
 

@@ -1,0 +1,173 @@
+"""Every Hugging Face config field of Llama, Mistral and Qwen2 and how specbuild handles it: the one table.
+
+Each field transformers reads for these architectures (their config classes and modeling code, the RoPE and mask
+helpers they call) is listed in exactly one of three ways:
+
+- ``honoured``: implemented exactly in the step graph (or the generation limits), proved against transformers;
+- ``refused``: some values change the network in a way specbuild does not implement; `refusal(value, arch)` returns
+  the reason for such a value and the checkpoint is refused with one line naming the field and its value;
+- ``no effect``: the field does not change the network's outputs at inference (training-only, bookkeeping, or not
+  read by the architecture's modeling code, which is what transformers itself does with it).
+
+Fields that transformers does not read for the architecture are ignored, as transformers ignores them. The RoPE
+parameters (``rope_scaling`` / ``rope_parameters`` entries) have their own table, ROPE_FIELDS.
+tests/builder/test_config_fields.py fails when the installed transformers reads a field that is in neither table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+HONOURED, REFUSED, NO_EFFECT = "honoured", "refused", "no effect"
+SILU_NAMES = ("silu", "swish")
+ATTENTION_KINDS = ("full_attention", "sliding_attention")
+# RoPE types implemented exactly ("dynamic" equals "default" within max_position_embeddings, which bounds
+# --max-seq-len; transformers only rescales beyond it).
+ROPE_TYPES = ("default", "linear", "llama3", "dynamic", "yarn")
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    handling: str  # HONOURED, REFUSED or NO_EFFECT
+    note: str  # how it is honoured / what is refused / why it has no effect
+    refusal: Callable[[Any, str], str | None] | None = None  # (value, architecture) -> reason to refuse, or None
+
+
+def _refuse_unless(allowed: Callable[[Any], bool], why: str) -> Callable[[Any, str], str | None]:
+    return lambda value, arch: None if allowed(value) else why
+
+
+def _hidden_act(value, arch):
+    return None if value in SILU_NAMES else "only SiLU MLPs (hidden_act silu) are implemented"
+
+
+FIELDS: dict[str, Field] = {
+    # --- architecture selection and shapes
+    "architectures": Field(HONOURED, "selects llama / mistral / qwen2; anything else is refused"),
+    "model_type": Field(HONOURED, "selects the architecture when `architectures` is absent"),
+    "vocab_size": Field(HONOURED, "embedding / lm_head rows; checked against the tensors"),
+    "hidden_size": Field(HONOURED, "checked against the tensors"),
+    "intermediate_size": Field(HONOURED, "MLP width; checked against the tensors"),
+    "num_hidden_layers": Field(HONOURED, "layer count; checked against the tensors"),
+    "num_attention_heads": Field(HONOURED, "query heads"),
+    "num_key_value_heads": Field(HONOURED, "GQA kv heads (default: num_attention_heads)"),
+    "head_dim": Field(HONOURED, "per-head width (default hidden_size // num_attention_heads)"),
+    "rms_norm_eps": Field(HONOURED, "RMSNorm epsilon"),
+    "hidden_act": Field(REFUSED, "silu/swish honoured; any other activation refused", _hidden_act),
+    "attention_bias": Field(
+        HONOURED,
+        "llama: biases on q/k/v/o projections; qwen2 (always q/k/v biases) and mistral (none) do not read it",
+    ),
+    "mlp_bias": Field(HONOURED, "llama: biases on gate/up/down projections; not read by mistral/qwen2"),
+    "tie_word_embeddings": Field(
+        HONOURED, "lm_head = embedding; a distinct lm_head.weight in the files is ignored, as transformers ties it"
+    ),
+    "max_position_embeddings": Field(HONOURED, "upper bound of --max-seq-len; RoPE scaling reference length"),
+    # --- RoPE (entries of rope_scaling / rope_parameters: ROPE_FIELDS)
+    "rope_theta": Field(HONOURED, "RoPE base (rope_parameters['rope_theta'] wins when both are given)"),
+    "rope_scaling": Field(HONOURED, f"legacy name of rope_parameters (wins over it); types {', '.join(ROPE_TYPES)}"),
+    "rope_parameters": Field(HONOURED, f"RoPE type and parameters; types {', '.join(ROPE_TYPES)}, others refused"),
+    "partial_rotary_factor": Field(
+        REFUSED,
+        "RoPE over the whole head honoured; partial rotary refused",
+        _refuse_unless(lambda v: v is None or v == 1, "partial rotary embeddings are not implemented"),
+    ),
+    "original_max_position_embeddings": Field(
+        HONOURED, "llama3/yarn pre-training length (transformers gives the top-level value priority)"
+    ),
+    # --- attention pattern
+    "sliding_window": Field(
+        HONOURED,
+        "mistral: window on every layer when not null; qwen2: window on the sliding layers when use_sliding_window; "
+        "key j is visible from query i iff i - window < j <= i (tree mask and cache); llama does not read it",
+    ),
+    "use_sliding_window": Field(HONOURED, "qwen2: switches sliding_window on; not read by llama/mistral"),
+    "max_window_layers": Field(
+        HONOURED, "qwen2: layers >= max_window_layers slide (when layer_types is not given); not read otherwise"
+    ),
+    "layer_types": Field(
+        HONOURED,
+        "qwen2: full_attention / sliding_attention per layer; mistral and llama ignore it (as transformers)",
+    ),
+    "is_causal": Field(
+        REFUSED,
+        "causal attention honoured; is_causal false refused",
+        _refuse_unless(lambda v: v is not False, "bidirectional attention is not implemented"),
+    ),
+    # --- generation
+    "bos_token_id": Field(HONOURED, "recorded in the engine"),
+    "eos_token_id": Field(HONOURED, "generation stops on it (plus generation_config.json's)"),
+    "pad_token_id": Field(NO_EFFECT, "embedding padding_idx only affects training gradients"),
+    # --- weights format
+    "quantization_config": Field(
+        REFUSED,
+        "quantized checkpoints are refused",
+        lambda v, arch: "quantized checkpoints are not supported" if v else None,
+    ),
+    "pruned_heads": Field(
+        REFUSED,
+        "pruned attention heads are refused",
+        lambda v, arch: "pruned attention heads are not supported" if v else None,
+    ),
+    "dtype": Field(NO_EFFECT, "storage dtype; the engine dtype comes from `convert --dtype`"),
+    "torch_dtype": Field(NO_EFFECT, "legacy name of dtype"),
+    # --- training-only or bookkeeping
+    "attention_dropout": Field(NO_EFFECT, "dropout is off at inference"),
+    "initializer_range": Field(NO_EFFECT, "weight initialisation only"),
+    "pretraining_tp": Field(NO_EFFECT, "tensor-parallel split of the same matmuls; transformers 5 does not read it"),
+    "use_cache": Field(NO_EFFECT, "the engine always uses its KV cache"),
+    "_attn_implementation": Field(NO_EFFECT, "kernel choice; the same attention math"),
+    "transformers_version": Field(NO_EFFECT, "bookkeeping"),
+    "_name_or_path": Field(NO_EFFECT, "bookkeeping"),
+    "auto_map": Field(NO_EFFECT, "custom code is never run; the built-in architecture is used, as transformers does"),
+    "output_hidden_states": Field(NO_EFFECT, "what a forward returns, not its values"),
+    "output_attentions": Field(NO_EFFECT, "what a forward returns, not its values"),
+    "return_dict": Field(NO_EFFECT, "what a forward returns, not its values"),
+    "chunk_size_feed_forward": Field(NO_EFFECT, "not read by these architectures"),
+    "is_encoder_decoder": Field(NO_EFFECT, "not read by these decoder-only architectures"),
+    "id2label": Field(NO_EFFECT, "classification heads only"),
+    "label2id": Field(NO_EFFECT, "classification heads only"),
+    "problem_type": Field(NO_EFFECT, "classification heads only"),
+}
+
+ROPE_FIELDS: dict[str, Field] = {
+    "rope_type": Field(HONOURED, f"{', '.join(ROPE_TYPES)}; longrope, proportional and others refused"),
+    "type": Field(HONOURED, "legacy name of rope_type"),
+    "rope_theta": Field(HONOURED, "RoPE base"),
+    "factor": Field(HONOURED, "linear / llama3 / dynamic / yarn scale factor"),
+    "low_freq_factor": Field(HONOURED, "llama3"),
+    "high_freq_factor": Field(HONOURED, "llama3"),
+    "original_max_position_embeddings": Field(
+        HONOURED, "llama3 / yarn pre-training length (default max_position_embeddings)"
+    ),
+    "attention_factor": Field(HONOURED, "yarn: cos/sin scale (default from factor, mscale, mscale_all_dim)"),
+    "mscale": Field(HONOURED, "yarn attention-factor numerator"),
+    "mscale_all_dim": Field(HONOURED, "yarn attention-factor denominator"),
+    "beta_fast": Field(HONOURED, "yarn correction range (default 32)"),
+    "beta_slow": Field(HONOURED, "yarn correction range (default 1)"),
+    "truncate": Field(HONOURED, "yarn: round the correction range (default true)"),
+    "partial_rotary_factor": Field(
+        REFUSED,
+        "1 honoured; partial rotary refused",
+        _refuse_unless(lambda v: v is None or v == 1, "partial rotary embeddings are not implemented"),
+    ),
+    "short_factor": Field(REFUSED, "longrope only (refused with its rope_type)"),
+    "long_factor": Field(REFUSED, "longrope only (refused with its rope_type)"),
+}
+
+
+def refusal(name: str, value: Any, arch: str) -> str | None:
+    """The reason `value` of config field `name` is refused for `arch`, or None."""
+    field = FIELDS.get(name)
+    if field is None or field.refusal is None:
+        return None
+    return field.refusal(value, arch)
+
+
+def table_rows() -> list[tuple[str, str, str]]:
+    """(field, handling, note) for every top-level and RoPE field (RoPE entries prefixed `rope_parameters.`)."""
+    rows = [(name, f.handling, f.note) for name, f in FIELDS.items()]
+    rows += [(f"rope_parameters.{name}", f.handling, f.note) for name, f in ROPE_FIELDS.items()]
+    return rows

@@ -1,0 +1,73 @@
+"""Sliding-window attention (Mistral on every layer, Qwen2 on layers >= max_window_layers) against transformers, with
+prompts and outputs far longer than the window: the `none` engine and every speculative mode reproduce the base
+model's greedy ids exactly, and the windowed graph passes the TensorRT operator check."""
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from specbuild import engine_format as ef
+from specbuild.builder.build import BuildOptions, build_engine
+from specbuild.builder.checkpoint import Checkpoint
+from specbuild.builder.convert import convert_checkpoint
+from specbuild.builder.trt_compat import lint_onnx_for_tensorrt
+from specbuild.runtime.engine import Engine
+from tests.conftest import SLIDING_SHAPES, hf_greedy, quiet, tiny_hf_model
+from tests.plugins.eagle_fixtures import write_eagle1_head, write_eagle3_head
+from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
+
+pytestmark = pytest.mark.xdist_group("sliding")
+
+# windows are 5 (mistral) and 4 (qwen2): prompts longer and shorter than them, 40 new tokens each
+PROMPTS = [[1, 5, 9, 3, 7, 11, 4, 8, 10, 6], [1, 4, 10]]
+TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+MODE_OPTIONS = {
+    "medusa": dict(tree=TREE),
+    "eagle": dict(eagle_top_k=3, eagle_depth=3, eagle_total_tokens=8),
+    "eagle3": dict(eagle_top_k=3, eagle_depth=3, eagle_total_tokens=8),
+}
+
+
+@pytest.mark.parametrize("shape", list(SLIDING_SHAPES))
+def test_none_engine_equals_transformers_beyond_the_window(tmp_path, shape):
+    model = tiny_hf_model(shape, eos_token_id=None)
+    model.save_pretrained(tmp_path / "hf")
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", progress=False)
+    cfg = Checkpoint.load(ckpt).model
+    kwargs = SLIDING_SHAPES[shape][2]
+    assert cfg.sliding_window == kwargs["sliding_window"]
+    want_layers = list(range(kwargs.get("max_window_layers", 0), kwargs["num_hidden_layers"]))
+    assert cfg.sliding_layers == want_layers
+    engine_dir = build_engine(ckpt, tmp_path / "engine", BuildOptions(output_logits=True), log=quiet)
+    assert lint_onnx_for_tensorrt(onnx.load(str(engine_dir / ef.ENGINE_ONNX), load_external_data=False)) == []
+    engine = Engine(engine_dir, threads=1)
+    ids = [1, 5, 9, 13, 7, 22, 3, 30, 11, 2, 4, 17, 19]
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(engine.prefill_logits(ids) - want).max() < 1e-4
+    for prompt in PROMPTS:
+        assert engine.generate(input_ids=prompt, max_new_tokens=40).output_ids == hf_greedy(model, prompt, 40)
+
+
+# every mode on a sliding model, both window patterns covered (one export per case keeps the suite short)
+@pytest.mark.parametrize(
+    "shape,mode", [("qwen2_window", "medusa"), ("mistral_window", "eagle"), ("qwen2_window", "eagle3")]
+)
+def test_speculative_engine_equals_transformers_beyond_the_window(tmp_path, shape, mode):
+    model = toy_model(shape, tmp_path / "hf", vocab=12, seed=1)
+    if mode == "medusa":
+        write_medusa_heads(tmp_path / "head", "v2", model.config.hidden_size, 12, num_heads=3, seed=1)
+    elif mode == "eagle":
+        write_eagle1_head(tmp_path / "head", model.config, seed=1, qkv_bias=shape.startswith("qwen2"))
+    else:
+        write_eagle3_head(tmp_path / "head", model.config, draft_vocab=8, seed=1)
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={mode: tmp_path / "head"}, progress=False)
+    options = BuildOptions(speculative_mode=mode, **MODE_OPTIONS[mode])
+    engine = Engine(build_engine(ckpt, tmp_path / "engine", options, log=quiet), threads=1)
+    steps = []
+    for prompt in PROMPTS:
+        result = engine.generate(input_ids=prompt, max_new_tokens=40)
+        assert result.output_ids == hf_greedy(model, prompt, 40)
+        steps += result.accepted_per_step
+    assert max(steps) > 1  # multi-token commits happened across the window boundary
