@@ -23,7 +23,9 @@ PAST_LENGTH = "past_length"  # [B] int64
 KV_CACHE = "kv_cache"  # [L,2,B,Hkv,C,D] float
 PATHS = "paths"  # [B,NP,DP] int64, -1 padded
 TEMPERATURE = "temperature"  # [B] float32, 0 = greedy
+MIN_TEMPERATURE = 1e-5  # smallest sampling temperature: the graph divides by max(temperature, 1e-5)
 TOP_K = "top_k"  # [B] int64, 0 = off
+MAX_TOP_K = 2048  # top-k and the top-p nucleus work over the 2048 most likely tokens (a constant-K TopK)
 TOP_P = "top_p"  # [B] float32, 1 = off
 RAND_ACCEPT = "rand_accept"  # [B,T] float32 uniform [0,1): one draw per tree node
 RAND_SAMPLE = "rand_sample"  # [B] float32 uniform [0,1): the bonus/residual draw

@@ -1,6 +1,8 @@
 """`specbuild inspect PATH`: describe a canonical checkpoint or an engine directory as a dict, and render it with rich.
 
 Reads only metadata (config.yaml / engine.yaml and safetensors headers); never loads weights or an ONNX session.
+Loading an engine's manifest checks the recorded file sizes; `verify=True` (`inspect --verify`) also reads every
+engine file and checks its sha256 against engine.yaml.
 """
 
 from __future__ import annotations
@@ -16,14 +18,19 @@ from specbuild.errors import SpecbuildError
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
-def describe(path) -> dict[str, Any]:
-    """A JSON-serializable description of a checkpoint (config.yaml) or engine (engine.yaml) directory."""
+def describe(path, verify: bool = False) -> dict[str, Any]:
+    """A JSON-serializable description of a checkpoint (config.yaml) or engine (engine.yaml) directory.
+
+    verify: check every engine file's sha256 against engine.yaml (a SpecbuildError names the first mismatch).
+    """
     path = Path(path)
     if not path.exists():
         raise SpecbuildError(f"{path}: does not exist")
     if (path / ef.ENGINE_MANIFEST).is_file():
-        return describe_engine(path)
+        return describe_engine(path, verify=verify)
     if (path / ef.CHECKPOINT_CONFIG).is_file():
+        if verify:
+            raise SpecbuildError(f"{path}: --verify checks engine directories; a checkpoint records no checksums")
         return describe_checkpoint(path)
     raise SpecbuildError(
         f"{path}: neither a specbuild engine ({ef.ENGINE_MANIFEST}) nor a checkpoint ({ef.CHECKPOINT_CONFIG})"
@@ -76,6 +83,8 @@ def describe_checkpoint(path: Path) -> dict[str, Any]:
         "dtype": ckpt.dtype,
         "tie_word_embeddings": m.tie_word_embeddings,
         "rope": {"theta": m.rope_theta, "scaling": m.rope_scaling},
+        "sliding_window": {"window": m.sliding_window, "layers": m.sliding_layers} if m.sliding_layers else None,
+        "biases": {"qkv": m.attention_bias, "o_proj": m.o_proj_bias, "mlp": m.mlp_bias},
         "max_position_embeddings": m.max_position_embeddings,
         "eos_token_ids": m.eos_token_ids,
         "heads": heads,
@@ -87,14 +96,23 @@ def describe_checkpoint(path: Path) -> dict[str, Any]:
     }
 
 
+def _window(sliding: dict | None) -> str:
+    if not sliding:
+        return "none (full attention)"
+    return f"{sliding['window']} tokens on layers {', '.join(map(str, sliding['layers']))}"
+
+
 def _files(path: Path) -> dict[str, int]:
     return {p.name: p.stat().st_size for p in sorted(path.iterdir()) if p.is_file()}
 
 
-def describe_engine(path: Path) -> dict[str, Any]:
+def describe_engine(path: Path, verify: bool = False) -> dict[str, Any]:
+    from specbuild.runtime.integrity import verify_hashes
     from specbuild.runtime.manifest import load_manifest
 
-    man = load_manifest(path)
+    man = load_manifest(path)  # schema + recorded sizes
+    checksums = man["checksums"]
+    verified = dict(verify_hashes(path, checksums)) if verify else None
     tree = man.get("tree") or {}
     tree_info = {"dynamic": True} if tree.get("dynamic") else {"size": tree.get("size"), "depth": tree.get("depth")}
     files = _files(path)
@@ -114,6 +132,8 @@ def describe_engine(path: Path) -> dict[str, Any]:
         "states": man.get("states") or [],
         "io": man.get("io"),
         "files": files,
+        "checksums": checksums,
+        "verified": sorted(verified) if verified is not None else None,
         "total_bytes": sum(files.values()),
         "plan": (man.get("files") or {}).get("plan"),
         "validation": man.get("validation"),
@@ -162,6 +182,7 @@ def render(info: dict[str, Any], console=None) -> None:
             ("tied embeddings", info["tie_word_embeddings"]),
             ("rope", f"theta {info['rope']['theta']:g}, scaling {info['rope']['scaling'] or 'none'}"),
             ("max positions", info["max_position_embeddings"]),
+            ("sliding window", _window(info["sliding_window"])),
             ("speculative heads", ", ".join(info["heads"]) or "none"),
             ("tensors", f"{info['tensors']} ({info['weights']['parameters']:,} base parameters)"),
             ("size", _size(info["bytes"])),
@@ -204,8 +225,17 @@ def render(info: dict[str, Any], console=None) -> None:
         files = Table(title=f"files ({_size(info['total_bytes'])})", title_justify="left")
         files.add_column("file")
         files.add_column("size", justify="right")
+        files.add_column("sha256")
+        records = info.get("checksums") or {}
+        verified = info.get("verified")
         for name, size in info["files"].items():
-            files.add_row(name, _size(size))
+            if name not in records:
+                check = "manifest" if name == ef.ENGINE_MANIFEST else "not recorded"
+            elif verified is not None:
+                check = "OK" if name in verified else "?"
+            else:
+                check = "size OK (--verify checks hashes)"
+            files.add_row(name, _size(size), check)
         console.print(files)
     elif info["heads"]:
         heads = Table(title="heads", title_justify="left")

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import torch
 
-TOP_K_CAP = 2048  # top-k and the top-p nucleus are limited to the 2048 most likely tokens
+from specbuild import engine_format as ef
+
+TOP_K_CAP = ef.MAX_TOP_K  # top-k and the top-p nucleus are limited to the 2048 most likely tokens
 
 
 def at_least(x, lo: int):
@@ -62,7 +64,7 @@ def _filtered_probs(scaled, top_k, top_p):
 
 def _sampled_probs(logits, temperature, top_k, top_p):
     b = logits.shape[0]
-    scaled = logits / torch.clamp(temperature, min=1e-5).view(b, 1, 1)
+    scaled = logits / torch.clamp(temperature, min=ef.MIN_TEMPERATURE).view(b, 1, 1)
     filtering = ((top_k > 0) | (top_p < 1.0)).any()
     probs = torch.cond(filtering, _filtered_probs, _plain_probs, (scaled, top_k, top_p))
     return torch.where((temperature <= 0).view(b, 1, 1), _onehot_argmax(logits), probs)
@@ -82,7 +84,7 @@ def target_probs(logits, temperature, top_k, top_p):
 
 def typical_probs(logits, temperature, epsilon, alpha):
     """Lossy typical acceptance (Medusa): a draft x is accepted when p(x) > min(eps, alpha * exp(-H(p)))."""
-    probs = torch.softmax(logits.float() / torch.clamp(temperature, min=1e-5).view(-1, 1, 1), dim=-1)
+    probs = torch.softmax(logits.float() / torch.clamp(temperature, min=ef.MIN_TEMPERATURE).view(-1, 1, 1), dim=-1)
     entropy = -(probs * torch.log(probs + 1e-10)).sum(-1, keepdim=True)
     threshold = torch.minimum(torch.full_like(entropy, epsilon), alpha * torch.exp(-entropy))
     return probs, threshold

@@ -7,6 +7,8 @@ builds the next call's small inputs; the cache itself is bound to the engine wit
 from __future__ import annotations
 
 import dataclasses
+import numbers
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,11 +23,24 @@ from specbuild.runtime.manifest import load_manifest
 from specbuild.tree import Tree
 
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "bool": np.bool_}
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass
 class SamplingParams:
-    """temperature 0 = greedy. top_k 0 and top_p 1 switch those filters off. Same seed -> same output."""
+    """temperature 0 = greedy. top_k 0 and top_p 1 switch those filters off. Same seed -> same output.
+
+    A sampling temperature must be at least MIN_TEMPERATURE (1e-5): the step graph divides the logits by
+    max(temperature, 1e-5), so a smaller one would silently act as 1e-5 and is refused instead.
+    """
 
     temperature: float = 0.0
     top_k: int = 0
@@ -33,12 +48,23 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise SpecbuildError(f"--temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise SpecbuildError(f"--top-p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise SpecbuildError(f"--top-k must be >= 0, got {self.top_k}")
+        t = self.temperature
+        if not _is_real(t) or not (t == 0 or ef.MIN_TEMPERATURE <= t <= FLOAT32_MAX):
+            raise SpecbuildError(
+                f"--temperature must be 0 (greedy) or a finite number >= {ef.MIN_TEMPERATURE:g}, got {t!r}"
+            )
+        p = self.top_p
+        if not _is_real(p) or not 0 < p <= 1:  # NaN fails both comparisons
+            raise SpecbuildError(f"--top-p must be a number in (0, 1] (1 = off), got {p!r}")
+        if not _is_integer(self.top_k) or not 0 <= self.top_k <= ef.MAX_TOP_K:
+            raise SpecbuildError(
+                f"--top-k must be an integer in [0, {ef.MAX_TOP_K}] (0 = off; the engine's filters work over the "
+                f"{ef.MAX_TOP_K} most likely tokens), got {self.top_k!r}"
+            )
+        if not _is_integer(self.seed) or self.seed < 0:
+            raise SpecbuildError(f"--seed must be an integer >= 0, got {self.seed!r}")
+        self.temperature, self.top_p = float(t), float(p)
+        self.top_k, self.seed = int(self.top_k), int(self.seed)
 
 
 @dataclasses.dataclass
@@ -79,20 +105,43 @@ class GenerationResult:
         return out
 
 
+def _check_threads(threads):
+    """None (ONNX Runtime's default, or SPECBUILD_THREADS) or an integer >= 1."""
+    if threads is None:
+        env = os.environ.get("SPECBUILD_THREADS", "").strip()
+        if env and not env.isdigit():
+            raise SpecbuildError(f"SPECBUILD_THREADS must be an integer >= 0 (0 = default), got {env!r}")
+        return None
+    if not _is_integer(threads) or threads < 1:
+        raise SpecbuildError(f"--threads must be an integer >= 1, got {threads!r}")
+    return int(threads)
+
+
 class Engine:
     """A loaded engine directory. `Engine("engine/").generate(prompt="...")`."""
 
     def __init__(self, engine_dir, backend: str | None = None, threads: int | None = None):
+        threads = _check_threads(threads)
         self.path = Path(engine_dir)
-        self.manifest = load_manifest(self.path)
-        self.backend = create_backend(self.path, self.manifest, backend, threads)
+        self.manifest = load_manifest(self.path)  # validated; recorded file sizes checked
+        try:
+            self.backend = create_backend(self.path, self.manifest, backend, threads)
+        except SpecbuildError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a damaged graph/weights file: ORT raises its own types
+            onnx_file = self.path / self.manifest["files"]["onnx"]
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise SpecbuildError(
+                f"{onnx_file}: cannot load the engine graph ({reason}); the engine is damaged, rebuild it"
+            ) from None
         model = self.manifest["model"]
         self.eos_ids = set(model.get("eos_token_ids") or [])
         self.max_seq_len = int(self.manifest["limits"]["max_seq_len"])
         self.kv_dtype = NUMPY_DTYPES["float16" if self.manifest["dtype"] == "float16" else "float32"]
         self.kv_shape = (model["num_layers"], 2, 1, model["num_kv_heads"], 0, model["head_dim"])
         tree = self.manifest["tree"]
-        self.static_tree = None if tree.get("dynamic") else Tree.from_choices(tree["choices"])
+        source = f"{self.path / ef.ENGINE_MANIFEST}: field tree.choices"
+        self.static_tree = None if tree.get("dynamic") else Tree.from_choices(tree["choices"], source=source)
         self.state_specs = self.manifest.get("states") or []
         self.output_names = {o["name"] for o in self.manifest["io"]["outputs"]}
         self._codec = None
@@ -105,7 +154,14 @@ class Engine:
                 raise SpecbuildError(f"{self.path}: engine has no tokenizer.json; pass --input-ids instead of text")
             from specbuild.runtime.text import TextCodec
 
-            self._codec = TextCodec(self.path / tok, self.manifest.get("chat_template"))
+            file = self.path / tok
+            if not file.is_file():
+                raise SpecbuildError(f"{file}: tokenizer file missing from the engine directory; rebuild the engine")
+            try:
+                self._codec = TextCodec(file, self.manifest.get("chat_template"))
+            except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception on a damaged file
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+                raise SpecbuildError(f"{file}: cannot read the tokenizer ({reason})") from None
         return self._codec
 
     def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
@@ -174,6 +230,8 @@ class Engine:
         decode_text: bool = True,
     ) -> GenerationResult:
         sampling = sampling or SamplingParams()
+        if not _is_integer(max_new_tokens) or max_new_tokens < 1:
+            raise SpecbuildError(f"--max-new-tokens must be an integer >= 1, got {max_new_tokens!r}")
         if input_ids is None:
             if prompt is None:
                 raise SpecbuildError("give a prompt or input ids")

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from specbuild.errors import SpecbuildError
 from specbuild.runtime import engine as engine_module
 from specbuild.runtime.engine import Engine, SamplingParams
 from tests.conftest import TINY_SHAPES, hf_greedy, tiny_hf_model
@@ -77,3 +78,38 @@ def test_stops_at_max_seq_len(tiny_engines):
     result = engine.generate(input_ids=[1] + [5] * (limit - 10), max_new_tokens=100)
     assert result.stop_reason in ("max_seq_len", "eos")
     assert result.prompt_tokens + len(result.output_ids) <= limit + 1
+
+
+@pytest.mark.parametrize(
+    "kwargs,option",
+    [
+        (dict(temperature=float("nan")), "--temperature"),
+        (dict(temperature=float("inf")), "--temperature"),
+        (dict(temperature=-1.0), "--temperature"),
+        (dict(temperature=1e-30), "--temperature"),
+        (dict(temperature=1e39), "--temperature"),  # not a finite float32
+        (dict(temperature="0.5"), "--temperature"),
+        (dict(top_p=0.0), "--top-p"),
+        (dict(top_p=1.5), "--top-p"),
+        (dict(top_p=float("nan")), "--top-p"),
+        (dict(top_k=-1), "--top-k"),
+        (dict(top_k=2.5), "--top-k"),
+        (dict(top_k=2049), "--top-k"),
+        (dict(seed=-1), "--seed"),
+        (dict(seed=1.5), "--seed"),
+    ],
+)
+def test_sampling_params_reject_values_out_of_range(kwargs, option):
+    with pytest.raises(SpecbuildError, match=f"^{option} must be"):
+        SamplingParams(**kwargs)
+
+
+def test_smallest_temperature_samples_and_bad_threads_or_lengths_are_refused(tiny_engines):
+    engine = Engine(tiny_engines["qwen2_bias"], threads=1)
+    greedy = engine.generate(input_ids=[1, 5, 9], max_new_tokens=10)
+    cold = engine.generate(input_ids=[1, 5, 9], max_new_tokens=10, sampling=SamplingParams(temperature=1e-5, seed=3))
+    assert cold.output_ids == greedy.output_ids  # T = 1e-5 on peaked logits: the argmax every time
+    with pytest.raises(SpecbuildError, match="--max-new-tokens"):
+        engine.generate(input_ids=[1, 5, 9], max_new_tokens=0)
+    with pytest.raises(SpecbuildError, match="--threads"):
+        Engine(tiny_engines["qwen2_bias"], threads=0)

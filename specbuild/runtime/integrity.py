@@ -1,0 +1,72 @@
+"""Engine file records: the size and sha256 of every file of an engine directory, kept in engine.yaml.
+
+`record_files` runs at the end of `specbuild build`, after every file is written. Loading an engine checks the
+sizes (one stat per file: catches truncated, missing and swapped-size files); `specbuild inspect --verify` also
+checks the sha256 hashes (reads every byte: catches same-size replacements). hashlib only: the runtime never
+imports torch or the builder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from specbuild import engine_format as ef
+from specbuild.errors import SpecbuildError
+
+HASH_ALGORITHM = "sha256"
+_CHUNK = 1 << 20
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def record_files(engine_dir) -> dict[str, dict]:
+    """{relative posix path: {"size": bytes, "sha256": hex}} for every file under engine_dir but engine.yaml."""
+    engine_dir = Path(engine_dir)
+    records = {}
+    for path in sorted(p for p in engine_dir.rglob("*") if p.is_file()):
+        name = path.relative_to(engine_dir).as_posix()
+        if name == ef.ENGINE_MANIFEST:
+            continue
+        records[name] = {"size": path.stat().st_size, HASH_ALGORITHM: file_sha256(path)}
+    return records
+
+
+def check_sizes(engine_dir, records: dict[str, dict]) -> None:
+    """Every recorded file exists with its recorded size; else one SpecbuildError naming the file."""
+    engine_dir = Path(engine_dir)
+    for name, record in records.items():
+        path = engine_dir / name
+        if not path.is_file():
+            raise SpecbuildError(
+                f"{path}: missing from the engine directory (engine.yaml records it); rebuild the engine"
+            )
+        size = path.stat().st_size
+        if size != record["size"]:
+            raise SpecbuildError(
+                f"{path}: {size} bytes, but engine.yaml records {record['size']}; the file is truncated or "
+                f"was replaced, rebuild the engine"
+            )
+
+
+def verify_hashes(engine_dir, records: dict[str, dict]) -> Iterator[tuple[str, str]]:
+    """Check sizes, then yield (name, sha256) per recorded file whose hash matches; raise at the first mismatch."""
+    engine_dir = Path(engine_dir)
+    check_sizes(engine_dir, records)
+    for name, record in records.items():
+        path = engine_dir / name
+        digest = file_sha256(path)
+        if digest != record[HASH_ALGORITHM]:
+            raise SpecbuildError(
+                f"{path}: sha256 {digest[:16]}... differs from the {record[HASH_ALGORITHM][:16]}... recorded in "
+                f"engine.yaml; the file was modified, rebuild the engine"
+            )
+        yield name, digest
