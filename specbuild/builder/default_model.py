@@ -58,7 +58,8 @@ def prepare_smollm2(out_dir: str | os.PathLike | None = None, overwrite: bool = 
         raise SpecbuildError(f"{gguf}: unexpected GGUF contents (missing {missing}, unexpected {unexpected})")
     model.tie_weights()
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    with atomic_output_dir(out, overwrite=True) as tmp:
+    # overwrite=True replaces only a directory this function wrote (marked) or another specbuild output
+    with atomic_output_dir(out, overwrite=True, inputs=[gguf], mark=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -29,15 +30,34 @@ def _stderr_console():
 
 
 def handle_errors(func):
-    """Print a SpecbuildError as `error: <message>` (one line) on stderr and exit 1."""
+    """Print a SpecbuildError or an OSError as `error: <message>` (one line) on stderr and exit 1.
+
+    SIGINT and SIGTERM raise KeyboardInterrupt / interrupts.Terminated in the main thread while the command runs; any
+    exception after one of them (even one an interrupt turned into) prints `error: interrupted (SIGINT)...` and
+    exits 128 + the signal number (130, 143). Outputs are discarded by fsutil's cleanup on the way out.
+    """
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except SpecbuildError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
+        from specbuild import interrupts as signals
+        from specbuild.errors import describe_os_error
+
+        with signals.handling_interrupts() as interrupts:
+            try:
+                return func(*args, **kwargs)
+            except BaseException as exc:
+                if interrupts.signum is not None or isinstance(exc, (KeyboardInterrupt, signals.Terminated)):
+                    interrupts.mark_handled()
+                    signum = interrupts.signum or getattr(exc, "signum", signal.SIGINT)
+                    click.echo(f"error: {signals.interruption_message(signum)}", err=True)
+                    sys.exit(128 + signum)
+                if isinstance(exc, SpecbuildError):
+                    click.echo(f"error: {exc}", err=True)
+                    sys.exit(1)
+                if isinstance(exc, OSError):  # a safety net: prefer a specific SpecbuildError at the source
+                    click.echo(f"error: {describe_os_error(exc)}", err=True)
+                    sys.exit(1)
+                raise
 
     return wrapper
 
@@ -85,15 +105,17 @@ def cli():
 @click.option("--medusa-dir", type=click.Path(path_type=Path), help="Medusa heads directory.")
 @click.option("--eagle-dir", type=click.Path(path_type=Path), help="EAGLE-1/2 draft head directory.")
 @click.option("--eagle3-dir", type=click.Path(path_type=Path), help="EAGLE-3 draft head directory.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing output directory.")
+@click.option("--overwrite", is_flag=True, help="Replace a previous specbuild output there (nothing else).")
 @handle_errors
 def convert(model_dir, output_dir, dtype, medusa_dir, eagle_dir, eagle3_dir, overwrite):
     """Convert a HF checkpoint (+ speculative heads) into one validated canonical checkpoint."""
     from specbuild.builder.convert import convert_checkpoint
+    from specbuild.fsutil import provisional_commits
 
     _check_choice("--dtype", dtype, DTYPE_CHOICES)
     heads = {k: v for k, v in {"medusa": medusa_dir, "eagle": eagle_dir, "eagle3": eagle3_dir}.items() if v}
-    out = convert_checkpoint(model_dir, output_dir, dtype=dtype, heads=heads or None, overwrite=overwrite)
+    with provisional_commits():  # an interrupt until the command ends still leaves nothing behind
+        out = convert_checkpoint(model_dir, output_dir, dtype=dtype, heads=heads or None, overwrite=overwrite)
     click.echo(f"checkpoint written to {out}", err=True)
 
 
@@ -109,10 +131,16 @@ def _build_options(recipe, **overrides):
 
 def _run_build(checkpoint_dir, output_dir, options) -> Path:
     from specbuild.builder.build import build_engine
+    from specbuild.interrupts import check_interrupted
 
     console = _stderr_console()
+
+    def log(msg):
+        check_interrupted()  # a stage boundary: an interrupt that library code swallowed ends the build here
+        console.print(msg, markup=False)
+
     with console.status(f"building {options.speculative_mode} engine ...", spinner="dots"):
-        return build_engine(checkpoint_dir, output_dir, options, log=lambda msg: console.print(msg, markup=False))
+        return build_engine(checkpoint_dir, output_dir, options, log=log)
 
 
 @cli.command()
@@ -136,7 +164,7 @@ def _run_build(checkpoint_dir, output_dir, options) -> Path:
 @click.option("--output-logits", is_flag=True, help="Also output the logits of every new token.")
 @click.option("--tensorrt", is_flag=True, help="Also compile a TensorRT plan (NVIDIA GPU host with tensorrt).")
 @click.option("--fp16-plan", is_flag=True, help="Build the TensorRT plan with fp16 kernels.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing output directory.")
+@click.option("--overwrite", is_flag=True, help="Replace a previous specbuild output there (nothing else).")
 @handle_errors
 def build(
     checkpoint_dir,
@@ -157,6 +185,8 @@ def build(
     overwrite,
 ):
     """Build an engine directory (ONNX step graph with drafting and acceptance) from a canonical checkpoint."""
+    from specbuild.fsutil import prepare_output_dir, provisional_commits
+
     _check_choice("--speculative-mode", speculative_mode, MODE_CHOICES)
     options = _build_options(
         recipe,
@@ -176,9 +206,9 @@ def build(
     )
     if not Path(checkpoint_dir).is_dir():
         raise SpecbuildError(f"{checkpoint_dir}: checkpoint directory does not exist")
-    if options.typical_acceptance is not None:
-        click.echo("warning: typical acceptance is LOSSY (not distribution-preserving)", err=True)
-    _run_build(checkpoint_dir, output_dir, options)
+    prepare_output_dir(output_dir, overwrite=bool(options.overwrite), inputs=[checkpoint_dir, recipe])
+    with provisional_commits():  # an interrupt until the command ends still leaves nothing behind
+        _run_build(checkpoint_dir, output_dir, options)
 
 
 # ---------------------------------------------------------------- run
@@ -231,7 +261,7 @@ def generate_and_print(engine, prompt, input_ids, max_new_tokens, sampling, chat
 @click.option("--prompt", help="Prompt text (needs the engine's tokenizer).")
 @click.option("--input-ids", help="Prompt as comma-separated token ids, e.g. 1,2,3.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy; else >= 1e-5.")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -263,12 +293,13 @@ def run(
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
+@click.option("--verify", is_flag=True, help="Engine: check every file's sha256 against engine.yaml (reads all bytes).")
 @handle_errors
-def inspect(path, as_json):
-    """Describe a checkpoint or an engine directory."""
+def inspect(path, as_json, verify):
+    """Describe a checkpoint or an engine directory (loading an engine checks its recorded file sizes)."""
     from specbuild.inspect import describe, render
 
-    info = describe(path)
+    info = describe(path, verify=verify)
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:

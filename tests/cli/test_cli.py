@@ -151,3 +151,26 @@ def test_bad_typical_acceptance_and_recipe(built, tmp_path):
     res = invoke("build", "--checkpoint-dir", ckpt, "--output-dir", out, "--recipe", recipe)
     assert_one_line_error(res, "no_such_option")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    [
+        ("--temperature", "nan"),
+        ("--temperature", "inf"),
+        ("--temperature", "-1"),
+        ("--temperature", "1e-8"),  # below the graph's 1e-5 floor: refused, not silently clamped
+        ("--top-p", "0"),
+        ("--top-p", "1.5"),
+        ("--top-p", "nan"),
+        ("--top-k", "-1"),
+        ("--seed", "-1"),
+        ("--threads", "0"),
+        ("--threads", "-2"),
+        ("--max-new-tokens", "0"),
+    ],
+)
+def test_invalid_sampling_value_is_one_line_error(built, option, value):
+    _, engine = built
+    res = invoke("run", "--engine-dir", engine, "--input-ids", "1,2", option, value)
+    assert_one_line_error(res, option)
