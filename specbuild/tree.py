@@ -26,6 +26,11 @@ from specbuild.errors import SpecbuildError
 
 Choice = tuple[int, ...]
 
+# Build-time bounds shared by every mode: nodes one step verifies (root included) -- far beyond what pays on any
+# device -- and ranks drawn from one distribution (TensorRT's TopK takes K <= 3840).
+MAX_TREE_SIZE = 512
+MAX_TOP_K = 3839
+
 _PRESETS_FILE = "trees.yaml"
 _FILE_KEYS = ("choices", "medusa_choices")
 
@@ -197,6 +202,7 @@ class Tree:
         top_k: int | None = None,
         max_depth: int | None = None,
         max_draft_len: int | None = None,
+        max_size: int | None = MAX_TREE_SIZE,
         source: str = "tree",
         depth_limit_name: str | None = None,
     ) -> None:
@@ -218,6 +224,8 @@ class Tree:
             raise SpecbuildError(f"{source} depth {self.depth} exceeds {limit} (choice {_fmt(deepest)})")
         if max_draft_len is not None and self.num_draft > max_draft_len:
             raise SpecbuildError(f"{source} has {self.num_draft} draft nodes but --max-draft-len is {max_draft_len}")
+        if max_size is not None and self.size > max_size:
+            raise SpecbuildError(f"{source} has {self.size} nodes; at most {max_size} are supported per step")
 
     # ------------------------------------------------------------------------------------------ transforms
     def truncated(self, max_nodes: int) -> Tree:

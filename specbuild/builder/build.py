@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import shutil
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from specbuild import __version__
 from specbuild import engine_format as ef
 from specbuild.builder.checkpoint import Checkpoint
 from specbuild.errors import SpecbuildError
-from specbuild.fsutil import atomic_output_dir
+from specbuild.fsutil import atomic_output_dir, existing_paths, prepare_output_dir
 
 MODES = {
     "none": "specbuild.plugins.none:NonePlugin",
@@ -23,6 +24,26 @@ MODES = {
     "eagle": "specbuild.plugins.eagle:EaglePlugin",
     "eagle3": "specbuild.plugins.eagle3:Eagle3Plugin",
 }
+
+
+# Options that only some modes use: a mode plugin lists the ones it reads (`ModePlugin.options`); giving any other
+# one is an error, never silently ignored.
+MODE_OPTIONS = (
+    "tree",
+    "max_draft_len",
+    "medusa_top_k",
+    "eagle_top_k",
+    "eagle_depth",
+    "eagle_total_tokens",
+    "typical_acceptance",
+)
+# Largest --max-seq-len accepted whatever the model's max_position_embeddings (a 2**20-position KV cache of even a
+# small model is tens of GB).
+MAX_SEQ_LEN = 1 << 20
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 @dataclasses.dataclass
@@ -49,7 +70,9 @@ class BuildOptions:
             data = yaml.safe_load(path.read_text()) or {}
         except FileNotFoundError:
             raise SpecbuildError(f"recipe {path}: not found") from None
-        except yaml.YAMLError as exc:
+        except OSError as exc:
+            raise SpecbuildError(f"recipe {path}: cannot read ({exc.strerror or exc})") from None
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
             raise SpecbuildError(f"recipe {path}: invalid YAML ({exc})") from None
         data = data.get("build", data)
         if not isinstance(data, dict):
@@ -60,9 +83,56 @@ class BuildOptions:
         if unknown:
             raise SpecbuildError(f"recipe {path}: unknown build option(s) {unknown}")
         data.update({k: v for k, v in overrides.items() if v is not None})
-        if data.get("typical_acceptance") is not None:
-            data["typical_acceptance"] = tuple(data["typical_acceptance"])
-        return cls(**data)
+        typical = data.get("typical_acceptance")
+        if isinstance(typical, (list, tuple)):
+            data["typical_acceptance"] = tuple(typical)
+        options = cls(**data)
+        options.check(source=f"recipe {path}: ")
+        return options
+
+    def check(self, source: str = "") -> None:
+        """Types and ranges of every option, checked before any work; the message names the option and its range.
+
+        Limits that depend on the checkpoint (max_position_embeddings, vocabulary, heads) are checked by
+        build_engine and the mode plugin, still before any weight is loaded."""
+
+        def fail(name: str, want: str):
+            raise SpecbuildError(f"{source}{_flag(name)} {getattr(self, name)!r} is invalid: expected {want}")
+
+        def integer(name: str, lo: int, hi: int | None = None):
+            value = getattr(self, name)
+            if value is None:
+                return
+            if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+                fail(name, f"an integer in [{lo}, {hi}]" if hi is not None else f"an integer >= {lo}")
+
+        if not isinstance(self.speculative_mode, str) or self.speculative_mode not in MODES:
+            fail("speculative_mode", f"one of {', '.join(MODES)}")
+        integer("max_seq_len", 2, MAX_SEQ_LEN)
+        integer("max_draft_len", 1)
+        integer("medusa_top_k", 1)
+        integer("eagle_top_k", 1)
+        integer("eagle_depth", 1)
+        integer("eagle_total_tokens", 2)
+        for name in ("output_logits", "tensorrt", "fp16_plan", "overwrite"):
+            if not isinstance(getattr(self, name), bool):
+                fail(name, "true or false")
+        if self.tree is not None and not isinstance(self.tree, (str, list, tuple, Path)):
+            fail("tree", "a preset name, JSON choices, a .json/.yaml file or a list of choices")
+        if self.typical_acceptance is not None:
+            typical = self.typical_acceptance
+            numbers_ok = (
+                isinstance(typical, tuple)
+                and len(typical) == 2
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in typical)
+            )
+            if not numbers_ok or not (0 < typical[0] <= 1 and 0 <= typical[1] <= 1):  # NaN fails the comparisons
+                fail("typical_acceptance", "EPS,ALPHA with 0 < EPS <= 1 and 0 <= ALPHA <= 1 (e.g. 0.09,0.3)")
+        tol = self.validate_tolerance
+        if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < math.inf):
+            fail("validate_tolerance", "a finite number > 0")
+        if self.fp16_plan and not self.tensorrt:
+            raise SpecbuildError(f"{source}--fp16-plan applies to the TensorRT plan: add --tensorrt")
 
 
 def load_plugin_class(mode: str):
@@ -70,6 +140,17 @@ def load_plugin_class(mode: str):
         raise SpecbuildError(f"unknown --speculative-mode {mode!r}; choose from {', '.join(MODES)}")
     module, name = MODES[mode].split(":")
     return getattr(importlib.import_module(module), name)
+
+
+def _check_mode_options(plugin_cls, options: BuildOptions) -> None:
+    """A mode-specific option the chosen mode does not read is an error (it would be silently ignored)."""
+    for name in MODE_OPTIONS:
+        if getattr(options, name) is not None and name not in plugin_cls.options:
+            users = [m for m in MODES if name in load_plugin_class(m).options]
+            raise SpecbuildError(
+                f"{_flag(name)} does not apply to --speculative-mode {options.speculative_mode} "
+                f"(it is an option of {', '.join(users)})"
+            )
 
 
 def _io_spec(sess) -> tuple[list, list]:
@@ -90,7 +171,10 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
     from specbuild.builder.step import StepModule
     from specbuild.builder.trt_compat import assert_tensorrt_clean
 
+    options.check()
     started = time.perf_counter()
+    sources = [checkpoint_dir, *existing_paths(options.tree)]  # checked before any work: never replaced
+    target = prepare_output_dir(output_dir, overwrite=options.overwrite, inputs=sources)
     if options.tensorrt:
         from specbuild.builder.tensorrt_plan import tensorrt_available
 
@@ -108,6 +192,20 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
             f"({cfg.max_position_embeddings})"
         )
     plugin_cls = load_plugin_class(options.speculative_mode)
+    _check_mode_options(plugin_cls, options)
+    settings = plugin_cls.check_options(ckpt, options)  # mode bounds from the configs: before any weight loads
+    if settings["tokens_per_step"] >= max_seq_len:
+        raise SpecbuildError(
+            f"--max-seq-len {max_seq_len} leaves no room for the prompt: one {options.speculative_mode} step verifies "
+            f"{settings['tokens_per_step']} tokens; use a larger --max-seq-len or a smaller tree"
+        )
+    if ckpt.tokenizer_file is not None:  # the engine carries it: it must load, round-trip and render its template
+        from specbuild.builder.tokenizer_io import validate_tokenizer
+
+        config_file = ckpt.path / ef.CHECKPOINT_CONFIG
+        validate_tokenizer(ckpt.tokenizer_file, ckpt.tokenizer_file, cfg.vocab_size, ckpt.chat_template, config_file)
+    if options.typical_acceptance is not None:
+        log("warning: typical acceptance is LOSSY (not distribution-preserving); the engine is marked lossless: false")
     torch.manual_seed(0)
     # ONNX Runtime's CPU kernels barely cover bfloat16: bf16 checkpoints become fp32 engines (exact upcast)
     engine_dtype = "float32" if ckpt.dtype == "bfloat16" else ckpt.dtype
@@ -118,7 +216,7 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
     step = StepModule(net, plugin, output_logits=options.output_logits, typical=options.typical_acceptance).eval()
     tree = plugin.tree()
     tolerance = options.validate_tolerance or (1e-3 if engine_dtype == "float32" else 5e-2)
-    with atomic_output_dir(output_dir, overwrite=options.overwrite) as tmp:
+    with atomic_output_dir(target) as tmp:
         onnx_path = tmp / ef.ENGINE_ONNX
         log(f"exporting {options.speculative_mode} step graph ({cfg.num_layers} layers, {engine_dtype}) ...")
         inputs, outputs = export_step(step, onnx_path)
@@ -153,6 +251,8 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
                 "num_layers": cfg.num_layers,
                 "num_kv_heads": cfg.num_kv_heads,
                 "head_dim": cfg.head_dim,
+                "sliding_window": cfg.sliding_window if cfg.sliding_layers else None,
+                "sliding_layers": cfg.sliding_layers,
                 "bos_token_id": cfg.bos_token_id,
                 "eos_token_ids": cfg.eos_token_ids,
             },
@@ -188,6 +288,9 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
             )
             manifest["files"]["plan"] = ef.ENGINE_PLAN
         manifest["build_seconds"] = round(time.perf_counter() - started, 1)
+        from specbuild.runtime.integrity import record_files
+
+        manifest["checksums"] = record_files(tmp)  # size + sha256 of every file written above (load checks sizes)
         (tmp / ef.ENGINE_MANIFEST).write_text(yaml.safe_dump(manifest, sort_keys=False))
     log(f"engine written to {output_dir} in {manifest['build_seconds']} s")
     return Path(output_dir)

@@ -50,6 +50,14 @@ class ModePlugin(nn.Module):
 
     name = "none"
     capture_layers: tuple = ()
+    options: tuple[str, ...] = ()  # the mode-specific BuildOptions fields this mode reads (others are refused)
+
+    @classmethod
+    def check_options(cls, checkpoint, options) -> dict[str, Any]:
+        """Resolve this mode's build options and check their bounds from the checkpoint's configs alone (no weights
+        are loaded), so a bad value fails before any work. Returns the settings the plugin builds with; the key
+        `tokens_per_step` is the largest number of new tokens one engine call verifies (root included)."""
+        return {"tokens_per_step": 1}
 
     def tree(self) -> Tree | None:
         """The static tree the next call verifies (None for modes whose tree is an engine output)."""

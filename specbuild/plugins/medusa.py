@@ -19,7 +19,7 @@ from specbuild.builder.weights_io import load_hf_weights, load_tensor_file
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.base import DraftContext, ModePlugin
 from specbuild.plugins.registry import register_head_converter
-from specbuild.tree import Tree, parse_tree
+from specbuild.tree import MAX_TOP_K, Tree, parse_tree
 
 DEFAULT_TOP_K = 10
 DEFAULT_TREE = "mc_sim_7b_63"
@@ -145,16 +145,25 @@ class MedusaHeads(nn.Module):
 
 class MedusaPlugin(ModePlugin):
     name = "medusa"
+    options = ("tree", "max_draft_len", "medusa_top_k", "typical_acceptance")
 
-    def __init__(self, checkpoint, net, options):
-        super().__init__()
+    @classmethod
+    def check_options(cls, checkpoint, options) -> dict:
         cfg = checkpoint.heads.get("medusa")
         if cfg is None:
             raise SpecbuildError(
                 f"{checkpoint.path}: checkpoint holds no Medusa heads; convert with `--medusa-dir DIR`"
             )
-        self.num_heads = int(cfg["num_heads"])
-        self.top_k = int(getattr(options, "medusa_top_k", None) or DEFAULT_TOP_K)
+        num_heads = int(cfg["num_heads"])
+        # proposals come from the draft vocabulary when the heads carry one, else from the whole vocabulary
+        vocab = int(cfg.get("draft_vocab_size") or checkpoint.model.vocab_size)
+        limit = min(vocab, MAX_TOP_K)
+        top_k = getattr(options, "medusa_top_k", None)
+        top_k = min(DEFAULT_TOP_K, limit) if top_k is None else top_k
+        if not 1 <= top_k <= limit:
+            raise SpecbuildError(
+                f"--medusa-top-k {top_k} must be between 1 and {limit} (the heads propose from {vocab} tokens)"
+            )
         spec = getattr(options, "tree", None)
         if spec is not None:
             tree = parse_tree(spec)
@@ -162,15 +171,21 @@ class MedusaPlugin(ModePlugin):
             tree = Tree.from_choices(cfg["medusa_choices"])
         else:
             tree = parse_tree(DEFAULT_TREE)
-            tree = Tree.from_choices([c for c in tree.choices if len(c) <= self.num_heads])
-        max_draft = getattr(options, "max_draft_len", None)
+            tree = Tree.from_choices([c for c in tree.choices if len(c) <= num_heads])
         tree.check(
-            top_k=self.top_k,
-            max_depth=self.num_heads,
-            max_draft_len=max_draft,
+            top_k=top_k,
+            max_depth=num_heads,
+            max_draft_len=getattr(options, "max_draft_len", None),
             source="--tree",
             depth_limit_name="Medusa heads",
         )
+        return {"tree": tree, "top_k": top_k, "num_heads": num_heads, "tokens_per_step": tree.size}
+
+    def __init__(self, checkpoint, net, options):
+        super().__init__()
+        settings = self.check_options(checkpoint, options)
+        cfg = checkpoint.heads["medusa"]
+        self.num_heads, self.top_k, tree = settings["num_heads"], settings["top_k"], settings["tree"]
         self._tree = tree
         self.heads = MedusaHeads(
             net.cfg.hidden_size,

@@ -149,14 +149,11 @@ def test_eagle3_round_trip(bases, tmp_path, layout, fmt, draft_vocab):
 
 def test_eagle3_capture_layers(bases, tmp_path):
     write_eagle3_head(tmp_path / "a", tiny_hf_config(LLAMA), draft_vocab=40)
-    assert _convert(bases["llama8"], tmp_path / "a", "eagle3", tmp_path / "a").heads["eagle3"]["capture_layers"] == [
-        2,
-        4,
-        5,
-    ]
+    ckpt = _convert(bases["llama8"], tmp_path / "out-a", "eagle3", tmp_path / "a")
+    assert ckpt.heads["eagle3"]["capture_layers"] == [2, 4, 5]
     aux = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 3, 7]}}
     write_eagle3_head(tmp_path / "b", tiny_hf_config(LLAMA), layout="modelopt", config_extra=aux)
-    ckpt = _convert(bases["llama8"], tmp_path / "b", "eagle3", tmp_path / "b")
+    ckpt = _convert(bases["llama8"], tmp_path / "out-b", "eagle3", tmp_path / "b")
     assert ckpt.heads["eagle3"]["capture_layers"] == [1, 4, 8]
 
 
