@@ -62,7 +62,8 @@ FIELDS: dict[str, Field] = {
     ),
     "mlp_bias": Field(HONOURED, "llama: biases on gate/up/down projections; not read by mistral/qwen2"),
     "tie_word_embeddings": Field(
-        HONOURED, "lm_head = embedding; a distinct lm_head.weight in the files is ignored, as transformers ties it"
+        HONOURED,
+        "lm_head = embedding; a distinct lm_head.weight beside it is refused (transformers 4.x ties it, 5.x keeps it)",
     ),
     "max_position_embeddings": Field(HONOURED, "upper bound of --max-seq-len; RoPE scaling reference length"),
     # --- RoPE (entries of rope_scaling / rope_parameters: ROPE_FIELDS)
@@ -81,7 +82,7 @@ FIELDS: dict[str, Field] = {
     "sliding_window": Field(
         HONOURED,
         "mistral: window on every layer when not null; qwen2: window on the sliding layers when use_sliding_window; "
-        "key j is visible from query i iff i - window < j <= i (tree mask and cache); llama does not read it",
+        "key j is visible from query i iff i - window < j <= i (masked over cache and tree); llama does not read it",
     ),
     "use_sliding_window": Field(HONOURED, "qwen2: switches sliding_window on; not read by llama/mistral"),
     "max_window_layers": Field(
