@@ -3,7 +3,7 @@
 CHECKPOINT_FORMAT = "specbuild-checkpoint"
 CHECKPOINT_FORMAT_VERSION = 1
 ENGINE_FORMAT = "specbuild-engine"
-ENGINE_FORMAT_VERSION = 1
+ENGINE_FORMAT_VERSION = 2  # 2: engine.yaml lists graphs (role, backend, file, KV layout, weights, I/O)
 
 CHECKPOINT_CONFIG = "config.yaml"
 CHECKPOINT_WEIGHTS = "model.safetensors"
@@ -11,9 +11,22 @@ HEADS_DIR = "heads"
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 ENGINE_MANIFEST = "engine.yaml"
-ENGINE_ONNX = "model.onnx"
-ENGINE_ONNX_DATA = "model.onnx.data"
+ENGINE_ONNX = "model.onnx"  # the portable standard-op graph (TensorRT parses it; ONNX Runtime runs it too)
+ENGINE_WEIGHTS = "weights.bin"  # the tensors of every graph, each distinct byte string once (weights_file)
+ENGINE_ORT_ONNX = "model.ort.onnx"  # the ONNX Runtime graph (its fused CPU kernels)
 ENGINE_PLAN = "model.plan"
+
+# Graph roles and backends (engine.yaml `graphs`), and how a graph holds the KV cache:
+#   stacked: kv_cache input [L,2,B,Hkv,C,D] read-only, new_kv output [L,2,B,Hkv,T,D]; the runtime appends accepted
+#   shared:  past_key_i / past_value_i [B,Hkv,C,D] per layer, bound to present_key_i / present_value_i (the graph
+#            writes the T new tokens at [past_length, past_length + T)); the runtime moves accepted nodes down
+ROLE_TARGET = "target"
+BACKEND_ONNXRUNTIME = "onnxruntime"
+BACKEND_TENSORRT = "tensorrt"
+BACKENDS = (BACKEND_ONNXRUNTIME, BACKEND_TENSORRT)
+KV_STACKED = "stacked"
+KV_SHARED = "shared"
+WEIGHTS = ("fp32", "fp16", "int8", "int4")
 
 # Step-graph I/O (stable names; recorded in engine.yaml).
 INPUT_IDS = "input_ids"  # [B,T] int64
@@ -34,6 +47,12 @@ ACCEPTED_TOKENS = "accepted_tokens"  # [B,DP] int64
 NUM_ACCEPTED = "num_accepted"  # [B] int64 (accepted drafts + bonus)
 ACCEPTED_NODES = "accepted_nodes"  # [B,DP] int64 (which new tokens' KV to keep, in order)
 NEW_KV = "new_kv"  # [L,2,B,Hkv,T,D]
+# The ONNX Runtime graph's KV cache: one buffer per layer and kind, [B,Hkv,C,D], bound as both the past input and
+# the present output (written in place at [past_length, past_length + T); the runtime compacts accepted nodes).
+PAST_KEY = "past_key_{}"
+PAST_VALUE = "past_value_{}"
+PRESENT_KEY = "present_key_{}"
+PRESENT_VALUE = "present_value_{}"
 NEXT_INPUT_IDS = "next_input_ids"  # [B,N] int64: root (bonus) token + next draft tree
 LOGITS = "logits"  # optional [B,T,V]
 

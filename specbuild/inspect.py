@@ -130,7 +130,11 @@ def describe_engine(path: Path, verify: bool = False) -> dict[str, Any]:
         "tree": tree_info,
         "mode": man.get("mode") or {},
         "states": man.get("states") or [],
-        "io": man.get("io"),
+        "graphs": [
+            {k: g.get(k) for k in ("role", "backend", "file", "kv_cache", "weights", "validation")}
+            | {"io": g.get("io")}
+            for g in man["graphs"]
+        ],
         "files": files,
         "checksums": checksums,
         "verified": sorted(verified) if verified is not None else None,
@@ -199,6 +203,10 @@ def render(info: dict[str, Any], console=None) -> None:
             ("limits", ", ".join(f"{k} {v}" for k, v in limits.items())),
             ("tree", "dynamic" if tree.get("dynamic") else f"{tree['size']} nodes, depth {tree['depth']}"),
             ("states", ", ".join(s["name"] for s in info["states"]) or "none"),
+            (
+                "graphs",
+                "; ".join(f"{g['backend']}: {g['file']} ({g['weights']}, {g['kv_cache']} KV)" for g in info["graphs"]),
+            ),
             ("TensorRT plan", info["plan"] or "none"),
             (
                 "validation",
@@ -215,13 +223,14 @@ def render(info: dict[str, Any], console=None) -> None:
         kv.add_row(key, escape(str(value)))
     console.print(kv)
     if info["kind"] == "engine":
-        io = Table(title="I/O", title_justify="left")
-        for col in ("", "name", "dtype", "shape"):
-            io.add_column(col)
-        for direction in ("inputs", "outputs"):
-            for item in (info["io"] or {}).get(direction, []):
-                io.add_row(direction[:-1], item["name"], item["dtype"], _shape(item["shape"]))
-        console.print(io)
+        for graph in info["graphs"]:
+            io = Table(title=f"I/O of the {graph['backend']} graph ({graph['file']})", title_justify="left")
+            for col in ("", "name", "dtype", "shape"):
+                io.add_column(col)
+            for direction in ("inputs", "outputs"):
+                for item in (graph["io"] or {}).get(direction, []):
+                    io.add_row(direction[:-1], item["name"], item["dtype"], _shape(item["shape"]))
+            console.print(io)
         files = Table(title=f"files ({_size(info['total_bytes'])})", title_justify="left")
         files.add_column("file")
         files.add_column("size", justify="right")

@@ -17,6 +17,33 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("SPECBUILD_THREADS", "1")
     torch.set_num_threads(1)
 
+
+def pytest_collection_modifyitems(config, items):
+    """Keep each `xdist_group` on one worker (its session fixtures are then built once).
+
+    pytest-xdist 3.8 tags grouped items by assigning `item._nodeid`, which pytest >= 9.2 no longer reads (node ids
+    live in `item._id`): the groups were silently spread over both workers and every expensive fixture was built
+    twice. Tag them here the way xdist's scheduler reads them (`<nodeid>@<group>`), on any pytest version."""
+    if not getattr(config.option, "loadgroup", False):  # set on xdist workers under --dist loadgroup
+        return
+    for item in items:
+        groups = sorted(
+            {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+        )
+        if not groups or "@" in item.nodeid:
+            continue
+        tagged = f"{item.nodeid}@{'_'.join(groups)}"
+        if hasattr(item, "_id"):
+            from _pytest.nodeid import coerce_node_id
+
+            item._id = coerce_node_id(tagged)
+        else:
+            item._nodeid = tagged
+
+
+# Builds that only need the graph ONNX Runtime runs (tests/builder/test_graphs.py covers the portable one per mode)
+ORT_ONLY = ("onnxruntime",)
+
 TINY_SEED = 0
 TINY_STD = 0.3
 TINY_VOCAB_STD = 0.5  # embeddings / lm_head: peaked logits

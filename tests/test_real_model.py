@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from specbuild import engine_format as ef
 from specbuild.runtime.engine import Engine
 from tests.conftest import hf_greedy, quiet
 
@@ -36,8 +37,10 @@ def smollm2_hf_model(smollm2_hf):
     return AutoModelForCausalLM.from_pretrained(smollm2_hf, dtype=torch.float32).eval()
 
 
-def test_logits_match_transformers(smollm2_engine, smollm2_hf_model):
-    engine = Engine(smollm2_engine)
+@pytest.mark.parametrize("graph", [ef.BACKEND_ONNXRUNTIME, ef.BACKEND_TENSORRT])
+def test_logits_match_transformers(smollm2_engine, smollm2_hf_model, graph):
+    """Both graphs of the engine: the fused one ONNX Runtime runs and the portable one TensorRT would compile."""
+    engine = Engine(smollm2_engine, graph=graph)
     ids = engine.codec.encode(PROMPTS[1])
     got = engine.prefill_logits(ids)
     with torch.no_grad():

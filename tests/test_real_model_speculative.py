@@ -5,9 +5,9 @@ import torch
 
 from specbuild.builder.default_model import shipped_heads
 from specbuild.runtime.engine import Engine
-from tests.conftest import hf_greedy, quiet
+from tests.conftest import ORT_ONLY, hf_greedy, quiet
 
-pytestmark = pytest.mark.xdist_group("real_spec")
+pytestmark = pytest.mark.xdist_group("real")
 
 # What this release ships; a head directory that goes missing (or appears untested) fails here.
 SHIPPED = {"medusa", "eagle", "eagle3"}
@@ -38,7 +38,7 @@ def test_greedy_equals_transformers_with_shipped_heads(mode, smollm2_hf, hf_mode
     assert mode in heads, f"{mode} heads are not shipped"
     ckpt = convert_checkpoint(smollm2_hf, tmp_path / "ckpt", heads={mode: heads[mode]}, progress=False)
     engine_dir = build_engine(
-        ckpt, tmp_path / "engine", BuildOptions(speculative_mode=mode, max_seq_len=512), log=quiet
+        ckpt, tmp_path / "engine", BuildOptions(backends=ORT_ONLY, speculative_mode=mode, max_seq_len=512), log=quiet
     )
     engine = Engine(engine_dir)
     steps = []

@@ -110,34 +110,99 @@ def accept(logits, tokens, tree_mask, paths, temperature, top_k, top_p, rand_acc
     tree_mask [B,W,W]; paths [B,NP,DP] window node indices (-1 padded). Returns
     (accepted_tokens [B,DP], num_accepted [B], accepted_nodes [B,DP] window indices (-1 padded),
     last_node [B] the deepest accepted node).
+
+    When every row is greedy an ONNX If runs the greedy verification alone: a node is accepted when its token is
+    its parent's argmax and the bonus is the last accepted node's argmax -- the general rule below at temperature 0,
+    without its vocabulary-wide probability, residual and CDF passes.
     """
-    b, w, v = logits.shape
-    dp = paths.shape[2]
-    if typical is None:
-        probs = target_probs(logits, temperature, top_k, top_p)
-    else:
-        probs, threshold = typical_probs(logits, temperature, *typical)
+    if typical is not None:
+        return _accept_typical(
+            logits, tokens, tree_mask, paths, temperature, top_k, top_p, rand_accept, rand_sample, typical=typical
+        )
+    greedy = (temperature <= 0).all()
+    # tokens is a window (a view) of the step's input_ids; an If-branch operand must own its memory (a view's
+    # symbolic stride has no ONNX form), and index_select always copies
+    tokens = tokens.index_select(1, torch.arange(tokens.shape[1], device=tokens.device))
     depth, parent, siblings_before = tree_structure(tree_mask)
-    # p_parent(token_n): probability the parent's distribution gives node n's token  -> [B,W]
+    operands = (logits, tokens, parent, siblings_before, temperature, top_k, top_p, rand_accept)
+    accepted_flag = torch.cond(greedy, _greedy_flags, _sampled_flags, operands) * (depth > 0).float()
+    earlier_accepted = (siblings_before * accepted_flag.unsqueeze(1)).sum(-1)
+    chosen = accepted_flag * (earlier_accepted == 0).float()  # [B,W]: the first accepted child of each node
+    best_len, best_path, last_node = _best_path(chosen, paths)
+    operands = (logits, tokens, parent, last_node, temperature, top_k, top_p, rand_sample)
+    bonus = torch.cond(greedy, _greedy_bonus, _sampled_bonus, operands)
+    return _accepted(tokens, best_len, best_path, last_node, bonus)
+
+
+def _greedy_flags(logits, tokens, parent, siblings_before, temperature, top_k, top_p, rand_accept):
+    """Node n is accepted when its token is its parent's argmax (float matmul: exact for ids below 2**24)."""
+    argmax = logits.argmax(-1).float()  # [B,W]
+    parent_argmax = torch.matmul(parent, argmax.unsqueeze(-1)).squeeze(-1)  # [B,n]
+    return (tokens.float() == parent_argmax).float()
+
+
+def _sampled_flags(logits, tokens, parent, siblings_before, temperature, top_k, top_p, rand_accept):
+    """Node n is accepted with probability p(x_n) / (1 - p of its earlier, rejected siblings) under its parent."""
+    b, w, _ = logits.shape
+    probs = target_probs(logits, temperature, top_k, top_p)
     tok_probs = probs.gather(2, tokens.unsqueeze(1).expand(b, w, w))  # [B,m,n] = probs[m, tokens[n]]
     p_node = (parent * tok_probs.transpose(1, 2)).sum(-1)  # [B,n]
-    if typical is None:
-        prior = (siblings_before * p_node.unsqueeze(1)).sum(-1)
-        accepted_flag = (rand_accept * (1.0 - prior) < p_node).float()
-    else:
-        thr_parent = (parent * threshold.squeeze(-1).unsqueeze(1)).sum(-1)
-        greedy = (temperature <= 0).view(b, 1).float()
-        tok_argmax = probs.argmax(-1)  # [B,m]
-        is_argmax = (parent * (tok_argmax.unsqueeze(1) == tokens.unsqueeze(2)).float()).sum(-1)
-        accepted_flag = greedy * is_argmax + (1 - greedy) * (p_node > thr_parent).float()
+    prior = (siblings_before * p_node.unsqueeze(1)).sum(-1)
+    return (rand_accept * (1.0 - prior) < p_node).float()
+
+
+def _greedy_bonus(logits, tokens, parent, last_node, temperature, top_k, top_p, rand_sample):
+    b, _, v = logits.shape
+    return logits.gather(1, last_node.view(b, 1, 1).expand(b, 1, v)).squeeze(1).argmax(-1)
+
+
+def _sampled_bonus(logits, tokens, parent, last_node, temperature, top_k, top_p, rand_sample):
+    """A draw from the last accepted node's distribution with its (all rejected) children's tokens removed."""
+    b, w, v = logits.shape
+    last_logits = logits.gather(1, last_node.view(b, 1, 1).expand(b, 1, v))  # [B,1,V]
+    last_probs = target_probs(last_logits, temperature, top_k, top_p).squeeze(1)  # [B,V]
+    child_of_last = parent.gather(2, last_node.view(b, 1, 1).expand(b, w, 1)).squeeze(2)  # [B,n]
+    vocab = torch.arange(v, device=logits.device).view(1, 1, v)
+    child_tokens = ((tokens.unsqueeze(2) == vocab).float() * child_of_last.unsqueeze(2)).sum(1)  # [B,V]
+    return _sample(last_probs * (child_tokens == 0).float(), last_probs, rand_sample)
+
+
+def _accept_typical(
+    logits, tokens, tree_mask, paths, temperature, top_k, top_p, rand_accept, rand_sample, typical=None
+):
+    b, w, v = logits.shape
+    probs, threshold = typical_probs(logits, temperature, *typical)
+    depth, parent, siblings_before = tree_structure(tree_mask)
+    tok_probs = probs.gather(2, tokens.unsqueeze(1).expand(b, w, w))
+    p_node = (parent * tok_probs.transpose(1, 2)).sum(-1)
+    thr_parent = (parent * threshold.squeeze(-1).unsqueeze(1)).sum(-1)
+    greedy = (temperature <= 0).view(b, 1).float()
+    tok_argmax = probs.argmax(-1)  # [B,m]
+    is_argmax = (parent * (tok_argmax.unsqueeze(1) == tokens.unsqueeze(2)).float()).sum(-1)
+    accepted_flag = greedy * is_argmax + (1 - greedy) * (p_node > thr_parent).float()
     accepted_flag = accepted_flag * (depth > 0).float()
     earlier_accepted = (siblings_before * accepted_flag.unsqueeze(1)).sum(-1)
-    chosen = accepted_flag * (earlier_accepted == 0).float()  # [B,W]
+    chosen = accepted_flag * (earlier_accepted == 0).float()
+    best_len, best_path, last_node = _best_path(chosen, paths)
+    last_probs = probs.gather(1, last_node.view(b, 1, 1).expand(b, 1, v)).squeeze(1)
+    # typical acceptance samples the bonus from the plain distribution (greedy: argmax)
+    residual = torch.where(
+        (temperature <= 0).view(b, 1),
+        (last_probs.argmax(-1, keepdim=True) == torch.arange(v).view(1, v)).float(),
+        last_probs,
+    )
+    bonus = _sample(residual, last_probs, rand_sample)
+    return _accepted(tokens, best_len, best_path, last_node, bonus)
 
+
+def _best_path(chosen, paths):
+    """The path with the longest accepted prefix (first path wins ties): (drafts accepted [B], path [B,DP], last
+    accepted node [B])."""
+    b, _, dp = paths.shape
     valid = paths >= 0
     safe_paths = at_least(paths, 0)
     path_chosen = chosen.gather(1, safe_paths.view(b, -1)).view(paths.shape) * valid.float()
-    is_root = (torch.arange(dp, device=logits.device) == 0).float().view(1, 1, dp)
+    is_root = (torch.arange(dp, device=paths.device) == 0).float().view(1, 1, dp)
     ok = is_root + (1.0 - is_root) * path_chosen  # the root always counts (avoids empty tensors when DP = 1)
     rejected_so_far = torch.cumsum(1.0 - ok, dim=-1)
     length = (rejected_so_far == 0).float().sum(-1) - 1.0  # [B,NP] accepted drafts per path
@@ -145,28 +210,21 @@ def accept(logits, tokens, tree_mask, paths, temperature, top_k, top_p, rand_acc
     best_len = length.gather(1, best.unsqueeze(1)).squeeze(1).to(torch.int64)  # [B]
     best_path = safe_paths.gather(1, best.view(b, 1, 1).expand(b, 1, dp)).squeeze(1)  # [B,DP]
     last_node = best_path.gather(1, best_len.unsqueeze(1)).squeeze(1)  # [B]
+    return best_len, best_path, last_node
 
-    # bonus: sample the residual of the last accepted node (its children were all tried and rejected)
-    last_probs = probs.gather(1, last_node.view(b, 1, 1).expand(b, 1, v)).squeeze(1)  # [B,V]
-    if typical is not None:
-        # typical acceptance samples the bonus from the plain distribution (greedy: argmax)
-        residual = torch.where(
-            (temperature <= 0).view(b, 1),
-            (last_probs.argmax(-1, keepdim=True) == torch.arange(v).view(1, v)).float(),
-            last_probs,
-        )
-    else:
-        child_of_last = parent.gather(2, last_node.view(b, 1, 1).expand(b, w, 1)).squeeze(2)  # [B,n]
-        vocab = torch.arange(v, device=logits.device).view(1, 1, v)
-        child_tokens = ((tokens.unsqueeze(2) == vocab).float() * child_of_last.unsqueeze(2)).sum(1)  # [B,V]
-        residual = last_probs * (child_tokens == 0).float()
+
+def _sample(residual, fallback_probs, rand_sample):
+    """One draw from the (unnormalised) residual with the uniform rand_sample; argmax when the residual is empty."""
+    b, v = residual.shape
     total = residual.sum(-1, keepdim=True)
     cdf = torch.cumsum(residual, dim=-1)
     sampled = at_most((cdf <= rand_sample.view(b, 1) * total).to(torch.int64).sum(-1), v - 1)
-    fallback = last_probs.argmax(-1)
-    bonus = torch.where(total.squeeze(-1) > 0, sampled, fallback)
+    return torch.where(total.squeeze(-1) > 0, sampled, fallback_probs.argmax(-1))
 
-    j = torch.arange(dp, device=logits.device).view(1, dp)
+
+def _accepted(tokens, best_len, best_path, last_node, bonus):
+    b, dp = best_path.shape
+    j = torch.arange(dp, device=tokens.device).view(1, dp)
     next_in_path = torch.cat([best_path[:, 1:], best_path[:, :1]], dim=1)
     draft_tokens = tokens.gather(1, next_in_path)
     accepted_tokens = torch.where(j < best_len.unsqueeze(1), draft_tokens, bonus.unsqueeze(1))

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from specbuild import __version__
@@ -40,6 +41,11 @@ MODE_OPTIONS = (
 # Largest --max-seq-len accepted whatever the model's max_position_embeddings (a 2**20-position KV cache of even a
 # small model is tens of GB).
 MAX_SEQ_LEN = 1 << 20
+# What a quantized graph's greedy agreement is measured on (when the checkpoint has a tokenizer).
+QUANTIZATION_CHECK_TEXT = (
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:\n        return n\n'
+    "The capital of France is Paris. Speculative decoding drafts tokens and verifies them in one pass."
+)
 
 
 def _flag(name: str) -> str:
@@ -58,6 +64,10 @@ class BuildOptions:
     eagle_depth: int | None = None
     eagle_total_tokens: int | None = None
     typical_acceptance: tuple[float, float] | None = None  # (epsilon, alpha): lossy, opt-in
+    backends: tuple[str, ...] = ef.BACKENDS  # one graph per backend: onnxruntime (fused kernels), tensorrt (portable)
+    weights: str | None = None  # fp32, fp16, int8, int4 (default: fp16 for a float16 checkpoint, else fp32)
+    weights_block_size: int = 32  # int4/int8: weights per quantization block along K
+    int8_activations: bool = False  # int4/int8: quantize activations too (faster; speculation no longer exact)
     tensorrt: bool = False
     fp16_plan: bool = False
     overwrite: bool = False
@@ -114,7 +124,7 @@ class BuildOptions:
         integer("eagle_top_k", 1)
         integer("eagle_depth", 1)
         integer("eagle_total_tokens", 2)
-        for name in ("output_logits", "tensorrt", "fp16_plan", "overwrite"):
+        for name in ("output_logits", "tensorrt", "fp16_plan", "overwrite", "int8_activations"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "true or false")
         if self.tree is not None and not isinstance(self.tree, (str, list, tuple, Path)):
@@ -133,6 +143,31 @@ class BuildOptions:
             fail("validate_tolerance", "a finite number > 0")
         if self.fp16_plan and not self.tensorrt:
             raise SpecbuildError(f"{source}--fp16-plan applies to the TensorRT plan: add --tensorrt")
+        backends = self.backends
+        if isinstance(backends, str):
+            backends = tuple(b.strip() for b in backends.split(",") if b.strip())
+        if (
+            not isinstance(backends, (list, tuple))
+            or not backends
+            or len(set(backends)) != len(backends)
+            or any(b not in ef.BACKENDS for b in backends)
+        ):
+            fail("backends", f"a non-empty list of distinct backends among {', '.join(ef.BACKENDS)}")
+        self.backends = tuple(backends)
+        if self.weights is not None and self.weights not in ef.WEIGHTS:
+            fail("weights", f"one of {', '.join(ef.WEIGHTS)}")
+        bs = self.weights_block_size
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 16 or bs > 256 or bs & (bs - 1):
+            fail("weights_block_size", "a power of two between 16 and 256")
+        if self.int8_activations and self.weights not in ("int4", "int8"):
+            raise SpecbuildError(f"{source}--int8-activations applies to --weights int4 or int8")
+        if self.weights == "int8" and ef.BACKEND_TENSORRT in self.backends:
+            raise SpecbuildError(
+                f"{source}--weights int8 builds the onnxruntime graph only (TensorRT's ONNX parser takes blockwise "
+                "quantized weights in int4 only): pass --backends onnxruntime, or use --weights int4 or fp16"
+            )
+        if self.tensorrt and ef.BACKEND_TENSORRT not in self.backends:
+            raise SpecbuildError(f"{source}--tensorrt compiles the tensorrt graph: add tensorrt to --backends")
 
 
 def load_plugin_class(mode: str):
@@ -153,23 +188,33 @@ def _check_mode_options(plugin_cls, options: BuildOptions) -> None:
             )
 
 
-def _io_spec(sess) -> tuple[list, list]:
+def _io_spec(onnx_path: Path) -> dict:
+    """{"inputs": [...], "outputs": [...]}: name, dtype and shape (ints or symbolic names) as ONNX Runtime sees them."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+
     def describe(items):
         return [
             {"name": i.name, "dtype": i.type.removeprefix("tensor(").rstrip(")"), "shape": list(i.shape)} for i in items
         ]
 
-    return describe(sess.get_inputs()), describe(sess.get_outputs())
+    return {"inputs": describe(sess.get_inputs()), "outputs": describe(sess.get_outputs())}
 
 
 def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -> Path:
     """Build an engine directory. Nothing is left at output_dir if any step fails."""
     import torch
 
-    from specbuild.builder.export import export_step, validate_export
+    from specbuild.builder.export import compare_quantized, export_step, validate_export
     from specbuild.builder.network import LlamaNetwork
-    from specbuild.builder.step import StepModule
+    from specbuild.builder.quantize import ACCURACY_FP32, ACCURACY_INT8
+    from specbuild.builder.step import FusedStepModule, StepModule
     from specbuild.builder.trt_compat import assert_tensorrt_clean
+    from specbuild.builder.weights_file import WEIGHTS_FILE, share_weights
 
     options.check()
     started = time.perf_counter()
@@ -207,31 +252,84 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
     if options.typical_acceptance is not None:
         log("warning: typical acceptance is LOSSY (not distribution-preserving); the engine is marked lossless: false")
     torch.manual_seed(0)
-    # ONNX Runtime's CPU kernels barely cover bfloat16: bf16 checkpoints become fp32 engines (exact upcast)
-    engine_dtype = "float32" if ckpt.dtype == "bfloat16" else ckpt.dtype
-    if engine_dtype != ckpt.dtype:
+    # ONNX Runtime's CPU kernels barely cover bfloat16: bf16 checkpoints become fp32 engines (exact upcast);
+    # int4/int8 quantize the float32 graph
+    weights = options.weights or ("fp16" if ckpt.dtype == "float16" else "fp32")
+    engine_dtype = "float16" if weights == "fp16" else "float32"
+    if ckpt.dtype == "bfloat16" and weights == "fp32":
         log("bfloat16 checkpoint: building a float32 engine (ONNX Runtime CPU has few bfloat16 kernels)")
     net = LlamaNetwork.from_tensors(cfg, ckpt.tensors(), engine_dtype)
     plugin = plugin_cls(ckpt, net, options).to(net.embed_tokens.weight.dtype).eval()
-    step = StepModule(net, plugin, output_logits=options.output_logits, typical=options.typical_acceptance).eval()
     tree = plugin.tree()
     tolerance = options.validate_tolerance or (1e-3 if engine_dtype == "float32" else 5e-2)
+    quantized = weights in ("int4", "int8")
+    tree_drafts = settings["tokens_per_step"] > 1  # the mode verifies drafts (speculation)
+    prompt_ids = _sample_prompt(ckpt, cfg)
+    graphs = []
     with atomic_output_dir(target) as tmp:
-        onnx_path = tmp / ef.ENGINE_ONNX
-        log(f"exporting {options.speculative_mode} step graph ({cfg.num_layers} layers, {engine_dtype}) ...")
-        inputs, outputs = export_step(step, onnx_path)
-        diff = validate_export(step, onnx_path, tolerance)
-        log(f"export validated against torch: max abs diff {diff:.3g} (bound {tolerance:g})")
-        import onnx
+        unfused = fused_kernels_unsupported(cfg, engine_dtype)
+        for backend in sorted(options.backends, key=ef.BACKENDS.index, reverse=True):  # portable graph first
+            if backend == ef.BACKEND_TENSORRT or unfused:
+                step_cls, file, kv_layout = StepModule, ef.ENGINE_ONNX, ef.KV_STACKED
+                if backend == ef.BACKEND_ONNXRUNTIME:
+                    log(f"onnxruntime graph: the portable form ({unfused})")
+                    if graphs:  # the portable graph just built serves ONNX Runtime as well
+                        graphs.append({**graphs[-1], "backend": backend})
+                        continue
+            else:
+                net.use_fused_kernels(max_seq_len)
+                step_cls, file, kv_layout = FusedStepModule, ef.ENGINE_ORT_ONNX, ef.KV_SHARED
+            logits = options.output_logits or quantized  # the quantization check compares logits
+            step = step_cls(net, plugin, output_logits=logits, typical=options.typical_acceptance).eval()
+            onnx_path = tmp / file
+            log(
+                f"exporting {options.speculative_mode} step graph for {backend} ({cfg.num_layers} layers, "
+                f"{engine_dtype}) ..."
+            )
+            export_step(step, onnx_path)
+            diff = validate_export(step, onnx_path, tolerance)
+            log(f"{backend} graph validated against torch: max abs diff {diff:.3g} (bound {tolerance:g})")
+            entry = {"validation": {"max_abs_diff": diff, "tolerance": tolerance}}
+            if quantized:
+                bits = 4 if weights == "int4" else 8
+                log(f"quantizing the {backend} graph's weights to {weights} (blocks of {options.weights_block_size})")
+                level = ACCURACY_INT8 if options.int8_activations else ACCURACY_FP32
+                _quantize_in_place(
+                    onnx_path, bits, options.weights_block_size, backend == ef.BACKEND_ONNXRUNTIME, level
+                )
+                entry["quantization"] = {
+                    "bits": bits,
+                    "block_size": options.weights_block_size,
+                    "symmetric": True,
+                    "accuracy_level": level,
+                    **compare_quantized(step, onnx_path, prompt_ids, accuracy_level=level),
+                }
+                q = entry["quantization"]
+                log(
+                    f"{weights} {backend} graph against torch: top-1 agreement {q['top1_agreement']:.1%} over "
+                    f"{q['positions']} positions, logit error max {q['max_logit_error']:.3f} mean "
+                    f"{q['mean_logit_error']:.4f} (relative)"
+                )
+                if not options.output_logits:
+                    _drop_output(onnx_path, ef.LOGITS)
+            if backend == ef.BACKEND_TENSORRT:
+                import onnx
 
-        assert_tensorrt_clean(onnx.load(str(onnx_path), load_external_data=False))
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
-        input_spec, output_spec = _io_spec(sess)
-        del sess
+                assert_tensorrt_clean(onnx.load(str(onnx_path), load_external_data=False))
+            graphs.append(
+                {
+                    "role": ef.ROLE_TARGET,
+                    "backend": backend,
+                    "file": file,
+                    "kv_cache": kv_layout,
+                    "weights": weights,
+                    **entry,
+                }
+            )
+        stats = share_weights(tmp, list(dict.fromkeys(g["file"] for g in graphs)))
+        log(f"weights: {stats['bytes'] / 1e6:.1f} MB in {WEIGHTS_FILE} ({stats['shared']} tensors shared by graphs)")
+        for graph in graphs:
+            graph["io"] = _io_spec(tmp / graph["file"])
         for name in (ef.TOKENIZER_FILE, ef.TOKENIZER_CONFIG_FILE):
             if (ckpt.path / name).is_file():
                 shutil.copy(ckpt.path / name, tmp / name)
@@ -242,7 +340,8 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
             "speculative_mode": options.speculative_mode,
             "dtype": engine_dtype,
             "checkpoint_dtype": ckpt.dtype,
-            "lossless": options.typical_acceptance is None,
+            "lossless": options.typical_acceptance is None and not (options.int8_activations and tree_drafts),
+            "lossy_reason": _lossy_reason(options, tree_drafts),
             "typical_acceptance": list(options.typical_acceptance) if options.typical_acceptance else None,
             "model": {
                 "architecture": cfg.architecture,
@@ -266,14 +365,17 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
             else {"dynamic": True},
             "mode": plugin.manifest(),
             "states": [dataclasses.asdict(s) for s in plugin.state_specs()],
-            "io": {"inputs": input_spec, "outputs": output_spec},
+            "graphs": graphs,
             "files": {
-                "onnx": ef.ENGINE_ONNX,
                 "tokenizer": ef.TOKENIZER_FILE if (tmp / ef.TOKENIZER_FILE).is_file() else None,
                 "plan": None,
             },
             "chat_template": ckpt.chat_template,
-            "validation": {"max_abs_diff": diff, "tolerance": tolerance},
+            "validation": {
+                "max_abs_diff": max(g["validation"]["max_abs_diff"] for g in graphs),
+                "tolerance": tolerance,
+            },
+            "weights": {"precision": weights, "file": WEIGHTS_FILE, "bytes": stats["bytes"]},
             "opset": 18,
         }
         if options.tensorrt:
@@ -281,7 +383,7 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
 
             log("compiling TensorRT plan ...")
             build_tensorrt_plan(
-                onnx_path,
+                tmp / ef.ENGINE_ONNX,
                 tmp / ef.ENGINE_PLAN,
                 fp16=options.fp16_plan,
                 profiles=_trt_profiles(cfg, plugin, max_seq_len),
@@ -294,6 +396,61 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
         (tmp / ef.ENGINE_MANIFEST).write_text(yaml.safe_dump(manifest, sort_keys=False))
     log(f"engine written to {output_dir} in {manifest['build_seconds']} s")
     return Path(output_dir)
+
+
+def fused_kernels_unsupported(cfg, dtype: str) -> str | None:
+    """Why ONNX Runtime's fused kernels cannot run this model (the onnxruntime graph is then the portable one)."""
+    if cfg.head_dim % 16:
+        return f"its GroupQueryAttention kernel needs head_dim % 16 == 0, the model has head_dim {cfg.head_dim}"
+    if dtype != "float32":
+        return f"its fused CPU kernels are float32 (the engine is {dtype})"
+    return None
+
+
+def _sample_prompt(ckpt, cfg, length: int = 48) -> list[int]:
+    """Token ids to check a quantized graph on: real text when the checkpoint has a tokenizer, else a fixed draw."""
+    if ckpt.tokenizer_file is not None:
+        from specbuild.runtime.text import TextCodec
+
+        ids = TextCodec(ckpt.tokenizer_file).encode(QUANTIZATION_CHECK_TEXT)[:length]
+        if len(ids) >= 8 and max(ids) < cfg.vocab_size:
+            return ids
+    rng = np.random.default_rng(0)
+    return rng.integers(0, cfg.vocab_size, size=min(length, 32)).tolist()
+
+
+def _quantize_in_place(onnx_path: Path, bits: int, block_size: int, fused: bool, accuracy_level: int) -> None:
+    """Replace the graph at onnx_path by its weight-quantized form (which keeps its own data file until
+    share_weights moves every graph's tensors into the engine's one weights file)."""
+    from specbuild.builder.quantize import quantize_graph
+
+    staged = onnx_path.with_name("quantized." + onnx_path.name)
+    quantize_graph(onnx_path, staged, bits, block_size, fused_gather=fused, accuracy_level=accuracy_level)
+    onnx_path.unlink()
+    Path(str(onnx_path) + ".data").unlink(missing_ok=True)
+    staged.rename(onnx_path)
+
+
+def _lossy_reason(options: BuildOptions, tree_drafts: bool) -> str | None:
+    if options.typical_acceptance is not None:
+        return "typical acceptance (not distribution-preserving)"
+    if options.int8_activations and tree_drafts:
+        return (
+            "int8 activations: a token's logits depend on how many tokens are verified with it, so greedy output "
+            "can differ from the none engine of the same --weights"
+        )
+    return None
+
+
+def _drop_output(onnx_path: Path, name: str) -> None:
+    """Remove graph output `name` (its value is still computed for the nodes that use it)."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    keep = [o for o in model.graph.output if o.name != name]
+    del model.graph.output[:]
+    model.graph.output.extend(keep)
+    onnx.save(model, str(onnx_path))
 
 
 def _trt_profiles(cfg, plugin, max_seq_len: int) -> dict:

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from specbuild import engine_format as ef
-from specbuild.builder.step import BASE_INPUTS, BASE_OUTPUTS, StepModule
+from specbuild.builder.step import BASE_INPUTS, BASE_OUTPUTS, FusedStepModule, StepModule
 from specbuild.errors import SpecbuildError
 
 OPSET = 18
@@ -41,7 +41,7 @@ def example_inputs(
     tree_mask=None,
     temperature: float = 0.0,
 ):
-    """Inputs for one call: a causal chain of t new tokens after `past` cached ones (batch 1)."""
+    """Inputs for one call: a causal chain of t new tokens after `past` cached ones (batch 1), in the step's order."""
     cfg = step.net.cfg
     dtype = step.net.embed_tokens.weight.dtype
     g = torch.Generator().manual_seed(seed)
@@ -62,20 +62,17 @@ def example_inputs(
             states.append(torch.zeros(shape, dtype=torch.int64))
         else:
             states.append((torch.randn(shape, generator=g) * 0.5).to(TORCH_DTYPES[spec.dtype]))
-    return (
-        input_ids,
-        position_ids,
-        tree_mask,
-        torch.tensor([past]),
-        kv,
-        paths,
+    sampling = (
         torch.tensor([temperature], dtype=torch.float32),
         torch.tensor([0]),
         torch.tensor([1.0], dtype=torch.float32),
         torch.rand(1, w, generator=g),
         torch.rand(1, generator=g),
-        *states,
     )
+    if isinstance(step, FusedStepModule):
+        buffers = [kv[i, j].clone() for i in range(cfg.num_layers) for j in range(2)]
+        return (input_ids, position_ids, tree_mask, torch.tensor([past]), paths, *sampling, *buffers, *states)
+    return (input_ids, position_ids, tree_mask, torch.tensor([past]), kv, paths, *sampling, *states)
 
 
 def _dynamic_shapes(step: StepModule):
@@ -88,29 +85,39 @@ def _dynamic_shapes(step: StepModule):
     w = dim("window", min=1, max=4096)
     n_paths = dim("num_paths", min=1, max=4096)
     depth = dim("path_len", min=1, max=256)
-    base = (
-        {0: b, 1: t},
-        {0: b, 1: t},
-        {0: b, 1: t, 2: t},
-        {0: b},
-        {2: b, 4: c},
-        {0: b, 1: n_paths, 2: depth},
-        {0: b},
-        {0: b},
-        {0: b},
-        {0: b, 1: w},
-        {0: b},
-    )
+    head = ({0: b, 1: t}, {0: b, 1: t}, {0: b, 1: t, 2: t}, {0: b})
+    sampling = ({0: b}, {0: b}, {0: b}, {0: b, 1: w}, {0: b})
+    paths = {0: b, 1: n_paths, 2: depth}
     states = []
     for spec in step.plugin.state_specs():
         states.append({i: {"B": b, "C": c}[d] for i, d in enumerate(spec.shape) if isinstance(d, str)})
-    return base + ((tuple(states),) if states else ())  # *states is one var-positional entry
+    if isinstance(step, FusedStepModule):
+        buffers = [{0: b, 2: c}] * (2 * len(step.net.layers))
+        return (*head, paths, *sampling, tuple(buffers + states))  # *buffers_and_states: one var-positional entry
+    return (*head, {2: b, 4: c}, paths, *sampling) + ((tuple(states),) if states else ())
 
 
 def io_names(step: StepModule) -> tuple[list[str], list[str]]:
-    inputs = BASE_INPUTS + [ef.STATE_PREFIX + n for n in step.state_names]
-    outputs = BASE_OUTPUTS + step.draft_output_names + ([ef.LOGITS] if step.output_logits else [])
-    return inputs, outputs
+    states = [ef.STATE_PREFIX + n for n in step.state_names]
+    tail = step.draft_output_names + ([ef.LOGITS] if step.output_logits else [])
+    if isinstance(step, FusedStepModule):
+        layers = range(len(step.net.layers))
+        past = [name.format(i) for i in layers for name in (ef.PAST_KEY, ef.PAST_VALUE)]
+        present = [name.format(i) for i in layers for name in (ef.PRESENT_KEY, ef.PRESENT_VALUE)]
+        inputs = [n for n in BASE_INPUTS if n != ef.KV_CACHE] + past + states
+        return inputs, [n for n in BASE_OUTPUTS if n != ef.NEW_KV] + present + tail
+    return BASE_INPUTS + states, BASE_OUTPUTS + tail
+
+
+def aliased_outputs(input_names: list[str]) -> dict[str, str]:
+    """present output -> the past input it shares its buffer with (the fused graph's in-place KV cache)."""
+    out = {}
+    for name in input_names:
+        for past, present in ((ef.PAST_KEY, ef.PRESENT_KEY), (ef.PAST_VALUE, ef.PRESENT_VALUE)):
+            prefix = past.split("{")[0]
+            if name.startswith(prefix) and name[len(prefix) :].isdigit():
+                out[present.format(int(name[len(prefix) :]))] = name
+    return out
 
 
 def export_step(step: StepModule, onnx_path: Path) -> tuple[list[str], list[str]]:
@@ -146,9 +153,12 @@ def export_step(step: StepModule, onnx_path: Path) -> tuple[list[str], list[str]
 def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads: int = 1) -> float:
     """Run torch and ONNX Runtime on two calls (prefill-like chain, decode-like window); return the max abs diff.
 
-    Token outputs must agree exactly; float outputs within `tolerance`.
+    Token outputs must agree exactly; float outputs within `tolerance`. A fused graph runs with its KV buffers bound
+    in place, as the runtime runs it, and its present buffers are compared whole (rows it must not touch included).
     """
     import onnxruntime as ort
+
+    from specbuild.runtime.backends.onnxruntime import run_bound
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
@@ -156,14 +166,16 @@ def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads
     sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
     names = [i.name for i in sess.get_inputs()]
     out_names = [o.name for o in sess.get_outputs()]
+    aliases = aliased_outputs(names)
     worst = 0.0
     for t, w, cap, past, temp in ((7, 1, 8, 0, 0.0), (5, 5, 16, 6, 0.8)):
         args = example_inputs(step, t=t, w=w, capacity=cap, past=past, seed=t, temperature=temp)
+        feeds = {n: (a.float() if a.dtype == torch.bfloat16 else a).numpy().copy() for n, a in zip(names, args)}
         with torch.no_grad():
             ref = step(*args)
-        feeds = {n: a.float().numpy() if a.dtype == torch.bfloat16 else a.numpy() for n, a in zip(names, args)}
-        got = sess.run(None, feeds)
-        for name, r, g in zip(out_names, ref, got):
+        got, _ = run_bound(sess, feeds, out_names, aliases)
+        for name, r in zip(out_names, ref):
+            g = got[name]
             r = r.float().numpy() if r.is_floating_point() else r.numpy()
             if r.shape != g.shape:
                 raise SpecbuildError(f"export validation: output {name} has shape {g.shape}, torch gives {r.shape}")
@@ -174,3 +186,39 @@ def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads
     if worst > tolerance:
         raise SpecbuildError(f"export validation: max abs diff {worst:.3g} exceeds {tolerance:g}")
     return worst
+
+
+def compare_quantized(
+    step: StepModule, onnx_path: Path, prompt_ids: list[int], accuracy_level: int, threads: int = 1
+) -> dict:
+    """How far a weight-quantized graph is from the (full-precision) torch step: one prefill of `prompt_ids` with
+    the logits of every position (the graph must output logits). Returns the max and mean absolute logit error
+    relative to the largest |logit|, and the share of positions whose argmax (the greedy next token) agrees."""
+    import onnxruntime as ort
+
+    from specbuild.runtime.backends.onnxruntime import run_bound
+
+    t = len(prompt_ids)
+    args = list(example_inputs(step, t=t, w=t, capacity=t, past=0, seed=1))
+    args[0] = torch.tensor([prompt_ids], dtype=torch.int64)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.log_severity_level = 3
+    opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(accuracy_level))
+    sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    out_names = [o.name for o in sess.get_outputs()]
+    feeds = {n: (a.float() if a.dtype == torch.bfloat16 else a).numpy().copy() for n, a in zip(names, args)}
+    got, _ = run_bound(sess, feeds, out_names, aliased_outputs(names))
+    with torch.no_grad():
+        ref = dict(zip(out_names, step(*args)))
+    want = ref[ef.LOGITS].float().numpy()[0]
+    have = got[ef.LOGITS].astype(np.float32)[0]
+    scale = float(np.abs(want).max()) or 1.0
+    error = np.abs(have - want)
+    return {
+        "max_logit_error": round(float(error.max()) / scale, 5),
+        "mean_logit_error": round(float(error.mean()) / scale, 5),
+        "top1_agreement": round(float((have.argmax(-1) == want.argmax(-1)).mean()), 4),
+        "positions": t,
+    }

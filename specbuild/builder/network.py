@@ -45,19 +45,29 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=o_bias)
+        self.qkv_proj: nn.Linear | None = None  # set by pack_qkv()
 
     def project(self, x, cos, sin):
         """q [B,Hq,T,D], k/v [B,Hkv,T,D] with RoPE applied to q and k."""
         b, t, _ = x.shape
         d = self.head_dim
-        q = self.q_proj(x).view(b, t, self.num_heads, d).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, d).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, d).transpose(1, 2)
+        if self.qkv_proj is not None:  # one MatMul (both graphs then hold the same, shareable packed weight)
+            sizes = [self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d]
+            q, k, v = torch.split(self.qkv_proj(x), sizes, -1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.reshape(b, t, self.num_heads, d).transpose(1, 2)
+        k = k.reshape(b, t, self.num_kv_heads, d).transpose(1, 2)
+        v = v.reshape(b, t, self.num_kv_heads, d).transpose(1, 2)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
     def attend(self, q, keys, values, mask):
         """q [B,Hq,T,D]; keys/values: lists of [B,Hkv,M_i,D] chunks (cache, new tokens, ...); mask [B,1,1,T,sum M_i]
-        bool -> o_proj output [B,T,H].
+        bool -> o_proj output [B,T,H]."""
+        return self.o_proj(self.attend_heads(q, keys, values, mask))
+
+    def attend_heads(self, q, keys, values, mask):
+        """attend() before the output projection: [B,T,Hq*D].
 
         Scores are computed per chunk and only they are concatenated (T x M, not the M x D keys and values), so
         the KV cache is never copied into a longer tensor."""
@@ -71,8 +81,23 @@ class Attention(nn.Module):
         out = torch.matmul(chunks[0], values[0].unsqueeze(2))  # [B,Hkv,G,T,D]
         for p, v in zip(chunks[1:], values[1:]):
             out = out + torch.matmul(p, v.unsqueeze(2))
-        out = out.reshape(b, self.num_heads, t, d).transpose(1, 2).reshape(b, t, self.num_heads * d)
-        return self.o_proj(out)
+        return out.reshape(b, self.num_heads, t, d).transpose(1, 2).reshape(b, t, self.num_heads * d)
+
+    def pack_qkv(self) -> None:
+        """Project q, k and v with one packed Linear from now on (see packed_qkv)."""
+        self.qkv_proj = self.packed_qkv()
+
+    def packed_qkv(self):
+        """The q/k/v projections as one [x -> q|k|v] Linear (ONNX Runtime's GroupQueryAttention takes packed QKV)."""
+        lin = nn.Linear(self.q_proj.in_features, self.q_proj.out_features + 2 * self.k_proj.out_features)
+        lin = lin.to(self.q_proj.weight.dtype)
+        with torch.no_grad():
+            lin.weight.copy_(torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
+            if self.q_proj.bias is not None:
+                lin.bias.copy_(torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]))
+            else:
+                lin.bias = None
+        return lin
 
     def forward(self, x, cos, sin, mask, past_k, past_v):
         """x [B,T,H]; cos/sin [B,1,T,D]; mask [B,1,1,T,C+T] bool; past_k/v [B,Hkv,C,D]."""
@@ -138,7 +163,10 @@ class LlamaNetwork(nn.Module):
         if cfg.tie_word_embeddings:
             state["lm_head.weight"] = state["embed_tokens.weight"]
         net.load_state_dict(state, strict=True)
-        return net.to(TORCH_DTYPES[dtype]).eval()
+        net = net.to(TORCH_DTYPES[dtype]).eval()
+        for layer in net.layers:
+            layer.self_attn.pack_qkv()
+        return net
 
     def rope(self, position_ids, dtype):
         freqs = position_ids.float().unsqueeze(-1) * self.inv_freq  # [B,T,D/2]
@@ -163,6 +191,60 @@ class LlamaNetwork(nn.Module):
             past = past & (cache_pos.view(1, 1, capacity) > lowest)
             new = new & (position_ids.unsqueeze(1) > lowest)
         return torch.cat([past, new], dim=2).unsqueeze(1).unsqueeze(1)
+
+    def use_fused_kernels(self, max_positions: int) -> LlamaNetwork:
+        """Prepare forward_fused(): packed QKV per layer and rotary tables for positions < max_positions."""
+        from specbuild.builder.ort_kernels import rotary_tables
+
+        for layer in self.layers:
+            if layer.self_attn.qkv_proj is None:
+                layer.self_attn.pack_qkv()
+        cos, sin = rotary_tables(self.inv_freq, self.rope_scaling_factor, max_positions, self.embed_tokens.weight.dtype)
+        self.register_buffer("rotary_cos", cos, persistent=False)
+        self.register_buffer("rotary_sin", sin, persistent=False)
+        return self
+
+    def forward_fused(self, input_ids, position_ids, tree_mask, past_length, kv_buffers, capture_layers=()):
+        """The ONNX Runtime form of forward(): kv_buffers = [k_0, v_0, k_1, ...] each [B,Hkv,C,D], written in place.
+
+        Returns (final hidden, [present k_0, v_0, ...], layer inputs), the buffers with the new tokens' keys and
+        values at [past_length, past_length + T) (see ort_kernels)."""
+        from specbuild.builder.ort_kernels import attention_bias, group_query_attention, skip_rms_norm
+
+        x = self.embed_tokens(input_ids)
+        capacity = kv_buffers[0].shape[2]
+        dtype = x.dtype
+        biases = {
+            w: attention_bias(tree_mask, position_ids, past_length, capacity, w, dtype)
+            for w in {self.cfg.layer_window(i) for i in range(len(self.layers))}
+        }
+        presents, inputs = [], {}
+        pending = None  # the previous layer's MLP output, added to the residual by the next skip-norm
+        for i, layer in enumerate(self.layers):
+            if pending is None:
+                h = layer.input_layernorm(x)
+            else:
+                h, x = skip_rms_norm(layer.input_layernorm, pending, x)
+            if i in capture_layers:
+                inputs[i] = x
+            attn = layer.self_attn
+            heads, k, v = group_query_attention(
+                attn,
+                attn.qkv_proj(h),
+                kv_buffers[2 * i],
+                kv_buffers[2 * i + 1],
+                past_length,
+                position_ids,
+                biases[self.cfg.layer_window(i)],
+                self.rotary_cos,
+                self.rotary_sin,
+            )
+            presents += [k, v]
+            h, x = skip_rms_norm(layer.post_attention_layernorm, attn.o_proj(heads), x)
+            pending = layer.mlp(h)
+        hidden, x = skip_rms_norm(self.norm, pending, x)
+        inputs[len(self.layers)] = x
+        return hidden, presents, [inputs[i] for i in capture_layers]
 
     def forward(self, input_ids, position_ids, tree_mask, past_length, kv_cache, capture_layers=()):
         x = self.embed_tokens(input_ids)

@@ -59,6 +59,20 @@ class StepModule(nn.Module):
         hidden, new_kv, captured = self.net(
             input_ids, position_ids, tree_mask, past_length, kv_cache, capture_layers=self.plugin.capture_layers
         )
+        acc_tokens, num_acc, acc_nodes, drafted, logits = self.accept_and_draft(
+            hidden, captured, input_ids, position_ids, tree_mask, past_length, paths,
+            (temperature, top_k, top_p, rand_accept, rand_sample), states,
+        )  # fmt: skip
+        outs = [acc_tokens, num_acc, acc_nodes, new_kv, *drafted.values()]
+        if self.output_logits:
+            outs.append(logits)
+        return tuple(outs)
+
+    def accept_and_draft(
+        self, hidden, captured, input_ids, position_ids, tree_mask, past_length, paths, sampling, states
+    ):
+        """Verification of the new tokens' tree, acceptance and the mode's drafting of the next tree (both graphs)."""
+        temperature, top_k, top_p, rand_accept, rand_sample = sampling
         t = input_ids.shape[1]
         w = rand_accept.shape[1]
         off = t - w
@@ -96,7 +110,42 @@ class StepModule(nn.Module):
         )
         drafted = self.plugin.draft(ctx)
         self.draft_output_names = list(drafted)
-        outs = [acc_tokens, num_acc, acc_nodes, new_kv, *drafted.values()]
+        return acc_tokens, num_acc, acc_nodes, drafted, logits
+
+
+class FusedStepModule(StepModule):
+    """The step graph for ONNX Runtime: the same acceptance and drafting over the network's fused form.
+
+    forward(input_ids, position_ids, tree_mask, past_length, paths, temperature, top_k, top_p, rand_accept,
+    rand_sample, past_key_0, past_value_0, ..., *states) -> (accepted_tokens, num_accepted, accepted_nodes,
+    present_key_0, present_value_0, ..., *plugin outputs, [logits]). Each present buffer is its past buffer with
+    the new tokens' keys/values written at [past_length, past_length + T) (the runtime binds them to one buffer).
+    """
+
+    def forward(
+        self,
+        input_ids,
+        position_ids,
+        tree_mask,
+        past_length,
+        paths,
+        temperature,
+        top_k,
+        top_p,
+        rand_accept,
+        rand_sample,
+        *buffers_and_states,
+    ):
+        n_kv = 2 * len(self.net.layers)
+        kv, states = buffers_and_states[:n_kv], buffers_and_states[n_kv:]
+        hidden, presents, captured = self.net.forward_fused(
+            input_ids, position_ids, tree_mask, past_length, list(kv), capture_layers=self.plugin.capture_layers
+        )
+        acc_tokens, num_acc, acc_nodes, drafted, logits = self.accept_and_draft(
+            hidden, captured, input_ids, position_ids, tree_mask, past_length, paths,
+            (temperature, top_k, top_p, rand_accept, rand_sample), states,
+        )  # fmt: skip
+        outs = [acc_tokens, num_acc, acc_nodes, *presents, *drafted.values()]
         if self.output_logits:
             outs.append(logits)
         return tuple(outs)

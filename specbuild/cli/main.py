@@ -161,6 +161,26 @@ def _run_build(checkpoint_dir, output_dir, options) -> Path:
     help="LOSSY: typical acceptance instead of rejection sampling; NOT distribution-preserving, opt-in only "
     "(the engine is marked lossless: false).",
 )
+@click.option(
+    "--backends",
+    metavar="LIST",
+    help="Graphs to build, comma-separated (default both): onnxruntime (its fused CPU kernels), tensorrt (the "
+    "portable standard-op graph TensorRT parses).",
+)
+@click.option(
+    "--weights",
+    help="Weight precision: fp32, fp16, int8 (onnxruntime graph only) or int4 (default: the checkpoint's, fp32 "
+    "for bfloat16). int4/int8 are weight-only, blockwise, symmetric; speculative engines stay exact relative to "
+    "the none engine of the same --weights.",
+)
+@click.option("--weights-block-size", type=int, help="int4/int8: weights per quantization block (default 32).")
+@click.option(
+    "--int8-activations",
+    is_flag=True,
+    help="LOSSY for speculation: int4/int8 matmuls quantize activations to int8 (faster, what ONNX Runtime GenAI "
+    "does); a token's logits then depend on how many tokens are verified with it, so speculative engines are "
+    "marked lossless: false.",
+)
 @click.option("--output-logits", is_flag=True, help="Also output the logits of every new token.")
 @click.option("--tensorrt", is_flag=True, help="Also compile a TensorRT plan (NVIDIA GPU host with tensorrt).")
 @click.option("--fp16-plan", is_flag=True, help="Build the TensorRT plan with fp16 kernels.")
@@ -179,6 +199,10 @@ def build(
     eagle_depth,
     eagle_total_tokens,
     typical_acceptance,
+    backends,
+    weights,
+    weights_block_size,
+    int8_activations,
     output_logits,
     tensorrt,
     fp16_plan,
@@ -199,6 +223,10 @@ def build(
         eagle_depth=eagle_depth,
         eagle_total_tokens=eagle_total_tokens,
         typical_acceptance=parse_typical(typical_acceptance),
+        backends=backends,
+        weights=weights,
+        weights_block_size=weights_block_size,
+        int8_activations=int8_activations or None,
         output_logits=output_logits or None,
         tensorrt=tensorrt or None,
         fp16_plan=fp16_plan or None,
@@ -268,10 +296,27 @@ def generate_and_print(engine, prompt, input_ids, max_new_tokens, sampling, chat
 @click.option("--chat", is_flag=True, help="Wrap the prompt with the model's chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @click.option("--backend", help=f"One of {', '.join(BACKEND_CHOICES)} (default: tensorrt if the engine has a plan).")
+@click.option(
+    "--graph",
+    help="Which backend's graph to run (default: the backend's own); `--graph tensorrt` runs the portable graph on "
+    "ONNX Runtime.",
+)
 @click.option("--threads", type=int, help="Intra-op threads for ONNX Runtime.")
 @handle_errors
 def run(
-    engine_dir, prompt, input_ids, max_new_tokens, temperature, top_p, top_k, seed, chat, as_json, backend, threads
+    engine_dir,
+    prompt,
+    input_ids,
+    max_new_tokens,
+    temperature,
+    top_p,
+    top_k,
+    seed,
+    chat,
+    as_json,
+    backend,
+    graph,
+    threads,
 ):
     """Generate from an engine directory."""
     from specbuild.runtime.engine import Engine, SamplingParams
@@ -284,8 +329,9 @@ def run(
     if max_new_tokens < 1:
         raise SpecbuildError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     _check_choice("--backend", backend, BACKEND_CHOICES)
+    _check_choice("--graph", graph, BACKEND_CHOICES)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    engine = Engine(engine_dir, backend=backend, threads=threads)
+    engine = Engine(engine_dir, backend=backend, threads=threads, graph=graph)
     generate_and_print(engine, prompt, ids, max_new_tokens, sampling, chat, as_json)
 
 
@@ -397,11 +443,21 @@ def demo(work_dir, prompt, max_new_tokens, speculative_mode, threads):
 @click.option("--num-prompts", type=int, default=8, show_default=True, help="Prompts per set.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--hf-model-dir", type=click.Path(path_type=Path), help="Also time transformers' generate.")
+@click.option(
+    "--ort-genai-model",
+    "ort_genai_dirs",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Also time ONNX Runtime GenAI on this model directory (greedy and its n-gram speculation); needs the "
+    "onnxruntime-genai package.",
+)
 @click.option("--threads", type=int, help="Threads for ONNX Runtime (and torch with --hf-model-dir).")
 @click.option("--context-sweep", is_flag=True, help="Host/engine ms per step at ~64 vs ~1024 context tokens.")
 @click.option("--json-out", type=click.Path(path_type=Path), help="Write all numbers to this JSON file.")
 @handle_errors
-def bench(engine_dirs, prompts, num_prompts, max_new_tokens, hf_model_dir, threads, context_sweep, json_out):
+def bench(
+    engine_dirs, prompts, num_prompts, max_new_tokens, hf_model_dir, ort_genai_dirs, threads, context_sweep, json_out
+):
     """Benchmark engines (interleaved per prompt) on HumanEval / MT-Bench prompts, greedy."""
     from specbuild.benchmark import render, run_benchmark
 
@@ -421,6 +477,7 @@ def bench(engine_dirs, prompts, num_prompts, max_new_tokens, hf_model_dir, threa
             threads=threads,
             sweep=context_sweep,
             log=lambda msg: status.update(f"benchmarking: {msg}"),
+            ort_genai_dirs=list(ort_genai_dirs),
         )
     render(report)
     if json_out:

@@ -17,8 +17,8 @@ import numpy as np
 
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
-from specbuild.runtime.backends.base import create_backend
-from specbuild.runtime.kv_cache import MIN_CAPACITY, GrowingCache
+from specbuild.runtime.backends.base import create_backend, default_backend, select_graph
+from specbuild.runtime.kv_cache import MIN_CAPACITY, GrowingCache, SharedKV, StackedKV
 from specbuild.runtime.manifest import load_manifest
 from specbuild.tree import Tree
 
@@ -120,16 +120,21 @@ def _check_threads(threads):
 class Engine:
     """A loaded engine directory. `Engine("engine/").generate(prompt="...")`."""
 
-    def __init__(self, engine_dir, backend: str | None = None, threads: int | None = None):
+    def __init__(self, engine_dir, backend: str | None = None, threads: int | None = None, graph: str | None = None):
+        """backend: onnxruntime or tensorrt (default: tensorrt when the engine has a plan). graph: the backend whose
+        graph to run (default: the backend's own; `Engine(d, graph="tensorrt")` runs the portable graph on ONNX
+        Runtime, e.g. to check it against the fused one)."""
         threads = _check_threads(threads)
         self.path = Path(engine_dir)
         self.manifest = load_manifest(self.path)  # validated; recorded file sizes checked
+        backend = backend or default_backend(self.manifest)
+        self.graph = select_graph(self.manifest, graph or backend, self.path)
         try:
-            self.backend = create_backend(self.path, self.manifest, backend, threads)
+            self.backend = create_backend(self.path, self.manifest, backend, threads, graph=self.graph)
         except SpecbuildError:
             raise
         except Exception as exc:  # noqa: BLE001 - a damaged graph/weights file: ORT raises its own types
-            onnx_file = self.path / self.manifest["files"]["onnx"]
+            onnx_file = self.path / self.graph["file"]
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             raise SpecbuildError(
                 f"{onnx_file}: cannot load the engine graph ({reason}); the engine is damaged, rebuild it"
@@ -138,12 +143,17 @@ class Engine:
         self.eos_ids = set(model.get("eos_token_ids") or [])
         self.max_seq_len = int(self.manifest["limits"]["max_seq_len"])
         self.kv_dtype = NUMPY_DTYPES["float16" if self.manifest["dtype"] == "float16" else "float32"]
-        self.kv_shape = (model["num_layers"], 2, 1, model["num_kv_heads"], 0, model["head_dim"])
+        dims = (model["num_layers"], model["num_kv_heads"], model["head_dim"], self.kv_dtype, self.max_seq_len)
+        if self.graph["kv_cache"] == ef.KV_SHARED:
+            bind = getattr(self.backend, "bind", None)
+            self.new_kv = lambda capacity: SharedKV(*dims, capacity, bind=bind)
+        else:
+            self.new_kv = lambda capacity: StackedKV(*dims, capacity)
         tree = self.manifest["tree"]
         source = f"{self.path / ef.ENGINE_MANIFEST}: field tree.choices"
         self.static_tree = None if tree.get("dynamic") else Tree.from_choices(tree["choices"], source=source)
         self.state_specs = self.manifest.get("states") or []
-        self.output_names = {o["name"] for o in self.manifest["io"]["outputs"]}
+        self.output_names = {o["name"] for o in self.graph["io"]["outputs"]}
         self._codec = None
 
     @property
@@ -171,7 +181,7 @@ class Engine:
     # ------------------------------------------------------------------ one engine call
     def _call(
         self,
-        kv: GrowingCache,
+        kv: StackedKV | SharedKV,
         states: dict,
         input_ids,
         position_ids,
@@ -186,7 +196,6 @@ class Engine:
             ef.POSITION_IDS: position_ids,
             ef.TREE_MASK: tree_mask,
             ef.PAST_LENGTH: np.array([kv.length], dtype=np.int64),
-            ef.KV_CACHE: kv.data,
             ef.PATHS: paths,
             ef.TEMPERATURE: np.array([sampling.temperature], dtype=np.float32),
             ef.TOP_K: np.array([sampling.top_k], dtype=np.int64),
@@ -194,9 +203,10 @@ class Engine:
             ef.RAND_ACCEPT: rng.random((1, window), dtype=np.float32),
             ef.RAND_SAMPLE: rng.random(1, dtype=np.float32),
         }
+        feeds.update(kv.feeds())
         for name, cache in states.items():
             feeds[ef.STATE_PREFIX + name] = cache.data if isinstance(cache, GrowingCache) else cache
-        return self.backend.run(feeds)
+        return self.backend.run(feeds, kv.aliases)
 
     def _new_states(self, capacity: int) -> dict:
         states = {}
@@ -254,7 +264,7 @@ class Engine:
         t = len(ids)
         step_tokens = int(self.manifest["limits"].get("max_new_tokens_per_step", 1))
         capacity = min(self.max_seq_len, max(MIN_CAPACITY, 1 << (t + step_tokens - 1).bit_length()))
-        kv = GrowingCache(self.kv_shape, 4, self.kv_dtype, self.max_seq_len, capacity)
+        kv = self.new_kv(capacity)
         states = self._new_states(capacity)
         out = self._call(
             kv,
@@ -268,7 +278,7 @@ class Engine:
             rng,
         )
         engine_s += self.backend.last_engine_s
-        kv.commit(out[ef.NEW_KV])
+        kv.commit(out, None, t)
         self._update_states(states, out, None)
         generated: list[int] = []
         accepted_per_step: list[int] = []
@@ -319,7 +329,7 @@ class Engine:
             steps += 1
             n = int(out[ef.NUM_ACCEPTED][0])
             nodes = out[ef.ACCEPTED_NODES][0, :n]
-            kv.commit(out[ef.NEW_KV], nodes)
+            kv.commit(out, nodes, size)
             self._update_states(states, out, nodes)
             accepted_per_step.append(n)
             stop_reason = emit(out[ef.ACCEPTED_TOKENS][0, :n])
@@ -347,8 +357,9 @@ class Engine:
         if ef.LOGITS not in self.output_names:
             raise SpecbuildError(f"{self.path}: engine was built without --output-logits")
         t = len(input_ids)
-        kv = GrowingCache(self.kv_shape, 4, self.kv_dtype, self.max_seq_len, MIN_CAPACITY)
-        states = self._new_states(MIN_CAPACITY)
+        capacity = max(MIN_CAPACITY, t)
+        kv = self.new_kv(capacity)
+        states = self._new_states(capacity)
         out = self._call(
             kv,
             states,

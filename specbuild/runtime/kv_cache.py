@@ -1,8 +1,13 @@
-"""Runtime-owned caches: capacity doubles when full (amortised O(1)); commits copy only accepted entries."""
+"""Runtime-owned caches: capacity doubles when full (amortised O(1)); commits copy only accepted entries.
+
+StackedKV and SharedKV hold the base model's KV cache for the two graph layouts (engine_format KV_STACKED / KV_SHARED)
+behind one interface: feeds(), aliases (output -> input sharing a buffer), ensure(), commit()."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from specbuild import engine_format as ef
 
 MIN_CAPACITY = 256
 
@@ -53,3 +58,71 @@ class GrowingCache:
         index[self.axis] = slice(self.length, self.length + n)
         self.data[tuple(index)] = new
         self.length += n
+
+
+class StackedKV:
+    """The KV cache of a `stacked` graph: fed whole as `kv_cache`; the accepted nodes of `new_kv` are appended."""
+
+    aliases: dict[str, str] = {}
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype, max_capacity: int, capacity: int):
+        self.cache = GrowingCache((num_layers, 2, 1, kv_heads, 0, head_dim), 4, dtype, max_capacity, capacity)
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def ensure(self, needed: int) -> None:
+        self.cache.ensure(needed)
+
+    def feeds(self) -> dict[str, np.ndarray]:
+        return {ef.KV_CACHE: self.cache.data}
+
+    def commit(self, outputs: dict, nodes: np.ndarray | None, count: int) -> None:
+        self.cache.commit(outputs[ef.NEW_KV], nodes)
+
+
+class SharedKV:
+    """The KV cache of a `shared` graph: one buffer [L,2,1,Hkv,C,D]; layer i's key/value views are bound as both
+    past_key_i / past_value_i and present_key_i / present_value_i, so the graph writes the step's T tokens in place
+    at [length, length + T). commit() moves the accepted nodes down to [length, length + n): O(accepted tokens)."""
+
+    def __init__(
+        self, num_layers: int, kv_heads: int, head_dim: int, dtype, max_capacity: int, capacity: int, bind=None
+    ):
+        self.num_layers = num_layers
+        self.bind = bind or (lambda view: view)  # e.g. the ONNX Runtime backend's BoundArray
+        self._bound = None
+        self.cache = GrowingCache((num_layers, 2, 1, kv_heads, 0, head_dim), 4, dtype, max_capacity, capacity)
+        layers = range(num_layers)
+        self.aliases = {ef.PRESENT_KEY.format(i): ef.PAST_KEY.format(i) for i in layers}
+        self.aliases.update({ef.PRESENT_VALUE.format(i): ef.PAST_VALUE.format(i) for i in layers})
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def ensure(self, needed: int) -> None:
+        self.cache.ensure(needed)
+
+    def feeds(self) -> dict:
+        """past_key_i / past_value_i: views of the buffer (wrapped once per buffer for the backend, see bind)."""
+        data = self.cache.data
+        if self._bound is None or self._bound[0] is not data:
+            views = {}
+            for i in range(self.num_layers):
+                views[ef.PAST_KEY.format(i)] = self.bind(data[i, 0])
+                views[ef.PAST_VALUE.format(i)] = self.bind(data[i, 1])
+            self._bound = (data, views)
+        return self._bound[1]
+
+    def commit(self, outputs: dict, nodes: np.ndarray | None, count: int) -> None:
+        """The graph wrote `count` tokens at [length, length + count); keep `nodes` of them (all if None)."""
+        start = self.cache.length
+        if nodes is not None:
+            nodes = np.asarray(nodes)
+            if not np.array_equal(nodes, np.arange(len(nodes))):  # accepted nodes are increasing: copy down
+                data = self.cache.data
+                data[:, :, :, :, start : start + len(nodes)] = data[:, :, :, :, start + nodes]
+            count = len(nodes)
+        self.cache.length = start + count

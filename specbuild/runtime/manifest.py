@@ -22,8 +22,8 @@ from specbuild.runtime.integrity import HASH_ALGORITHM, check_sizes
 
 ENGINE_DTYPES = ("float32", "float16")
 STATE_DTYPES = ("float32", "float16", "int64", "bool")
-# outputs the generation loop reads from every engine call
-REQUIRED_OUTPUTS = (ef.ACCEPTED_TOKENS, ef.NUM_ACCEPTED, ef.ACCEPTED_NODES, ef.NEW_KV, ef.NEXT_INPUT_IDS)
+# outputs the generation loop reads from every engine call (plus the KV outputs of the graph's layout)
+REQUIRED_OUTPUTS = (ef.ACCEPTED_TOKENS, ef.NUM_ACCEPTED, ef.ACCEPTED_NODES, ef.NEXT_INPUT_IDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,9 +149,18 @@ SCHEMA: dict[str, Any] = {
         },
         optional=True,
     ),
-    "io": {"inputs": ListOf(IO_ITEM), "outputs": ListOf(IO_ITEM)},
+    "graphs": ListOf(
+        {
+            "role": one_of((ef.ROLE_TARGET,)),
+            "backend": one_of(ef.BACKENDS),
+            "file": file_name(),
+            "kv_cache": one_of((ef.KV_STACKED, ef.KV_SHARED)),
+            "weights": one_of(ef.WEIGHTS),
+            "io": {"inputs": ListOf(IO_ITEM), "outputs": ListOf(IO_ITEM)},
+        },
+        min_len=1,
+    ),
     "files": {
-        "onnx": file_name(),
         "tokenizer": file_name(optional=True, nullable=True),
         "plan": file_name(optional=True, nullable=True),
     },
@@ -216,16 +225,27 @@ def _check_semantics(manifest: dict) -> None:
         axis = spec.get("grow_axis")
         if axis is not None and axis >= len(spec["shape"]):
             raise _Invalid(f"field states[{i}].grow_axis {axis} is outside its shape {spec['shape']}")
-    outputs = {o["name"] for o in manifest["io"]["outputs"]}
-    missing = [name for name in REQUIRED_OUTPUTS if name not in outputs]
-    if missing:
-        raise _Invalid(f"field io.outputs lacks {', '.join(missing)}")
+    num_layers = manifest["model"]["num_layers"]
+    for i, graph in enumerate(manifest["graphs"]):
+        outputs = {o["name"] for o in graph["io"]["outputs"]}
+        if graph["kv_cache"] == ef.KV_STACKED:
+            required = [*REQUIRED_OUTPUTS, ef.NEW_KV]
+        else:
+            required = [*REQUIRED_OUTPUTS] + [
+                name.format(layer) for layer in range(num_layers) for name in (ef.PRESENT_KEY, ef.PRESENT_VALUE)
+            ]
+        missing = [name for name in required if name not in outputs]
+        if missing:
+            raise _Invalid(f"field graphs[{i}].io.outputs lacks {', '.join(missing[:3])}")
     records = manifest["checksums"]
+    for i, graph in enumerate(manifest["graphs"]):
+        if graph["file"] not in records:
+            raise _Invalid(f"field graphs[{i}].file names {graph['file']}, which field checksums does not record")
     for name, record in records.items():
         if not _is_file_name(name):
             raise _Invalid(f"field checksums has an invalid file name {_describe(name)}")
         _validate(record, CHECKSUM_RECORD, f"checksums[{name}]")
-    for key in ("onnx", "tokenizer", "plan"):
+    for key in ("tokenizer", "plan"):
         name = manifest["files"].get(key)
         if name and name not in records:
             raise _Invalid(f"field files.{key} names {name}, which field checksums does not record")

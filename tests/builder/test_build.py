@@ -18,12 +18,21 @@ def test_manifest_records_format_limits_and_io(tiny_engines):
     assert manifest["format"] == ef.ENGINE_FORMAT and manifest["format_version"] == ef.ENGINE_FORMAT_VERSION
     assert manifest["speculative_mode"] == "none" and manifest["lossless"] is True
     assert manifest["limits"]["max_seq_len"] == 128
-    inputs = {i["name"]: i for i in manifest["io"]["inputs"]}
+    graphs = {g["backend"]: g for g in manifest["graphs"]}
+    assert set(graphs) == {ef.BACKEND_ONNXRUNTIME, ef.BACKEND_TENSORRT}
+    portable, fused = graphs[ef.BACKEND_TENSORRT], graphs[ef.BACKEND_ONNXRUNTIME]
+    inputs = {i["name"]: i for i in portable["io"]["inputs"]}
     assert {ef.INPUT_IDS, ef.TREE_MASK, ef.PATHS, ef.KV_CACHE, ef.RAND_ACCEPT} <= set(inputs)
     assert inputs[ef.TREE_MASK]["dtype"] == "bool"
-    outputs = {o["name"] for o in manifest["io"]["outputs"]}
+    outputs = {o["name"] for o in portable["io"]["outputs"]}
     assert {ef.ACCEPTED_TOKENS, ef.NUM_ACCEPTED, ef.ACCEPTED_NODES, ef.NEW_KV, ef.NEXT_INPUT_IDS} <= outputs
-    assert manifest["validation"]["max_abs_diff"] < 1e-3
+    fused_in = {i["name"] for i in fused["io"]["inputs"]}
+    fused_out = {o["name"] for o in fused["io"]["outputs"]}
+    assert ef.KV_CACHE not in fused_in and {"past_key_0", "past_value_1"} <= fused_in
+    assert ef.NEW_KV not in fused_out and {"present_key_0", "present_value_1"} <= fused_out
+    assert (portable["kv_cache"], fused["kv_cache"]) == (ef.KV_STACKED, ef.KV_SHARED)
+    assert all(g["weights"] == "fp32" and g["validation"]["max_abs_diff"] < 1e-3 for g in graphs.values())
+    assert manifest["weights"]["file"] == "weights.bin"
 
 
 @pytest.mark.parametrize("shape", ["llama_gqa_llama3rope", "llama_tied_linear", "qwen2_bias"])

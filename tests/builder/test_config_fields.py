@@ -19,9 +19,9 @@ from specbuild.builder.convert import convert_checkpoint
 from specbuild.builder.model_config import ModelConfig
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine
-from tests.conftest import hf_greedy, quiet, tiny_hf_config
+from tests.conftest import ORT_ONLY, hf_greedy, quiet, tiny_hf_config
 
-pytestmark = pytest.mark.xdist_group("tiny")
+pytestmark = pytest.mark.xdist_group("cli")
 
 ARCHS = {
     "llama": (transformers.LlamaConfig, "transformers.models.llama.modeling_llama"),
@@ -223,7 +223,10 @@ def test_honoured_fields_reproduce_transformers(tmp_path):
         tmp_path, "llama_gqa_llama3rope", eos_token_id=None, attention_bias=True, mlp_bias=True, rope_scaling=yarn
     )
     ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", progress=False)
-    engine = Engine(build_engine(ckpt, tmp_path / "engine", BuildOptions(output_logits=True), log=quiet), threads=1)
+    engine = Engine(
+        build_engine(ckpt, tmp_path / "engine", BuildOptions(backends=ORT_ONLY, output_logits=True), log=quiet),
+        threads=1,
+    )
     ids = [1, 5, 9, 13, 7, 22, 3, 30, 11, 2, 4]
     with torch.no_grad():
         want = model(torch.tensor([ids])).logits[0].numpy()

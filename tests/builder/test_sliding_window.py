@@ -13,7 +13,7 @@ from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.builder.trt_compat import lint_onnx_for_tensorrt
 from specbuild.runtime.engine import Engine
-from tests.conftest import SLIDING_SHAPES, hf_greedy, quiet, tiny_hf_model
+from tests.conftest import ORT_ONLY, SLIDING_SHAPES, hf_greedy, quiet, tiny_hf_model
 from tests.plugins.eagle_fixtures import write_eagle1_head, write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
 
@@ -63,7 +63,7 @@ def test_speculative_engine_equals_transformers_beyond_the_window(tmp_path, shap
     else:
         write_eagle3_head(tmp_path / "head", model.config, draft_vocab=8, seed=1)
     ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={mode: tmp_path / "head"}, progress=False)
-    options = BuildOptions(speculative_mode=mode, **MODE_OPTIONS[mode])
+    options = BuildOptions(backends=ORT_ONLY, speculative_mode=mode, **MODE_OPTIONS[mode])
     engine = Engine(build_engine(ckpt, tmp_path / "engine", options, log=quiet), threads=1)
     steps = []
     for prompt in PROMPTS:

@@ -28,7 +28,7 @@ from specbuild.cli.main import cli
 from tests.plugins.eagle_fixtures import write_eagle1_head
 from tests.plugins.medusa_helpers import write_medusa_heads
 
-pytestmark = pytest.mark.xdist_group("tiny")
+pytestmark = pytest.mark.xdist_group("cli")
 
 MODEL = "llama_gqa_llama3rope"  # vocab 97, hidden 64
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from specbuild.cli.main import cli
 
-pytestmark = pytest.mark.xdist_group("tiny")
+pytestmark = pytest.mark.xdist_group("cli")
 
 MODEL = "llama_gqa_llama3rope"  # vocab 97, eos 2
 
@@ -64,7 +64,8 @@ def test_inspect_checkpoint_and_engine(built):
     assert info["tensors"] > 0 and info["bytes"] > 0 and info["heads"] == {}
     info = json.loads(invoke("inspect", engine, "--json").stdout)
     assert "model.onnx" in info["files"] and "engine.yaml" in info["files"]
-    assert {i["name"] for i in info["io"]["inputs"]} >= {"input_ids", "kv_cache", "tree_mask"}
+    portable = next(g for g in info["graphs"] if g["backend"] == "tensorrt")
+    assert {i["name"] for i in portable["io"]["inputs"]} >= {"input_ids", "kv_cache", "tree_mask"}
     assert info["validation"]["max_abs_diff"] <= info["validation"]["tolerance"]
     for path in (ckpt, engine):  # the rich rendering works too
         res = invoke("inspect", path)
@@ -84,6 +85,10 @@ def test_run_json_fields_and_seeded_determinism(built):
     assert json.loads(second.stdout)["output_ids"] == out["output_ids"]
     greedy = json.loads(invoke(*args).stdout)
     assert greedy["mean_accepted_tokens"] == pytest.approx(1.0) or greedy["steps"] == 0
+    # the portable (TensorRT) graph run on ONNX Runtime gives the same greedy ids
+    portable = json.loads(invoke(*args, "--graph", "tensorrt").stdout)
+    assert portable["output_ids"] == greedy["output_ids"]
+    assert_one_line_error(invoke(*args, "--graph", "cuda"), "--graph")
 
 
 def test_run_without_json_prints_ids_and_stats(built):

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from specbuild import engine_format as ef
 from specbuild.cli.main import cli
 
-pytestmark = pytest.mark.xdist_group("tiny")
+pytestmark = pytest.mark.xdist_group("cli")
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "qwen2_bias"
@@ -175,7 +175,7 @@ def test_build_sigint_near_the_end_keeps_the_previous_engine(tiny_checkpoints, t
     (out / ef.ENGINE_ONNX).write_bytes(b"previous")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     child = Child("sleep", *build_args(tiny_checkpoints[MODEL], out, "--overwrite"))
-    child.wait_for("export validated")
+    child.wait_for("validated against torch")
     child.wait_for("@@ manifest")
     assert_interrupted(child.interrupt(), 130, "SIGINT")
     assert_nothing_left(tmp_path, keep=["engine"])

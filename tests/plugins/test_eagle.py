@@ -9,7 +9,7 @@ from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine, SamplingParams
-from tests.conftest import TINY_SHAPES, hf_greedy, quiet
+from tests.conftest import ORT_ONLY, TINY_SHAPES, hf_greedy, quiet
 from tests.plugins.distribution_check import chi_square_pvalue, exact_distribution
 from tests.plugins.eagle_fixtures import write_eagle1_head, write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model
@@ -52,7 +52,9 @@ CASES = [(shape, "eagle", "dynamic") for shape in TINY_SHAPES] + [
 def test_greedy_equals_base_model(tmp_path, shape, mode, expansion):
     kwargs = {"draft_vocab": 8} if mode == "eagle3" else {"qkv_bias": shape == "qwen2_bias"}
     model, ckpt = _checkpoint(tmp_path, shape, mode, **kwargs)
-    opts = BuildOptions(speculative_mode=mode, **(DYNAMIC if expansion == "dynamic" else {"tree": STATIC_TREE}))
+    opts = BuildOptions(
+        backends=ORT_ONLY, speculative_mode=mode, **(DYNAMIC if expansion == "dynamic" else {"tree": STATIC_TREE})
+    )
     engine_dir = build_engine(ckpt, tmp_path / "engine", opts, log=quiet)
     steps = _check_greedy(model, engine_dir)
     assert max(steps) > 1  # some drafts were accepted, so multi-token commits of base and draft KV are exercised
@@ -68,7 +70,7 @@ def test_sampling_preserves_the_base_distribution(tmp_path, mode):
     engine_dir = build_engine(
         ckpt,
         tmp_path / "engine",
-        BuildOptions(speculative_mode=mode, eagle_top_k=2, eagle_depth=2, eagle_total_tokens=5),
+        BuildOptions(backends=ORT_ONLY, speculative_mode=mode, eagle_top_k=2, eagle_depth=2, eagle_total_tokens=5),
         log=quiet,
     )
     engine = Engine(engine_dir, threads=1)
@@ -108,7 +110,10 @@ def test_draft_state_is_committed_like_the_base_cache(tmp_path):
     entry per committed position (prompt + accepted tokens), so nothing is dropped or duplicated."""
     model, ckpt = _checkpoint(tmp_path, "llama_gqa_llama3rope", "eagle")
     engine = Engine(
-        build_engine(ckpt, tmp_path / "engine", BuildOptions(speculative_mode="eagle", **DYNAMIC), log=quiet), threads=1
+        build_engine(
+            ckpt, tmp_path / "engine", BuildOptions(backends=ORT_ONLY, speculative_mode="eagle", **DYNAMIC), log=quiet
+        ),
+        threads=1,
     )
     seen = {}
     real_update = engine._update_states
@@ -139,7 +144,7 @@ def test_speculators_head_reproduces_greedy_ids(tmp_path):
         tmp_path / "head", model.config, layout="speculators", draft_vocab=8, norm_before_residual=True, embed=embed
     )
     ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={"eagle3": tmp_path / "head"}, progress=False)
-    opts = BuildOptions(speculative_mode="eagle3", **SMALL_DYNAMIC)
+    opts = BuildOptions(backends=ORT_ONLY, speculative_mode="eagle3", **SMALL_DYNAMIC)
     engine_dir = build_engine(ckpt, tmp_path / "engine", opts, log=quiet)
     mode = Engine(engine_dir).manifest["mode"]
     assert mode["draft_norm_before_residual"] is True and mode["draft_vocab_size"] == 8

@@ -11,7 +11,7 @@ from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine, SamplingParams
-from tests.conftest import TINY_SHAPES, hf_greedy, quiet
+from tests.conftest import ORT_ONLY, TINY_SHAPES, hf_greedy, quiet
 from tests.plugins.distribution_check import chi_square_pvalue, exact_distribution
 from tests.plugins.medusa_helpers import medusa_state, toy_model, write_medusa_heads
 
@@ -38,7 +38,12 @@ def toy_medusa(tmp_path_factory):
         ckpt = convert_checkpoint(
             root / shape / "hf", root / shape / "ckpt", heads={"medusa": root / shape / "heads"}, progress=False
         )
-        eng = build_engine(ckpt, root / shape / "engine", BuildOptions(speculative_mode="medusa", tree=TREE), log=quiet)
+        eng = build_engine(
+            ckpt,
+            root / shape / "engine",
+            BuildOptions(backends=ORT_ONLY, speculative_mode="medusa", tree=TREE),
+            log=quiet,
+        )
         out[shape] = (model, eng, ckpt)
     return out
 
@@ -103,6 +108,7 @@ def test_bad_trees_are_rejected_at_build(toy_medusa, tmp_path):
     ]
     for tree, message in cases:
         opts = BuildOptions(
+            backends=ORT_ONLY,
             speculative_mode="medusa",
             tree=json.dumps(tree) if isinstance(tree, list) else tree,
             medusa_top_k=10,
@@ -122,7 +128,7 @@ def test_sampling_preserves_the_base_distribution(tmp_path, temperature, top_k, 
     eng = build_engine(
         ckpt,
         tmp_path / "engine",
-        BuildOptions(speculative_mode="medusa", tree=[[0], [1], [0, 0], [0, 1], [1, 0]]),
+        BuildOptions(backends=ORT_ONLY, speculative_mode="medusa", tree=[[0], [1], [0, 0], [0, 1], [1, 0]]),
         log=quiet,
     )
     engine = Engine(eng, threads=1)
@@ -151,7 +157,7 @@ def test_typical_acceptance_is_opt_in_and_labelled(toy_medusa, tmp_path):
     eng = build_engine(
         ckpt,
         tmp_path / "typical",
-        BuildOptions(speculative_mode="medusa", tree=TREE, typical_acceptance=(0.09, 0.3)),
+        BuildOptions(backends=ORT_ONLY, speculative_mode="medusa", tree=TREE, typical_acceptance=(0.09, 0.3)),
         log=quiet,
     )
     engine = Engine(eng, threads=1)
@@ -170,15 +176,17 @@ def test_draft_vocabulary_extension_is_exact_and_validated(tmp_path):
     save_file({**state, "draft_vocab": torch.tensor([0, 2, 3, 5, 7, 8, 9, 11])}, str(file))
     ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={"medusa": tmp_path / "heads"}, progress=False)
     engine = Engine(
-        build_engine(ckpt, tmp_path / "engine", BuildOptions(speculative_mode="medusa", tree=TREE), log=quiet),
+        build_engine(
+            ckpt, tmp_path / "engine", BuildOptions(backends=ORT_ONLY, speculative_mode="medusa", tree=TREE), log=quiet
+        ),
         threads=1,
     )
     assert engine.manifest["mode"]["draft_vocab_size"] == 8
     drafted = set()
     real_run = engine.backend.run
 
-    def spy(feeds):
-        out = real_run(feeds)
+    def spy(feeds, aliases=None):
+        out = real_run(feeds, aliases)
         drafted.update(out["next_input_ids"][0, 1:].tolist())
         return out
 

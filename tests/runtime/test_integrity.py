@@ -47,23 +47,23 @@ def test_verify_passes_on_an_intact_engine(tiny_engines):
     engine = tiny_engines[SHAPE]
     res = invoke("inspect", engine, "--verify")
     assert res.exit_code == 0, res.output
-    assert "OK" in res.stdout and ef.ENGINE_ONNX_DATA in res.stdout
+    assert "OK" in res.stdout and ef.ENGINE_WEIGHTS in res.stdout
     info = json.loads(invoke("inspect", engine, "--verify", "--json").stdout)
-    assert info["verified"] == sorted(info["checksums"]) == [ef.ENGINE_ONNX, ef.ENGINE_ONNX_DATA]
+    assert info["verified"] == sorted(info["checksums"]) == [ef.ENGINE_ONNX, ef.ENGINE_ORT_ONNX, ef.ENGINE_WEIGHTS]
     assert json.loads(invoke("inspect", engine, "--json").stdout)["verified"] is None
 
 
 def test_same_size_replaced_weights_load_but_fail_verify(tiny_engines, tmp_path):
     engine = copy_engine(tiny_engines, tmp_path)
-    flip_bytes(engine / ef.ENGINE_ONNX_DATA, offset=1000)
+    flip_bytes(engine / ef.ENGINE_WEIGHTS, offset=1000)
     # sizes match: loading (a stat per file) cannot tell; --verify reads the bytes
     Engine(engine, threads=1)
     assert invoke("inspect", engine).exit_code == 0
     res = invoke("inspect", engine, "--verify")
-    assert_one_line_error(res, str(engine / ef.ENGINE_ONNX_DATA), "sha256", "rebuild")
+    assert_one_line_error(res, str(engine / ef.ENGINE_WEIGHTS), "sha256", "rebuild")
 
 
-@pytest.mark.parametrize("name", [ef.ENGINE_ONNX_DATA, ef.ENGINE_ONNX])
+@pytest.mark.parametrize("name", [ef.ENGINE_WEIGHTS, ef.ENGINE_ORT_ONNX, ef.ENGINE_ONNX])
 def test_truncated_engine_file_is_refused_on_load(tiny_engines, tmp_path, name):
     engine = copy_engine(tiny_engines, tmp_path)
     truncate(engine / name)
@@ -74,7 +74,7 @@ def test_truncated_engine_file_is_refused_on_load(tiny_engines, tmp_path, name):
     assert_one_line_error(invoke("inspect", engine, "--verify"), str(engine / name))
 
 
-@pytest.mark.parametrize("name", [ef.ENGINE_ONNX_DATA, ef.ENGINE_ONNX])
+@pytest.mark.parametrize("name", [ef.ENGINE_WEIGHTS, ef.ENGINE_ORT_ONNX, ef.ENGINE_ONNX])
 def test_deleted_engine_file_is_refused_on_load(tiny_engines, tmp_path, name):
     engine = copy_engine(tiny_engines, tmp_path)
     (engine / name).unlink()
@@ -84,13 +84,13 @@ def test_deleted_engine_file_is_refused_on_load(tiny_engines, tmp_path, name):
 def test_corrupt_graph_with_matching_records_is_one_line(tiny_engines, tmp_path):
     """Even when engine.yaml was re-recorded over a damaged graph, ONNX Runtime's failure is one line naming it."""
     engine = copy_engine(tiny_engines, tmp_path)
-    flip_bytes(engine / ef.ENGINE_ONNX, offset=0, count=4096)
+    flip_bytes(engine / ef.ENGINE_ORT_ONNX, offset=0, count=4096)
     manifest = yaml.safe_load((engine / ef.ENGINE_MANIFEST).read_text())
     manifest["checksums"] = record_files(engine)
     (engine / ef.ENGINE_MANIFEST).write_text(yaml.safe_dump(manifest, sort_keys=False))
-    with pytest.raises(SpecbuildError, match="model.onnx: cannot load the engine graph"):
+    with pytest.raises(SpecbuildError, match="model.ort.onnx: cannot load the engine graph"):
         Engine(engine, threads=1)
-    assert_one_line_error(run_ids(engine), str(engine / ef.ENGINE_ONNX), "cannot load")
+    assert_one_line_error(run_ids(engine), str(engine / ef.ENGINE_ORT_ONNX), "cannot load")
 
 
 @pytest.fixture

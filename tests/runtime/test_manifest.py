@@ -47,7 +47,7 @@ def test_build_records_size_and_sha256_of_every_engine_file(tiny_engines):
     engine = tiny_engines[SHAPE]
     manifest = load_manifest(engine)
     files = sorted(p.name for p in engine.iterdir() if p.name != ef.ENGINE_MANIFEST)
-    assert files == sorted(manifest["checksums"]) and ef.ENGINE_ONNX_DATA in files
+    assert files == sorted(manifest["checksums"]) and ef.ENGINE_WEIGHTS in files
     for name, record in manifest["checksums"].items():
         assert record == {"size": (engine / name).stat().st_size, "sha256": file_sha256(engine / name)}
 
@@ -69,11 +69,15 @@ REMOVED = [
     "tree.choices",
     "tree.size",
     "tree.depth",
-    "io",
-    "io.inputs",
-    "io.outputs",
+    "graphs",
+    "graphs.1.io",
+    "graphs.1.io.inputs",
+    "graphs.1.io.outputs",
+    "graphs.1.file",
+    "graphs.1.kv_cache",
+    "graphs.0.backend",
+    "graphs.0.weights",
     "files",
-    "files.onnx",
     "checksums",
     "checksums.model.onnx.size",
     "checksums.model.onnx.sha256",
@@ -84,13 +88,21 @@ def _split(field: str) -> tuple:
     if field.startswith("checksums.") and field.count(".") > 1:  # file names hold dots
         name, key = field.removeprefix("checksums.").rsplit(".", 1)
         return ("checksums", name, key)
-    return tuple(field.split("."))
+    return tuple(int(p) if p.isdigit() else p for p in field.split("."))
+
+
+def _shown(path: tuple) -> str:
+    """The validator's spelling of a field path: list items as [i], mapping keys joined by dots."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
 
 
 def _needle(path: tuple) -> str:
     if path[0] == "checksums" and len(path) == 3:
         return f"field checksums[{path[1]}].{path[2]} is missing"
-    return f"field {'.'.join(path)} is missing"
+    return f"field {_shown(path)} is missing"
 
 
 @pytest.mark.parametrize("field", REMOVED)
@@ -127,10 +139,31 @@ MALFORMED = [
     (("states",), [{"name": "x", "shape": [1, "Q"], "dtype": "float32"}], "field states[0].shape must be"),
     (("states",), [{"name": "x", "shape": [1, "C"], "dtype": "float32", "grow_axis": 5}], "states[0].grow_axis 5"),
     (("states",), [{"name": "x", "shape": [1], "dtype": "int4"}], "field states[0].dtype must be one of"),
-    (("io", "outputs"), [{"name": "new_kv", "dtype": "float", "shape": [1]}], "field io.outputs lacks accepted_tokens"),
-    (("io", "inputs"), [{"name": "input_ids", "shape": [1]}], "field io.inputs[0].dtype is missing"),
-    (("files", "onnx"), "../model.onnx", "field files.onnx must be a file name inside the engine directory"),
-    (("files", "onnx"), "other.onnx", "field files.onnx names other.onnx, which field checksums does not record"),
+    (
+        ("graphs", 1, "io", "outputs"),
+        [{"name": "new_kv", "dtype": "float", "shape": [1]}],
+        "graphs[1].io.outputs lacks",
+    ),
+    (
+        ("graphs", 0, "io", "outputs"),
+        [{"name": "accepted_tokens", "dtype": "int64", "shape": [1]}],
+        "lacks num_accepted",
+    ),
+    (
+        ("graphs", 1, "io", "inputs"),
+        [{"name": "input_ids", "shape": [1]}],
+        "field graphs[1].io.inputs[0].dtype is missing",
+    ),
+    (("graphs", 1, "file"), "../model.onnx", "field graphs[1].file must be a file name inside the engine directory"),
+    (
+        ("graphs", 1, "file"),
+        "other.onnx",
+        "field graphs[1].file names other.onnx, which field checksums does not record",
+    ),
+    (("graphs", 0, "kv_cache"), "paged", "field graphs[0].kv_cache must be one of stacked, shared"),
+    (("graphs", 1, "backend"), "cuda", "field graphs[1].backend must be one of onnxruntime, tensorrt"),
+    (("graphs", 1, "weights"), "int3", "field graphs[1].weights must be one of fp32, fp16, int8, int4"),
+    (("graphs",), [], "field graphs must have at least 1 item"),
     (("files", "tokenizer"), "tokenizer.json", "field files.tokenizer names tokenizer.json"),
     (("checksums",), {}, "field checksums must be a mapping"),
     (("checksums", "model.onnx", "sha256"), "xyz", "field checksums[model.onnx].sha256 must be 64 hex digits"),
@@ -142,7 +175,7 @@ MALFORMED = [
 ]
 
 
-@pytest.mark.parametrize("path,value,needle", MALFORMED, ids=[f"{'.'.join(m[0])}={m[1]!r}" for m in MALFORMED])
+@pytest.mark.parametrize("path,value,needle", MALFORMED, ids=[f"{_shown(m[0])}={m[1]!r}" for m in MALFORMED])
 def test_malformed_field_is_one_error_line_naming_it(tiny_engines, tmp_path, path, value, needle):
     engine = copy_engine(tiny_engines, tmp_path)
     manifest = read_manifest(engine)

@@ -1,0 +1,111 @@
+"""ONNX Runtime's fused CPU kernels in the step graph: each function emits a `com.microsoft` operator while the
+graph is exported for the ONNX Runtime backend, and computes the same thing with plain torch ops otherwise (that
+reference is what the export is validated against).
+
+- `group_query_attention`: GroupQueryAttention with packed QKV, rotary embedding at explicit (tree) positions, an
+  additive mask (tree + sliding window) and the KV cache shared between its past input and present output: the new
+  tokens' keys and values are written in place at [past, past + T) of the layer's buffer. Per-step work is
+  O(new tokens), no concatenation or transposition of the cache.
+- `skip_rms_norm`: SkipSimplifiedLayerNormalization (residual add + RMSNorm in one kernel).
+
+The operators' contracts (ONNX Runtime contrib ops, com.microsoft domain, version 1): with `query_seqlens` given,
+`total_sequence_length` may be the cache capacity C and `attention_bias` [B,1,T,C] is indexed by absolute key
+position; `seqlens_k` = past + T - 1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specbuild.builder.network import RMSNorm, rotate_half
+
+MSFT = "com.microsoft"
+
+
+def exporting() -> bool:
+    return torch.onnx.is_in_onnx_export()
+
+
+def rotary_tables(inv_freq: torch.Tensor, scaling: float, positions: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [positions, D/2] for positions 0..positions-1, computed like the network's own rope()."""
+    freqs = torch.arange(positions, dtype=torch.float32).unsqueeze(-1) * inv_freq.float()
+    return (freqs.cos() * scaling).to(dtype), (freqs.sin() * scaling).to(dtype)
+
+
+def attention_bias(tree_mask, position_ids, past_length, capacity: int, window: int | None, dtype):
+    """Additive mask [B,1,T,C] over absolute key positions: 0 where query i may see key j, -inf elsewhere.
+
+    Cache positions j < past are visible, new token k (at position past + k) where tree_mask allows; with a sliding
+    window a key must also lie above position_ids[i] - window (cache slot j holds position j)."""
+    b, t, _ = tree_mask.shape
+    cols = torch.arange(capacity, device=tree_mask.device).view(1, 1, capacity)  # [1,1,C]
+    past = past_length.view(b, 1, 1)
+    in_cache = cols < past  # [B,1,C]
+    new_index = cols - past  # node index of a column in [past, past + T)
+    in_new = (new_index >= 0) & (new_index < t)
+    gather = torch.where(in_new, new_index, torch.zeros_like(new_index)).expand(b, t, capacity)
+    in_tree = tree_mask.gather(2, gather) & in_new  # [B,T,C]
+    visible = in_cache | in_tree
+    if window is not None:
+        key_pos = torch.where(in_new, position_ids.gather(1, gather[:, 0]).unsqueeze(1), cols.expand(b, 1, capacity))
+        visible = visible & (key_pos > (position_ids - window).unsqueeze(2))
+    zero = torch.zeros((), dtype=dtype)
+    return torch.where(visible, zero, torch.full((), float("-inf"), dtype=dtype)).unsqueeze(1)
+
+
+def group_query_attention(attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos, sin):
+    """attn: the layer's network.Attention (head counts); qkv [B,T,(Hq+2Hkv)D]; k_buf/v_buf [B,Hkv,C,D].
+
+    Returns (out [B,T,Hq*D] before o_proj, present_k, present_v): the buffers with the T new rotated keys and values
+    written at [past, past + T)."""
+    b, t, _ = qkv.shape
+    capacity = k_buf.shape[2]
+    seqlens_k = (past_length + (t - 1)).to(torch.int32)
+    query_lens = torch.full((b,), t, dtype=torch.int32)
+    total = torch.ones((), dtype=torch.int32) * capacity  # the capacity: an upper bound, as query_seqlens is given
+    if exporting():
+        out, present_k, present_v = torch.onnx.ops.symbolic_multi_out(
+            f"{MSFT}::GroupQueryAttention",
+            [qkv, None, None, k_buf, v_buf, seqlens_k, total, cos, sin, position_ids, bias] + [None] * 5 + [query_lens],
+            dict(num_heads=attn.num_heads, kv_num_heads=attn.num_kv_heads, do_rotary=1),
+            dtypes=(qkv.dtype, k_buf.dtype, v_buf.dtype),
+            shapes=((b, t, attn.num_heads * attn.head_dim), k_buf.shape, v_buf.shape),
+            version=1,
+        )
+        return out, present_k, present_v
+    return _gqa_reference(attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos, sin)
+
+
+def _gqa_reference(attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos, sin):
+    b, t, _ = qkv.shape
+    d, hq, hkv = attn.head_dim, attn.num_heads, attn.num_kv_heads
+    q, k, v = torch.split(qkv, [hq * d, hkv * d, hkv * d], dim=-1)
+    q = q.view(b, t, hq, d).transpose(1, 2)
+    k = k.view(b, t, hkv, d).transpose(1, 2)
+    v = v.view(b, t, hkv, d).transpose(1, 2)
+    c = torch.cat([cos[position_ids], cos[position_ids]], dim=-1).unsqueeze(1).to(q.dtype)  # [B,1,T,D]
+    s = torch.cat([sin[position_ids], sin[position_ids]], dim=-1).unsqueeze(1).to(q.dtype)
+    q, k = q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+    present_k, present_v = k_buf.clone(), v_buf.clone()
+    past = int(past_length[0])
+    present_k[:, :, past : past + t] = k
+    present_v[:, :, past : past + t] = v
+    mask = bias[:, :, :, : past + t] == 0  # [B,1,T,P+T]
+    out = attn.attend_heads(q, [present_k[:, :, : past + t]], [present_v[:, :, : past + t]], mask.unsqueeze(1))
+    return out, present_k, present_v
+
+
+def skip_rms_norm(norm: RMSNorm, x, skip):
+    """(norm(x + skip), x + skip) -- one SkipSimplifiedLayerNormalization kernel in the ONNX Runtime graph."""
+    if exporting():
+        out, _, _, total = torch.onnx.ops.symbolic_multi_out(
+            f"{MSFT}::SkipSimplifiedLayerNormalization",
+            [x, skip, norm.weight],
+            dict(epsilon=float(norm.eps)),
+            dtypes=(x.dtype, torch.float32, torch.float32, x.dtype),
+            shapes=(x.shape, (*x.shape[:-1], 1), (*x.shape[:-1], 1), x.shape),
+            version=1,
+        )
+        return out, total
+    total = x + skip
+    return norm(total), total

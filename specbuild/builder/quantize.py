@@ -1,0 +1,176 @@
+"""Weight-only quantization of exported step graphs (`build --weights int4|int8`), with ONNX Runtime's own tool.
+
+int4 (symmetric, blocks of `block_size` along K): every MatMul with a constant weight becomes DequantizeLinear
+(INT4 + per-block scales, opset 21) -> MatMul, made by onnxruntime.quantization's MatMulNBitsQuantizer in QDQ form.
+That one form serves both graphs: TensorRT's parser takes blockwise INT4 DequantizeLinear with a zero zero-point,
+and ONNX Runtime fuses the pair into its MatMulNBits kernel when it loads the graph (at the accuracy level the
+engine records, see below). The same weight gives the same bytes in both graphs, so the engine stores them once
+(see weights_file). The embedding gather is quantized the same way (INT4 [V,H], blocks along H): GatherBlockQuantized
+in the ONNX Runtime graph, DequantizeLinear -> Gather in the portable one, from the same bytes.
+
+int8: MatMulNBits with 8-bit blocks in the ONNX Runtime graph only (QDQ INT8 blocks are not in TensorRT's parser
+matrix and the quantizer's QDQ form is 4-bit only): `--weights int8` builds the onnxruntime graph alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from specbuild.errors import SpecbuildError
+
+QDQ_OPSET = 21  # blockwise DequantizeLinear and INT4 tensors
+MSFT = "com.microsoft"
+# MatMulNBits accuracy levels: 1 computes with float32 activations, 4 quantizes each activation block to int8 first
+# (ONNX Runtime GenAI's CPU choice, faster). Level 4 is not batch-invariant in practice: a token's activations differ
+# by ~1e-7 between a one-token step and a multi-token verification (attention sums in another order), and int8
+# rounding turns that into logit differences of up to ~1.6 on SmolLM2, so a speculative engine could not reproduce
+# its none engine. Level 1 keeps such differences at ~1e-4, like float32 engines: it is the default.
+ACCURACY_FP32 = 1
+ACCURACY_INT8 = 4
+
+
+def quantize_graph(
+    onnx_path: Path, out_path: Path, bits: int, block_size: int, fused_gather: bool, accuracy_level: int
+) -> None:
+    """Quantize the graph at `onnx_path` into `out_path` (+ its external data file).
+
+    fused_gather: the embedding becomes GatherBlockQuantized (ONNX Runtime graph) instead of DequantizeLinear ->
+    Gather (portable graph)."""
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    model = onnx.load(str(onnx_path))
+    if bits == 4:
+        model = _with_opset(model, QDQ_OPSET)
+    fmt = QuantFormat.QDQ if bits == 4 else QuantFormat.QOperator
+    config = DefaultWeightOnlyQuantConfig(
+        block_size=block_size,
+        is_symmetric=True,
+        accuracy_level=accuracy_level,
+        quant_format=fmt,
+        op_types_to_quantize=("MatMul",),
+        bits=bits,
+    )
+    logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
+    quantizer = MatMulNBitsQuantizer(
+        model,
+        bits=bits,
+        block_size=block_size,
+        is_symmetric=True,
+        accuracy_level=accuracy_level,
+        quant_format=fmt,
+        op_types_to_quantize=("MatMul",),
+        algo_config=config,
+    )
+    try:
+        quantizer.process()
+    except Exception as exc:  # the quantizer raises assertion/value errors on shapes it cannot handle
+        raise SpecbuildError(f"{onnx_path.name}: weight quantization failed ({exc})") from None
+    model = quantizer.model.model
+    _merge_repeated_definitions(model)
+    if bits == 4:
+        _quantize_embedding(model, block_size, fused=fused_gather)
+    onnx.save(model, str(out_path), save_as_external_data=True, location=out_path.name + ".data", size_threshold=1024)
+
+
+def _merge_repeated_definitions(model: onnx.ModelProto) -> None:
+    """A weight read by several MatMuls (a draft lm_head applied at every depth) comes out of the quantizer once per
+    reader, under the same names: keep one definition of each (they are identical: same weight, same bytes)."""
+    graph = model.graph
+    seen: dict[str, onnx.TensorProto] = {}
+    for init in list(graph.initializer):
+        if init.name in seen:
+            if init.SerializeToString() != seen[init.name].SerializeToString():
+                raise SpecbuildError(f"weight quantization produced two different tensors named {init.name!r}")
+            graph.initializer.remove(init)
+        else:
+            seen[init.name] = init
+    produced: dict[str, onnx.NodeProto] = {}
+    for node in list(graph.node):
+        first = next((produced[o] for o in node.output if o in produced), None)
+        if first is None:
+            produced.update({o: node for o in node.output})
+        elif (first.op_type, list(first.input), list(first.attribute)) == (
+            node.op_type,
+            list(node.input),
+            list(node.attribute),
+        ):
+            graph.node.remove(node)
+        else:
+            raise SpecbuildError(f"weight quantization produced two different nodes writing {node.output[0]!r}")
+
+
+def _with_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
+    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), version)
+    if current >= version:
+        return model
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, version)
+    except Exception as exc:  # the converter names the op it cannot adapt
+        raise SpecbuildError(f"cannot move the graph to opset {version} for blockwise quantization ({exc})") from None
+
+
+def _quantize_embedding(model: onnx.ModelProto, block_size: int, fused: bool) -> None:
+    """Gather(E [V,H] constant, ids) -> INT4 E (blocks along H, symmetric, ONNX Runtime's numerics), each table
+    quantized once whatever the number of gathers that read it."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantizer
+
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    done: dict[str, tuple[str, str, str | None]] = {}  # table -> (INT4 data, scales, dequantized output)
+    for node in list(graph.node):
+        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or node.input[0] not in inits:
+            continue
+        base = node.input[0]
+        if base not in done:
+            table = numpy_helper.to_array(inits[base])
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            if table.ndim != 2 or axis != 0 or table.dtype != np.float32 or table.shape[1] % 2:
+                continue
+            data, scales, _ = DefaultWeightOnlyQuantizer.quantize_ndarray(table, 1, block_size, True)
+            qdata = helper.make_tensor(f"{base}_int4", TensorProto.INT4, table.shape, data.tobytes(), raw=True)
+            qscales = numpy_helper.from_array(scales.astype(np.float32), f"{base}_int4_scales")
+            graph.initializer.extend([qdata, qscales])
+            dequantized = None
+            if not fused:  # one DequantizeLinear for the table (TensorRT folds it into the weights)
+                dequantized = f"{base}_dequantized"
+                dq = helper.make_node(
+                    "DequantizeLinear",
+                    [qdata.name, qscales.name],
+                    [dequantized],
+                    name=f"{base}_dequantize",
+                    axis=1,
+                    block_size=block_size,
+                )
+                graph.node.insert(0, dq)
+            done[base] = (qdata.name, qscales.name, dequantized)
+        qdata_name, scales_name, dequantized = done[base]
+        if fused:
+            replacement = helper.make_node(
+                "GatherBlockQuantized",
+                [qdata_name, node.input[1], scales_name],
+                list(node.output),
+                name=f"{node.name}_quantized",
+                domain=MSFT,
+                bits=4,
+                block_size=block_size,
+                gather_axis=0,
+                quantize_axis=1,
+            )
+        else:
+            replacement = helper.make_node("Gather", [dequantized, node.input[1]], list(node.output), name=node.name)
+        position = list(graph.node).index(node)
+        graph.node.remove(node)
+        graph.node.insert(position, replacement)
+    for base in done:
+        if not any(base in n.input for n in graph.node):
+            graph.initializer.remove(inits[base])
+    if fused and done and not any(o.domain == MSFT for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MSFT, 1))

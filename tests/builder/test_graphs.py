@@ -1,0 +1,103 @@
+"""One build, one graph per backend: the ONNX Runtime graph (fused kernels, KV cache written in place) and the
+portable graph TensorRT parses give the same greedy ids as transformers in every mode; they share one weights file;
+models the fused kernels cannot run get the portable graph for ONNX Runtime too."""
+
+import numpy as np
+import onnx
+import pytest
+
+from specbuild import engine_format as ef
+from specbuild.builder.build import BuildOptions, build_engine
+from specbuild.builder.convert import convert_checkpoint
+from specbuild.builder.trt_compat import lint_onnx_for_tensorrt
+from specbuild.builder.weights_file import WEIGHTS_FILE
+from specbuild.runtime.engine import Engine
+from tests.conftest import hf_greedy, quiet
+from tests.plugins.eagle_fixtures import write_eagle1_head, write_eagle3_head
+from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
+
+pytestmark = pytest.mark.xdist_group("graphs")
+
+PROMPTS = [[1, 5, 9, 3, 7], [1, 11, 10, 6, 2, 8, 3]]
+MODES = {
+    "none": {},
+    "medusa": dict(tree=[[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]),
+    "eagle": dict(tree=[[0], [1], [0, 0], [0, 1], [0, 0, 0]]),
+    "eagle3": dict(eagle_top_k=3, eagle_depth=3, eagle_total_tokens=8),
+}
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """(HF model, checkpoint with Medusa, EAGLE-1 and EAGLE-3 heads) of a 12-token toy (drafts often accepted)."""
+    root = tmp_path_factory.mktemp("graphs")
+    model = toy_model("llama_gqa_llama3rope", root / "hf", vocab=12, seed=2)
+    write_medusa_heads(root / "medusa", "v2", model.config.hidden_size, 12, num_heads=3, seed=2)
+    write_eagle1_head(root / "eagle", model.config, seed=2)
+    write_eagle3_head(root / "eagle3", model.config, draft_vocab=8, seed=2)
+    heads = {m: root / m for m in ("medusa", "eagle", "eagle3")}
+    return model, convert_checkpoint(root / "hf", root / "ckpt", heads=heads, progress=False)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_both_graphs_equal_transformers(toy, tmp_path, mode):
+    model, ckpt = toy
+    engine_dir = build_engine(ckpt, tmp_path / "engine", BuildOptions(speculative_mode=mode, **MODES[mode]), log=quiet)
+    manifest = Engine(engine_dir).manifest
+    layouts = {g["backend"]: (g["file"], g["kv_cache"]) for g in manifest["graphs"]}
+    assert layouts == {
+        ef.BACKEND_ONNXRUNTIME: (ef.ENGINE_ORT_ONNX, ef.KV_SHARED),
+        ef.BACKEND_TENSORRT: (ef.ENGINE_ONNX, ef.KV_STACKED),
+    }
+    fused = onnx.load(str(engine_dir / ef.ENGINE_ORT_ONNX), load_external_data=False)
+    assert {"GroupQueryAttention", "SkipSimplifiedLayerNormalization"} <= {n.op_type for n in fused.graph.node}
+    portable = onnx.load(str(engine_dir / ef.ENGINE_ONNX), load_external_data=False)
+    assert lint_onnx_for_tensorrt(portable) == []
+    steps = []
+    for graph in (ef.BACKEND_ONNXRUNTIME, ef.BACKEND_TENSORRT):  # the portable graph through ONNX Runtime
+        engine = Engine(engine_dir, threads=1, graph=graph)
+        for ids in PROMPTS:
+            result = engine.generate(input_ids=ids, max_new_tokens=30)
+            assert result.output_ids == hf_greedy(model, ids, 30), (graph, ids)
+            steps += result.accepted_per_step
+    assert mode == "none" or max(steps) > 1  # drafts were accepted: multi-token commits of the in-place cache
+
+
+def test_graphs_share_one_weights_file(toy, tmp_path):
+    _, ckpt = toy
+    both = build_engine(ckpt, tmp_path / "both", BuildOptions(), log=quiet)
+    one = build_engine(ckpt, tmp_path / "one", BuildOptions(backends=(ef.BACKEND_ONNXRUNTIME,)), log=quiet)
+    assert sorted(p.name for p in both.iterdir() if p.suffix in (".data", ".bin")) == [WEIGHTS_FILE]
+    # the second graph adds little: every weight but the rotary tables and graph-specific constants is shared
+    assert (both / WEIGHTS_FILE).stat().st_size < 1.2 * (one / WEIGHTS_FILE).stat().st_size
+    assert [g["backend"] for g in Engine(one).manifest["graphs"]] == [ef.BACKEND_ONNXRUNTIME]
+
+
+def test_fused_kernels_need_head_dim_multiple_of_16(tmp_path):
+    """head_dim 24: ONNX Runtime's GroupQueryAttention cannot run it, so ONNX Runtime gets the portable graph."""
+    model = toy_model("llama_tied_linear", tmp_path / "hf", vocab=12)
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", progress=False)
+    engine_dir = build_engine(ckpt, tmp_path / "engine", BuildOptions(), log=quiet)
+    engine = Engine(engine_dir, threads=1)
+    assert (engine.graph["file"], engine.graph["kv_cache"]) == (ef.ENGINE_ONNX, ef.KV_STACKED)
+    assert not (engine_dir / ef.ENGINE_ORT_ONNX).exists()
+    assert engine.generate(input_ids=PROMPTS[0], max_new_tokens=20).output_ids == hf_greedy(model, PROMPTS[0], 20)
+
+
+def test_kv_buffer_is_written_in_place_and_compacted(toy, tmp_path):
+    """After generation, the fused graph's in-place cache (drafts written at the end, accepted nodes moved down)
+    holds the same keys and values, position by position, as the portable graph's appended cache."""
+    _, ckpt = toy
+    options = BuildOptions(speculative_mode="medusa", **MODES["medusa"])
+    engine_dir = build_engine(ckpt, tmp_path / "engine", options, log=quiet)
+    caches = {}
+    for graph in (ef.BACKEND_ONNXRUNTIME, ef.BACKEND_TENSORRT):
+        engine = Engine(engine_dir, threads=1, graph=graph)
+        make = engine.new_kv
+        engine.new_kv = lambda capacity, make=make, graph=graph: caches.setdefault(graph, make(capacity))
+        result = engine.generate(input_ids=PROMPTS[1], max_new_tokens=20)
+        assert max(result.accepted_per_step) > 1
+    shared, stacked = caches[ef.BACKEND_ONNXRUNTIME], caches[ef.BACKEND_TENSORRT]
+    assert shared.length == stacked.length == len(PROMPTS[1]) + len(result.output_ids) - 1
+    n = shared.length
+    assert np.abs(shared.cache.data[..., :n, :] - stacked.cache.data[..., :n, :]).max() < 1e-4

@@ -1,0 +1,120 @@
+"""Weight-only int4/int8 engines: every speculative mode reproduces the `none` engine of the same --weights token for
+token (both graphs), the portable int4 graph is TensorRT-clean blockwise DequantizeLinear, both graphs share the
+int4 bytes, the build records how far the quantized graph is from the float network, and the lossy options say so."""
+
+import onnx
+import pytest
+
+from specbuild import engine_format as ef
+from specbuild.builder.build import BuildOptions, build_engine
+from specbuild.builder.convert import convert_checkpoint
+from specbuild.builder.trt_compat import lint_onnx_for_tensorrt
+from specbuild.builder.weights_file import WEIGHTS_FILE
+from specbuild.errors import SpecbuildError
+from specbuild.runtime.engine import Engine
+from tests.conftest import quiet
+from tests.plugins.eagle_fixtures import write_eagle3_head
+from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
+
+pytestmark = pytest.mark.xdist_group("quantize")
+
+PROMPTS = [[1, 5, 9, 3, 7], [1, 4], [1, 11, 10, 6, 2, 8, 3]]
+MODES = {
+    "none": {},
+    "medusa": dict(tree=[[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]),
+    "eagle3": dict(eagle_top_k=3, eagle_depth=3, eagle_total_tokens=8),
+}
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    root = tmp_path_factory.mktemp("quantize")
+    model = toy_model("llama_gqa_llama3rope", root / "hf", vocab=12, seed=4)
+    write_medusa_heads(root / "medusa", "v2", model.config.hidden_size, 12, num_heads=3, seed=4)
+    write_eagle3_head(root / "eagle3", model.config, draft_vocab=8, seed=4)
+    heads = {m: root / m for m in ("medusa", "eagle3")}
+    return convert_checkpoint(root / "hf", root / "ckpt", heads=heads, progress=False)
+
+
+@pytest.fixture(scope="module")
+def int4_engines(toy, tmp_path_factory):
+    root = tmp_path_factory.mktemp("int4")
+    return {
+        mode: build_engine(toy, root / mode, BuildOptions(speculative_mode=mode, weights="int4", **kw), log=quiet)
+        for mode, kw in MODES.items()
+    }
+
+
+def _outputs(engine_dir, graph):
+    engine = Engine(engine_dir, threads=1, graph=graph)
+    results = [engine.generate(input_ids=ids, max_new_tokens=30) for ids in PROMPTS]
+    return [r.output_ids for r in results], [n for r in results for n in r.accepted_per_step]
+
+
+@pytest.mark.parametrize("graph", [ef.BACKEND_ONNXRUNTIME, ef.BACKEND_TENSORRT])
+def test_int4_speculation_equals_the_int4_none_engine(int4_engines, graph):
+    base, _ = _outputs(int4_engines["none"], graph)
+    for mode in ("medusa", "eagle3"):
+        outputs, steps = _outputs(int4_engines[mode], graph)
+        assert outputs == base, (mode, graph)
+        assert max(steps) > 1, mode  # drafts were accepted
+    # the two graphs hold the same quantized weights: the same greedy output
+    assert (
+        base
+        == _outputs(
+            int4_engines["none"], ef.BACKEND_ONNXRUNTIME if graph != ef.BACKEND_ONNXRUNTIME else ef.BACKEND_TENSORRT
+        )[0]
+    )
+
+
+def test_int4_portable_graph_is_tensorrt_clean_and_shares_the_bytes(int4_engines, toy, tmp_path):
+    engine_dir = int4_engines["eagle3"]
+    portable = onnx.load(str(engine_dir / ef.ENGINE_ONNX), load_external_data=False)
+    assert lint_onnx_for_tensorrt(portable) == []
+    dq = [n for n in portable.graph.node if n.op_type == "DequantizeLinear"]
+    assert dq and all(len(n.input) == 2 for n in dq)  # symmetric: no zero point, as TensorRT requires
+    assert {o.version for o in portable.opset_import if o.domain in ("", "ai.onnx")} == {21}
+    fused = onnx.load(str(engine_dir / ef.ENGINE_ORT_ONNX), load_external_data=False)
+    assert "GatherBlockQuantized" in {n.op_type for n in fused.graph.node}
+    manifest = Engine(engine_dir).manifest
+    for graph in manifest["graphs"]:
+        q = graph["quantization"]
+        assert (q["bits"], q["block_size"], q["accuracy_level"]) == (4, 32, 1)
+        assert 0 <= q["top1_agreement"] <= 1 and q["max_logit_error"] >= q["mean_logit_error"] >= 0
+    fp32 = build_engine(toy, tmp_path / "fp32", BuildOptions(speculative_mode="eagle3", **MODES["eagle3"]), log=quiet)
+    # int4 with both graphs: smaller than fp32 (the graphs share the int4 blocks instead of storing them twice)
+    assert (engine_dir / WEIGHTS_FILE).stat().st_size < 0.6 * (fp32 / WEIGHTS_FILE).stat().st_size
+
+
+def test_int8_builds_the_onnxruntime_graph_and_stays_exact(toy, tmp_path):
+    with pytest.raises(SpecbuildError, match="--weights int8 builds the onnxruntime graph only"):
+        build_engine(toy, tmp_path / "x", BuildOptions(weights="int8"), log=quiet)
+    ort_only = (ef.BACKEND_ONNXRUNTIME,)
+    engines = {
+        mode: build_engine(
+            toy, tmp_path / mode, BuildOptions(speculative_mode=mode, weights="int8", backends=ort_only, **kw)
+        )
+        for mode, kw in MODES.items()
+        if mode != "eagle3"
+    }
+    base, _ = _outputs(engines["none"], ef.BACKEND_ONNXRUNTIME)
+    outputs, steps = _outputs(engines["medusa"], ef.BACKEND_ONNXRUNTIME)
+    assert outputs == base and max(steps) > 1
+    fused = onnx.load(str(engines["none"] / ef.ENGINE_ORT_ONNX), load_external_data=False)
+    bits = {a.i for n in fused.graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"}
+    assert bits == {8}
+
+
+def test_int8_activations_are_opt_in_and_labelled_lossy(toy, tmp_path):
+    with pytest.raises(SpecbuildError, match="--int8-activations applies to --weights int4"):
+        build_engine(toy, tmp_path / "x", BuildOptions(int8_activations=True), log=quiet)
+    ort_only = (ef.BACKEND_ONNXRUNTIME,)
+    options = dict(weights="int4", int8_activations=True, backends=ort_only)
+    none = Engine(build_engine(toy, tmp_path / "none", BuildOptions(**options), log=quiet)).manifest
+    medusa = build_engine(
+        toy, tmp_path / "medusa", BuildOptions(speculative_mode="medusa", **options, **MODES["medusa"])
+    )
+    medusa = Engine(medusa).manifest
+    assert none["lossless"] is True  # nothing is speculated: the none engine is its own reference
+    assert medusa["lossless"] is False and "int8 activations" in medusa["lossy_reason"]
+    assert medusa["graphs"][0]["quantization"]["accuracy_level"] == 4
