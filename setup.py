@@ -29,7 +29,7 @@ setup(
     ],
     extras_require={
         "trt": ["tensorrt"],
-        "dev": ["pytest", "pytest-xdist", "hypothesis", "scipy", "ruff"],
+        "dev": ["pytest", "pytest-xdist", "hypothesis", "scipy", "ruff", "onnxruntime-genai>=0.18"],
     },
     entry_points={"console_scripts": ["specbuild=specbuild.cli.main:cli"]},
 )

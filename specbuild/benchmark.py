@@ -11,6 +11,7 @@ context.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -60,8 +61,8 @@ def timed_generate(engine, input_ids: list[int], max_new_tokens: int, ignore_eos
     original = backend.run
     calls: list[float] = []
 
-    def run(feeds):
-        out = original(feeds)
+    def run(feeds, aliases=None):
+        out = original(feeds, aliases)
         calls.append(backend.last_engine_s)
         return out
 
@@ -147,6 +148,59 @@ class HFTimer:
         return Sample(output_ids=out, steps=0, accepted=0, total_s=total, ttft_s=ttft, decode_engine_s=0.0)
 
 
+class OrtGenAITimer:
+    """ONNX Runtime GenAI (what a CPU user would run instead) on the same ids: greedy, or with its built-in n-gram
+    speculation (`ngram_size` 3, 4 draft tokens). Needs the `onnxruntime-genai` package and a model directory made
+    by its model builder (`python -m onnxruntime_genai.models.builder -i HF_DIR -o DIR -p int4 -e cpu`)."""
+
+    NGRAM = {"ngram_size": 3, "max_draft_tokens": 4}
+
+    def __init__(self, model_dir, threads: int | None, ngram: bool = False):
+        try:
+            import onnxruntime_genai as og
+        except ImportError:
+            raise SpecbuildError(
+                "--ort-genai-model needs the onnxruntime-genai package (pip install onnxruntime-genai)"
+            ) from None
+        model_dir = Path(model_dir)
+        if not (model_dir / "genai_config.json").is_file():
+            raise SpecbuildError(f"{model_dir}: not an ONNX Runtime GenAI model directory (no genai_config.json)")
+        self.og, self.ngram = og, ngram
+        config = og.Config(str(model_dir))
+        config.clear_providers()  # CPU
+        if threads:
+            options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
+            config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+        try:
+            self.model = og.Model(config)
+        except Exception as exc:  # onnxruntime-genai raises RuntimeError for unreadable models
+            raise SpecbuildError(f"{model_dir}: ONNX Runtime GenAI cannot load it ({exc})") from None
+        self.label = f"ORT GenAI {model_dir.name}" + (" n-gram" if ngram else "")
+
+    def sample(self, ids: list[int], max_new_tokens: int) -> Sample:
+        og = self.og
+        params = og.GeneratorParams(self.model)
+        params.set_search_options(do_sample=False, max_length=len(ids) + max_new_tokens, batch_size=1)
+        if self.ngram:
+            params.set_speculative_options(**self.NGRAM)
+        gen = og.Generator(self.model, params)
+        start = time.perf_counter()
+        gen.append_tokens(ids)
+        ttft = None
+        while not gen.is_done() and gen.token_count() - len(ids) < max_new_tokens:
+            gen.generate_next_token()
+            if ttft is None:
+                ttft = time.perf_counter() - start
+        total = time.perf_counter() - start
+        out = list(gen.get_sequence(0))[len(ids) : len(ids) + max_new_tokens]
+        steps = accepted = 0
+        if self.ngram:
+            stats = gen.get_speculative_stats()
+            steps = int(stats.get("target_forward_passes", 0))
+            accepted = len(out) - 1 if steps else 0
+        return Sample(out, steps, accepted, total, ttft or total, decode_engine_s=0.0)
+
+
 def _label(path: Path, mode: str, used: set[str]) -> str:
     label = f"{path.name} ({mode})"
     while label in used:
@@ -187,6 +241,7 @@ def run_benchmark(
     threads: int | None = None,
     sweep: bool = False,
     log: Callable[[str], None] = print,
+    ort_genai_dirs: list[str | Path] = (),
 ) -> dict[str, Any]:
     from specbuild.runtime.engine import Engine
 
@@ -204,12 +259,15 @@ def run_benchmark(
     medusa_idx = next((i for i, e in enumerate(engines) if e.manifest["speculative_mode"] == "medusa"), None)
     codec = engines[0].codec
     hf = HFTimer(hf_model_dir, threads, engines[0].eos_ids) if hf_model_dir else None
+    peers = [OrtGenAITimer(d, threads, ngram) for d in ort_genai_dirs for ngram in (False, True)]
     log("warming up")
     warm = codec.encode(WARMUP_PROMPT)
     for eng in engines:
         timed_generate(eng, warm, 4)
     if hf:
         hf.sample(warm, 4)
+    for peer in peers:
+        peer.sample(warm, 4)
 
     report: dict[str, Any] = {
         "settings": {
@@ -218,6 +276,7 @@ def run_benchmark(
             "max_new_tokens": max_new_tokens,
             "threads": threads,
             "hf_model_dir": str(hf_model_dir) if hf_model_dir else None,
+            "ort_genai_dirs": [str(d) for d in ort_genai_dirs],
         },
         "engines": [
             {
@@ -236,6 +295,7 @@ def run_benchmark(
     for name, texts in prompts.items():
         samples: list[list[Sample]] = [[] for _ in engines]
         hf_samples: list[Sample] = []
+        peer_samples: list[list[Sample]] = [[] for _ in peers]
         for i, text in enumerate(texts):
             ids = codec.encode(codec.apply_chat(text) if is_chat(name) else text)
             log(f"{name} {i + 1}/{len(texts)} ({len(ids)} prompt tokens)")
@@ -243,6 +303,8 @@ def run_benchmark(
                 samples[k].append(timed_generate(eng, ids, max_new_tokens))
             if hf:
                 hf_samples.append(hf.sample(ids, max_new_tokens))
+            for k, peer in enumerate(peers):
+                peer_samples[k].append(peer.sample(ids, max_new_tokens))
         base = samples[base_idx] if base_idx is not None else None
         rows = {lab: summarize(s, base) for lab, s in zip(labels, samples)}
         add_relative_speed(
@@ -255,6 +317,16 @@ def run_benchmark(
             set_report["transformers"] = summarize(hf_samples, base)
             for key in ("steps", "tau", "host_ms_per_step", "host_share", "engine_ms_per_step"):
                 set_report["transformers"].pop(key)
+        base_tps = rows[labels[base_idx]]["tokens_per_s"] if base_idx is not None else None
+        set_report["peers"] = {}
+        for peer, peer_runs in zip(peers, peer_samples):
+            row = summarize(peer_runs, base)
+            for key in ("host_ms_per_step", "host_share", "engine_ms_per_step"):
+                row.pop(key)
+            if not peer.ngram:
+                row.pop("tau")
+            row["speedup"] = row["tokens_per_s"] / base_tps if base_tps else None
+            set_report["peers"][peer.label] = row
         report["results"][name] = set_report
     if sweep:
         report["context_sweep"] = {"engine": labels[0], **context_sweep(engines[0], max_new_tokens, log)}
@@ -312,6 +384,17 @@ def render(report: dict[str, Any], console=None) -> None:
                 _fmt(r.get("vs_medusa"), ".2f"),
                 _fmt(r["host_ms_per_step"], ".2f"),
                 _fmt(100 * r["host_share"], ".1f"),
+                f"{r['matches_baseline']}/{r['prompts']}" if "matches_baseline" in r else "-",
+            )
+        for label, r in (res.get("peers") or {}).items():
+            table.add_row(
+                escape(label),
+                _fmt(r["tokens_per_s"], ".1f"),
+                _fmt(r["decode_tokens_per_s"], ".1f"),
+                _fmt(r["ttft_ms"], ".0f"),
+                _fmt(r.get("tau"), ".2f"),
+                _fmt(r.get("speedup"), ".2f"),
+                *["-"] * 4,
                 f"{r['matches_baseline']}/{r['prompts']}" if "matches_baseline" in r else "-",
             )
         hf = res.get("transformers")

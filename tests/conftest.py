@@ -6,6 +6,7 @@ tensor matters: a loader or network bug changes the output instead of hiding in 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -262,3 +263,34 @@ def hf_greedy(model, ids: list[int], max_new_tokens: int) -> list[int]:
             pad_token_id=0,
         )
     return out[0, len(ids) :].tolist()
+
+
+def write_char_tokenizer(hf: Path, vocab_offset: int = 0, decoder: bool = True) -> None:
+    """A character-level tokenizer.json (Metaspace, no merges) covering printable ASCII in ids offset.. offset+96."""
+    chars = ["<unk>", "▁"] + [chr(c) for c in range(33, 127) if chr(c) not in '"\\']
+    vocab = {tok: i + vocab_offset for i, tok in enumerate(chars)}
+    tokenizer = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True},
+        "post_processor": None,
+        "decoder": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True}
+        if decoder
+        else None,
+        "model": {
+            "type": "BPE",
+            "vocab": vocab,
+            "merges": [],
+            "unk_token": "<unk>",
+            "dropout": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+        },
+    }
+    (hf / "tokenizer.json").write_text(json.dumps(tokenizer))

@@ -45,3 +45,33 @@ def test_render_shows_the_medusa_column():
     render(report, console)
     text = console.export_text()
     assert "vs medusa" in text and "1.20" in text and "1.32" in text
+
+
+def test_ort_genai_peer_rows_are_greedy_and_its_ngram_is_lossless(tiny_hf_models, tmp_path):
+    """The ONNX Runtime GenAI rows of `specbuild bench` time what a CPU user would run instead: its model builder's
+    graph of the same checkpoint, greedy and with its n-gram speculation, both giving transformers' greedy ids."""
+    pytest.importorskip("onnxruntime_genai")
+    import shutil
+    import subprocess
+    import sys
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specbuild.benchmark import OrtGenAITimer
+    from specbuild.errors import SpecbuildError
+    from tests.conftest import hf_greedy, write_char_tokenizer
+
+    hf = shutil.copytree(tiny_hf_models["llama_gqa_llama3rope"], tmp_path / "hf")
+    write_char_tokenizer(hf)  # the model builder copies a tokenizer into its output
+    builder = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", hf, "-o", tmp_path / "genai"]
+    subprocess.run([*map(str, builder), "-p", "fp32", "-e", "cpu"], check=True, capture_output=True)
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    for ids in ([1, 5, 9, 3, 7, 5, 9, 3], [2, 40, 41]):
+        want = hf_greedy(model, ids, 24)
+        for ngram in (False, True):
+            sample = OrtGenAITimer(tmp_path / "genai", threads=1, ngram=ngram).sample(ids, 24)
+            assert sample.output_ids == want, ngram
+            assert sample.total_s > 0 and sample.ttft_s <= sample.total_s
+    with pytest.raises(SpecbuildError, match="not an ONNX Runtime GenAI model directory"):
+        OrtGenAITimer(hf, threads=1)

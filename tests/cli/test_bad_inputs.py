@@ -25,6 +25,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from specbuild.cli.main import cli
+from tests.conftest import write_char_tokenizer
 from tests.plugins.eagle_fixtures import write_eagle1_head
 from tests.plugins.medusa_helpers import write_medusa_heads
 
@@ -67,43 +68,12 @@ def _edit_weights(hf: Path, edit) -> None:
     save_file(tensors, str(hf / "model.safetensors"), metadata={"format": "pt"})
 
 
-def _write_tokenizer(hf: Path, vocab_offset: int = 0, decoder: bool = True) -> None:
-    """A character-level tokenizer.json (Metaspace, no merges) covering printable ASCII in ids offset.. offset+96."""
-    chars = ["<unk>", "▁"] + [chr(c) for c in range(33, 127) if chr(c) not in '"\\']
-    vocab = {tok: i + vocab_offset for i, tok in enumerate(chars)}
-    tokenizer = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [],
-        "normalizer": None,
-        "pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True},
-        "post_processor": None,
-        "decoder": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True}
-        if decoder
-        else None,
-        "model": {
-            "type": "BPE",
-            "vocab": vocab,
-            "merges": [],
-            "unk_token": "<unk>",
-            "dropout": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-        },
-    }
-    (hf / "tokenizer.json").write_text(json.dumps(tokenizer))
-
-
 # ---------------------------------------------------------------- convert: config, weights, tokenizer
 
 
 def test_a_good_tokenizer_and_template_pass(tiny_hf_models, tmp_path):
     hf = _hf_copy(tiny_hf_models, tmp_path)
-    _write_tokenizer(hf)
+    write_char_tokenizer(hf)
     (hf / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages[0]['content'] }}"}))
     res = invoke("convert", "--model-dir", hf, "--output-dir", tmp_path / "ckpt")
     assert res.exit_code == 0, res.output
@@ -161,20 +131,20 @@ CONVERT_CASES = {
         ["generation_config.json", "eos_token_id"],
     ),
     "truncated tokenizer": (
-        lambda hf: (_write_tokenizer(hf), _truncate(hf / "tokenizer.json", 0.6)),
+        lambda hf: (write_char_tokenizer(hf), _truncate(hf / "tokenizer.json", 0.6)),
         ["tokenizer.json", "not a valid tokenizer"],
     ),
     "tokenizer of another model": (
-        lambda hf: _write_tokenizer(hf, vocab_offset=500),
+        lambda hf: write_char_tokenizer(hf, vocab_offset=500),
         ["tokenizer.json", "outside the model's vocab_size 97"],
     ),
     "tokenizer without decoder": (
-        lambda hf: _write_tokenizer(hf, decoder=False),
+        lambda hf: write_char_tokenizer(hf, decoder=False),
         ["tokenizer.json", "does not round-trip"],
     ),
     "broken chat template": (
         lambda hf: (
-            _write_tokenizer(hf),
+            write_char_tokenizer(hf),
             (hf / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{% for m in messages %}"})),
         ),
         ["tokenizer_config.json", "chat template"],
