@@ -256,6 +256,11 @@ def run_benchmark(
         engines.append(eng)
         labels.append(_label(Path(d), eng.manifest["speculative_mode"], used))
     base_idx = next((i for i, e in enumerate(engines) if e.manifest["speculative_mode"] == "none"), None)
+    precision = [e.manifest.get("weights", {}).get("precision") for e in engines]
+    own_none = [
+        next((i for i, e in enumerate(engines) if e.manifest["speculative_mode"] == "none" and precision[i] == p), None)
+        for p in precision
+    ]
     medusa_idx = next((i for i, e in enumerate(engines) if e.manifest["speculative_mode"] == "medusa"), None)
     codec = engines[0].codec
     hf = HFTimer(hf_model_dir, threads, engines[0].eos_ids) if hf_model_dir else None
@@ -307,6 +312,12 @@ def run_benchmark(
                 peer_samples[k].append(peer.sample(ids, max_new_tokens))
         base = samples[base_idx] if base_idx is not None else None
         rows = {lab: summarize(s, base) for lab, s in zip(labels, samples)}
+        for k, own in enumerate(own_none):  # lossless is relative to the none engine of the same weight precision
+            if own is not None and own != base_idx:
+                rows[labels[k]]["own_none"] = labels[own]
+                rows[labels[k]]["matches_own_none"] = sum(
+                    a.output_ids == b.output_ids for a, b in zip(samples[k], samples[own])
+                )
         add_relative_speed(
             rows,
             labels[base_idx] if base_idx is not None else None,
@@ -356,6 +367,14 @@ def make_console():
     return console if console.is_terminal else Console(width=160)
 
 
+def _same(row: dict[str, Any]) -> str:
+    """Outputs equal to the baseline's, and to the own-precision none engine's when that is another engine."""
+    same = f"{row['matches_baseline']}/{row['prompts']}" if "matches_baseline" in row else "-"
+    if "matches_own_none" in row:
+        same += f" (own none {row['matches_own_none']}/{row['prompts']})"
+    return same
+
+
 def render(report: dict[str, Any], console=None) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -384,7 +403,7 @@ def render(report: dict[str, Any], console=None) -> None:
                 _fmt(r.get("vs_medusa"), ".2f"),
                 _fmt(r["host_ms_per_step"], ".2f"),
                 _fmt(100 * r["host_share"], ".1f"),
-                f"{r['matches_baseline']}/{r['prompts']}" if "matches_baseline" in r else "-",
+                _same(r),
             )
         for label, r in (res.get("peers") or {}).items():
             table.add_row(

@@ -45,6 +45,10 @@ def test_render_shows_the_medusa_column():
     render(report, console)
     text = console.export_text()
     assert "vs medusa" in text and "1.20" in text and "1.32" in text
+    rows["eagle3"].update(own_none="int4 none", matches_own_none=1)  # an int4 engine: its own none is the reference
+    console = Console(record=True, width=240)
+    render(report, console)
+    assert "(own none 1/1)" in console.export_text()
 
 
 def test_ort_genai_peer_rows_are_greedy_and_its_ngram_is_lossless(tiny_hf_models, tmp_path):
