@@ -74,7 +74,6 @@ def quantize_graph(
         raise SpecbuildError(f"{onnx_path.name}: weight quantization failed ({exc})") from None
     model = quantizer.model.model
     _merge_repeated_definitions(model)
-    _one_dequantize_per_reader(model.graph)
     if bits == 4:
         _quantize_embedding(model, block_size, fused=fused_gather)
     onnx.save(model, str(out_path), save_as_external_data=True, location=out_path.name + ".data", size_threshold=1024)
@@ -85,13 +84,11 @@ def _fold_weight_transposes(model: onnx.ModelProto) -> None:
     (its MatMul weight is not a constant) and the exporter's folding leaves alone (too large): store W^T instead, so
     heads and draft networks quantize like the base network."""
     graph = model.graph
-    _gemm_as_matmul(graph)
     inits = {i.name: i for i in graph.initializer}
     readers: dict[str, int] = {}
     for node in graph.node:
         for name in node.input:
             readers[name] = readers.get(name, 0) + 1
-    folded: dict[str, str] = {}  # weight -> its transposed initializer
     for node in list(graph.node):
         if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx") or node.input[0] not in inits:
             continue
@@ -99,46 +96,13 @@ def _fold_weight_transposes(model: onnx.ModelProto) -> None:
         perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
         if len(weight.dims) != 2 or perm not in (None, [1, 0]) or weight.data_type != TensorProto.FLOAT:
             continue
+        folded = numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(weight).T), node.output[0])
         graph.node.remove(node)
-        if weight.name in folded:  # the same weight transposed again (a draft lm_head read at every depth): share
-            for reader in graph.node:
-                for k, name in enumerate(reader.input):
-                    if name == node.output[0]:
-                        reader.input[k] = folded[weight.name]
-        else:
-            array = np.ascontiguousarray(numpy_helper.to_array(weight).T)
-            graph.initializer.append(numpy_helper.from_array(array, node.output[0]))
-            folded[weight.name] = node.output[0]
+        graph.initializer.append(folded)
         readers[weight.name] -= 1
         if not readers[weight.name]:
             graph.initializer.remove(weight)
             del inits[weight.name]
-
-
-def _gemm_as_matmul(graph: onnx.GraphProto) -> None:
-    """Linear layers with a bias on 2-D inputs export as Gemm(A, W, b, transB=1), which the quantizer does not take:
-    rewrite them as MatMul(A, Transpose(W)) + b (the transpose is folded next)."""
-    inits = {i.name for i in graph.initializer}
-    for node in list(graph.node):
-        if node.op_type != "Gemm" or node.domain not in ("", "ai.onnx") or node.input[1] not in inits:
-            continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
-            continue
-        weight, out = node.input[1], node.output[0]
-        replacement = []
-        if attrs.get("transB", 0):
-            replacement.append(helper.make_node("Transpose", [weight], [f"{out}_wT"], name=f"{node.name}_wT"))
-            weight = f"{out}_wT"
-        has_bias = len(node.input) > 2 and node.input[2]
-        product = f"{out}_matmul" if has_bias else out
-        replacement.append(helper.make_node("MatMul", [node.input[0], weight], [product], name=f"{node.name}_matmul"))
-        if has_bias:
-            replacement.append(helper.make_node("Add", [product, node.input[2]], [out], name=f"{node.name}_bias"))
-        position = list(graph.node).index(node)
-        graph.node.remove(node)
-        for offset, new in enumerate(replacement):
-            graph.node.insert(position + offset, new)
 
 
 def _merge_repeated_definitions(model: onnx.ModelProto) -> None:
@@ -166,25 +130,6 @@ def _merge_repeated_definitions(model: onnx.ModelProto) -> None:
             graph.node.remove(node)
         else:
             raise SpecbuildError(f"weight quantization produced two different nodes writing {node.output[0]!r}")
-
-
-def _one_dequantize_per_reader(graph: onnx.GraphProto) -> None:
-    """ONNX Runtime fuses DequantizeLinear -> MatMul into MatMulNBits only when the MatMul is the DequantizeLinear's
-    single reader; a draft layer run at every depth would otherwise dequantize its whole weight on every call. Give
-    each further reader its own DequantizeLinear of the same initializers (no bytes are copied)."""
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    for dq in [n for n in graph.node if n.op_type == "DequantizeLinear"]:
-        for k, reader in enumerate(readers.get(dq.output[0], [])[1:], start=1):
-            copy = onnx.NodeProto()
-            copy.CopyFrom(dq)
-            copy.name, copy.output[0] = f"{dq.name}_{k}", f"{dq.output[0]}_{k}"
-            for i, name in enumerate(reader.input):
-                if name == dq.output[0]:
-                    reader.input[i] = copy.output[0]
-            graph.node.insert(list(graph.node).index(reader), copy)
 
 
 def _with_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
