@@ -45,7 +45,6 @@ def quantize_graph(
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
     model = onnx.load(str(onnx_path))
-    _fold_weight_transposes(model)
     if bits == 4:
         model = _with_opset(model, QDQ_OPSET)
     fmt = QuantFormat.QDQ if bits == 4 else QuantFormat.QOperator
@@ -77,32 +76,6 @@ def quantize_graph(
     if bits == 4:
         _quantize_embedding(model, block_size, fused=fused_gather)
     onnx.save(model, str(out_path), save_as_external_data=True, location=out_path.name + ".data", size_threshold=1024)
-
-
-def _fold_weight_transposes(model: onnx.ModelProto) -> None:
-    """`nn.Linear` layers (the heads' and draft layers') export as Transpose(W) -> MatMul, which the quantizer skips
-    (its MatMul weight is not a constant) and the exporter's folding leaves alone (too large): store W^T instead, so
-    heads and draft networks quantize like the base network."""
-    graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
-    readers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    for node in list(graph.node):
-        if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx") or node.input[0] not in inits:
-            continue
-        weight = inits[node.input[0]]
-        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-        if len(weight.dims) != 2 or perm not in (None, [1, 0]) or weight.data_type != TensorProto.FLOAT:
-            continue
-        folded = numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(weight).T), node.output[0])
-        graph.node.remove(node)
-        graph.initializer.append(folded)
-        readers[weight.name] -= 1
-        if not readers[weight.name]:
-            graph.initializer.remove(weight)
-            del inits[weight.name]
 
 
 def _merge_repeated_definitions(model: onnx.ModelProto) -> None:

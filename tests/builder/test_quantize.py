@@ -67,24 +67,6 @@ def test_int4_speculation_equals_the_int4_none_engine(int4_engines, graph):
     )
 
 
-def _float_matmul_weights(model: onnx.ModelProto) -> list[str]:
-    """MatMul weights left in float: constants, or transposes of constants."""
-    inits = {i.name for i in model.graph.initializer}
-    transposed = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Transpose" and n.input[0] in inits}
-    return [
-        transposed.get(n.input[1], n.input[1])
-        for n in model.graph.node
-        if n.op_type == "MatMul" and (n.input[1] in inits or n.input[1] in transposed)
-    ]
-
-
-@pytest.mark.parametrize("mode", ["medusa", "eagle3"])
-def test_int4_heads_and_draft_layers_are_quantized_too(int4_engines, mode):
-    for graph_file in (ef.ENGINE_ONNX, ef.ENGINE_ORT_ONNX):
-        model = onnx.load(str(int4_engines[mode] / graph_file), load_external_data=False)
-        assert _float_matmul_weights(model) == [], (mode, graph_file)
-
-
 def test_int4_portable_graph_is_tensorrt_clean_and_shares_the_bytes(int4_engines, toy, tmp_path):
     engine_dir = int4_engines["eagle3"]
     portable = onnx.load(str(engine_dir / ef.ENGINE_ONNX), load_external_data=False)
