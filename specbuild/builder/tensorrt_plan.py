@@ -6,27 +6,15 @@ Kept thin and import-safe: neither ``tensorrt`` nor polygraphy's TensorRT backen
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from specbuild.errors import SpecbuildError
+from specbuild.runtime.backends.tensorrt import tensorrt_available  # noqa: F401 - re-exported for the builder
 
 TENSORRT_MISSING = "--tensorrt needs the TensorRT Python package (pip install specbuild[trt]) on an NVIDIA GPU host"
 
 Shape = Sequence[int]
-
-
-def tensorrt_available() -> bool:
-    """True when the ``tensorrt`` Python package imports on this host."""
-    if importlib.util.find_spec("tensorrt") is None:
-        return False
-    try:
-        importlib.import_module("tensorrt")
-    except Exception:  # noqa: BLE001 - a broken install (missing libnvinfer, no driver) counts as unavailable
-        return False
-    return True
 
 
 def _tensorrt_major() -> int:

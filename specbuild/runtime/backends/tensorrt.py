@@ -6,6 +6,8 @@ TensorRT raises a one-line SpecbuildError. Feeds and results are host numpy arra
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import time
 from pathlib import Path
 
@@ -32,14 +34,23 @@ def _plan_file(engine_dir: Path, manifest: dict) -> Path:
     return path
 
 
+def tensorrt_available() -> bool:
+    """True when the ``tensorrt`` Python package imports on this host."""
+    if importlib.util.find_spec("tensorrt") is None:
+        return False
+    try:
+        importlib.import_module("tensorrt")
+    except Exception:  # noqa: BLE001 - a broken install (missing libnvinfer, no driver) counts as unavailable
+        return False
+    return True
+
+
 class TensorRTBackend:
     """Runs one step of the engine on the GPU: ``run(feeds) -> outputs``; ``last_engine_s`` times the engine."""
 
     name = "tensorrt"
 
     def __init__(self, engine_dir: Path, manifest: dict):
-        from specbuild.builder.tensorrt_plan import tensorrt_available
-
         if not tensorrt_available():
             raise SpecbuildError(TENSORRT_MISSING)
         self.engine_dir = Path(engine_dir)
