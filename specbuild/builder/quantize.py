@@ -47,26 +47,16 @@ def quantize_graph(
     model = onnx.load(str(onnx_path))
     if bits == 4:
         model = _with_opset(model, QDQ_OPSET)
-    fmt = QuantFormat.QDQ if bits == 4 else QuantFormat.QOperator
-    config = DefaultWeightOnlyQuantConfig(
+    settings = dict(
         block_size=block_size,
         is_symmetric=True,
         accuracy_level=accuracy_level,
-        quant_format=fmt,
+        quant_format=QuantFormat.QDQ if bits == 4 else QuantFormat.QOperator,
         op_types_to_quantize=("MatMul",),
-        bits=bits,
     )
     logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
-    quantizer = MatMulNBitsQuantizer(
-        model,
-        bits=bits,
-        block_size=block_size,
-        is_symmetric=True,
-        accuracy_level=accuracy_level,
-        quant_format=fmt,
-        op_types_to_quantize=("MatMul",),
-        algo_config=config,
-    )
+    config = DefaultWeightOnlyQuantConfig(bits=bits, **settings)
+    quantizer = MatMulNBitsQuantizer(model, bits=bits, algo_config=config, **settings)
     try:
         quantizer.process()
     except Exception as exc:  # the quantizer raises assertion/value errors on shapes it cannot handle
