@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from specbuild import engine_format as ef
-from specbuild.builder.acceptance import accept
+from specbuild.builder.acceptance import accept, accept_root
 from specbuild.plugins.base import DraftContext, ModePlugin
 
 BASE_INPUTS = [
@@ -40,6 +40,8 @@ class StepModule(nn.Module):
         self.typical = typical
         self.state_names = [s.name for s in plugin.state_specs()]
         self.draft_output_names: list[str] = []
+        # a mode that never drafts verifies a lone root: the acceptance block reduces to drawing the next token
+        self.root_only = plugin.max_new_tokens_per_step() == 1 and typical is None
 
     def forward(
         self,
@@ -77,19 +79,21 @@ class StepModule(nn.Module):
         w = rand_accept.shape[1]
         off = t - w
         logits = self.net.lm_head(hidden.narrow(1, off, w))
-        paths_w = torch.where(paths >= 0, paths - off, torch.full_like(paths, -1))
-        acc_tokens, num_acc, acc_nodes_w, last_w = accept(
-            logits,
-            input_ids.narrow(1, off, w),
-            tree_mask.narrow(1, off, w).narrow(2, off, w),
-            paths_w,
-            temperature,
-            top_k,
-            top_p,
-            rand_accept,
-            rand_sample,
-            typical=self.typical,
-        )
+        if self.root_only:
+            acc_tokens, num_acc, acc_nodes_w, last_w = accept_root(logits, temperature, top_k, top_p, rand_sample)
+        else:
+            acc_tokens, num_acc, acc_nodes_w, last_w = accept(
+                logits,
+                input_ids.narrow(1, off, w),
+                tree_mask.narrow(1, off, w).narrow(2, off, w),
+                torch.where(paths >= 0, paths - off, torch.full_like(paths, -1)),
+                temperature,
+                top_k,
+                top_p,
+                rand_accept,
+                rand_sample,
+                typical=self.typical,
+            )
         acc_nodes = torch.where(acc_nodes_w >= 0, acc_nodes_w + off, torch.full_like(acc_nodes_w, -1))
         last_node = last_w + off
         bonus = acc_tokens.gather(1, (num_acc - 1).unsqueeze(1)).squeeze(1)
