@@ -103,7 +103,20 @@ def tree_structure(tree_mask):
     return depth, parent, siblings_before
 
 
-def accept(logits, tokens, tree_mask, paths, temperature, top_k, top_p, rand_accept, rand_sample, typical=None):
+def accept(
+    logits,
+    tokens,
+    tree_mask,
+    paths,
+    temperature,
+    top_k,
+    top_p,
+    rand_accept,
+    rand_sample,
+    typical=None,
+    draft_probs=None,
+    max_siblings: int = 1,
+):
     """Verify a draft tree.
 
     logits [B,W,V] of the window nodes; tokens [B,W] (node tokens; node 0 of a path is the root);
@@ -114,7 +127,16 @@ def accept(logits, tokens, tree_mask, paths, temperature, top_k, top_p, rand_acc
     When every row is greedy an ONNX If runs the greedy verification alone: a node is accepted when its token is
     its parent's argmax and the bonus is the last accepted node's argmax -- the general rule below at temperature 0,
     without its vocabulary-wide probability, residual and CDF passes.
+
+    draft_probs [B,W,V] (optional): the distribution q each node's token was drawn from (stochastic drafters); the
+    sampling rule is then SpecInfer's recursive rejection (see `accept_with_draft_probs`), for trees whose nodes have
+    at most `max_siblings` children. Without it every draft is a point mass (the rule above).
     """
+    if draft_probs is not None:
+        return accept_with_draft_probs(
+            logits, tokens, tree_mask, paths, temperature, top_k, top_p, rand_accept, rand_sample, draft_probs,
+            max_siblings,
+        )  # fmt: skip
     if typical is not None:
         return _accept_typical(
             logits, tokens, tree_mask, paths, temperature, top_k, top_p, rand_accept, rand_sample, typical=typical
@@ -132,6 +154,70 @@ def accept(logits, tokens, tree_mask, paths, temperature, top_k, top_p, rand_acc
     operands = (logits, tokens, parent, last_node, temperature, top_k, top_p, rand_sample)
     bonus = torch.cond(greedy, _greedy_bonus, _sampled_bonus, operands)
     return _accepted(tokens, best_len, best_path, last_node, bonus)
+
+
+def accept_with_draft_probs(
+    logits, tokens, tree_mask, paths, temperature, top_k, top_p, rand_accept, rand_sample, draft_probs, max_siblings
+):
+    """Tree acceptance for drafts drawn from distributions q (../shared/reference/algorithms-and-formats.md §7).
+
+    The children x_1..x_k of a node are tried in node order against that node's target distribution p, as a
+    residual R_0 = p: child j is accepted with probability min(1, R_{j-1}(x_j) / q_j(x_j)); when rejected,
+    R_j = normalise(max(R_{j-1} - q_j, 0)). The first accepted child continues the walk; when all are rejected the
+    bonus token is drawn from the last residual. The output then follows p exactly whatever q is. With q_j a point
+    mass on x_j this is the rule of `accept`. Greedy (temperature 0) stays the exact argmax match. The rank loop is
+    unrolled `max_siblings` times (the most children any node has).
+    """
+    greedy = (temperature <= 0).all()
+    tokens = tokens.index_select(1, torch.arange(tokens.shape[1], device=tokens.device))
+    depth, parent, siblings_before = tree_structure(tree_mask)
+    operands = (logits, tokens, parent, siblings_before, temperature, top_k, top_p, rand_accept, draft_probs)
+
+    def sampled(*args):
+        return _sampled_flags_q(*args, max_siblings=max_siblings)
+
+    flags_and_residual = torch.cond(greedy, _greedy_flags_q, sampled, operands)
+    accepted_flag = flags_and_residual[:, :, 0] * (depth > 0).float()
+    residual = flags_and_residual[:, :, 1:]
+    earlier_accepted = (siblings_before * accepted_flag.unsqueeze(1)).sum(-1)
+    chosen = accepted_flag * (earlier_accepted == 0).float()
+    best_len, best_path, last_node = _best_path(chosen, paths)
+    b, _, v = logits.shape
+    last_residual = residual.gather(1, last_node.view(b, 1, 1).expand(b, 1, v)).squeeze(1)
+    last_logits = logits.gather(1, last_node.view(b, 1, 1).expand(b, 1, v)).squeeze(1)
+    sampled = _sample(last_residual, last_residual, rand_sample)
+    bonus = torch.where(greedy, last_logits.argmax(-1), sampled)
+    return _accepted(tokens, best_len, best_path, last_node, bonus)
+
+
+def _greedy_flags_q(logits, tokens, parent, siblings_before, temperature, top_k, top_p, rand_accept, draft_probs):
+    flags = _greedy_flags(logits, tokens, parent, siblings_before, temperature, top_k, top_p, rand_accept)
+    return torch.cat([flags.unsqueeze(-1), torch.zeros_like(logits)], dim=-1)
+
+
+def _sampled_flags_q(
+    logits, tokens, parent, siblings_before, temperature, top_k, top_p, rand_accept, draft_probs, max_siblings=1
+):
+    """[B,W,1+V]: each node's acceptance flag, then its residual after all its children were rejected."""
+    b, w, v = logits.shape
+    residual = target_probs(logits, temperature, top_k, top_p)  # [B,m,V]: R_0 of every node as a parent
+    q = draft_probs.float()
+    rank = siblings_before.sum(-1)  # [B,n]: earlier siblings of node n
+    onehot = (tokens.unsqueeze(-1) == torch.arange(v, device=logits.device).view(1, 1, v)).float()  # [B,n,V]
+    q_token = (q * onehot).sum(-1)  # [B,n]: q_n(x_n)
+    flags = torch.zeros_like(q_token)
+    for j in range(max_siblings):
+        at_rank = (rank == float(j)).float() * parent.sum(-1)  # [B,n]: node n is its parent's child number j
+        r_token = (torch.matmul(parent, residual) * onehot).sum(-1)  # [B,n]: R_{j}(x_n) at n's parent
+        ratio = torch.where(q_token > 0, r_token / torch.where(q_token > 0, q_token, torch.ones_like(q_token)), 1.0)
+        flags = flags + at_rank * (rand_accept < ratio).float()
+        child_q = torch.matmul(parent.transpose(1, 2), at_rank.unsqueeze(-1) * q)  # [B,m,V]
+        has_child = torch.matmul(parent.transpose(1, 2), at_rank.unsqueeze(-1))  # [B,m,1]
+        rest = torch.clamp(residual - child_q, min=0.0)
+        mass = rest.sum(-1, keepdim=True)
+        rest = rest / torch.where(mass > 0, mass, torch.ones_like(mass))
+        residual = torch.where(has_child > 0, rest, residual)
+    return torch.cat([flags.unsqueeze(-1), residual], dim=-1)
 
 
 def accept_root(logits, temperature, top_k, top_p, rand_sample):
