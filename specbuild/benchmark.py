@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.errors import SpecbuildError
+from specbuild.plugins.registry import get_mode
 from specbuild.prompts import is_chat, load_prompt_set
 
 SWEEP_CONTEXTS = (64, 1024)
@@ -54,19 +55,9 @@ class Sample:
 
 
 def timed_generate(engine, input_ids: list[int], max_new_tokens: int, ignore_eos: bool = False) -> Sample:
-    """Greedy generation, recording each engine call's time (prefill = first call) through the backend."""
+    """Greedy generation; the runtime reports its engine time (prefill separately) and the host time."""
     from specbuild.runtime.engine import SamplingParams
 
-    backend = engine.backend
-    original = backend.run
-    calls: list[float] = []
-
-    def run(feeds, aliases=None):
-        out = original(feeds, aliases)
-        calls.append(backend.last_engine_s)
-        return out
-
-    backend.run = run
     eos = engine.eos_ids
     if ignore_eos:
         engine.eos_ids = set()
@@ -75,7 +66,6 @@ def timed_generate(engine, input_ids: list[int], max_new_tokens: int, ignore_eos
             input_ids=input_ids, max_new_tokens=max_new_tokens, sampling=SamplingParams(), decode_text=False
         )
     finally:
-        vars(backend).pop("run", None)
         engine.eos_ids = eos
     return Sample(
         output_ids=list(res.output_ids),
@@ -83,7 +73,7 @@ def timed_generate(engine, input_ids: list[int], max_new_tokens: int, ignore_eos
         accepted=int(sum(res.accepted_per_step)),
         total_s=res.total_s,
         ttft_s=res.ttft_s,
-        decode_engine_s=float(sum(calls[1:])),
+        decode_engine_s=res.engine_s - res.prefill_engine_s,
     )
 
 
@@ -113,9 +103,24 @@ def summarize(samples: list[Sample], baseline: list[Sample] | None = None) -> di
 
 
 class HFTimer:
-    """transformers' greedy `generate` on the same ids: full generation and a 1-token generate for TTFT."""
+    """transformers' greedy `generate` on the same ids: full generation and a 1-token generate for TTFT; with
+    `prompt_lookup` N, its prompt lookup decoding (`prompt_lookup_num_tokens=N`), what a transformers user would turn
+    on for speculation without a draft model."""
 
-    def __init__(self, model_dir, threads: int | None, eos_ids):
+    PROMPT_LOOKUP_TOKENS = 10
+
+    def __init__(self, model, eos_ids, prompt_lookup: int | None = None):
+        import torch
+
+        self.torch = torch
+        self.model = model
+        self.eos_ids = sorted(eos_ids) or None
+        self.prompt_lookup = prompt_lookup
+        self.label = "transformers (HF generate)" + (f" prompt lookup {prompt_lookup}" if prompt_lookup else "")
+        self.ngram = bool(prompt_lookup)
+
+    @staticmethod
+    def load(model_dir, threads: int | None):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -123,13 +128,12 @@ class HFTimer:
             torch.set_num_threads(threads)
         if not Path(model_dir).is_dir():
             raise SpecbuildError(f"{model_dir}: --hf-model-dir does not exist")
-        self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-        self.eos_ids = sorted(eos_ids) or None
+        return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
     def _generate(self, ids: list[int], max_new_tokens: int):
         torch = self.torch
         x = torch.tensor([ids], dtype=torch.long)
+        extra = {"prompt_lookup_num_tokens": self.prompt_lookup} if self.prompt_lookup else {}
         with torch.inference_mode():
             start = time.perf_counter()
             out = self.model.generate(
@@ -139,6 +143,7 @@ class HFTimer:
                 do_sample=False,
                 eos_token_id=self.eos_ids,
                 pad_token_id=self.eos_ids[0] if self.eos_ids else None,
+                **extra,
             )
             return time.perf_counter() - start, out[0, len(ids) :].tolist()
 
@@ -255,22 +260,20 @@ def run_benchmark(
         eng = Engine(d, threads=threads)
         engines.append(eng)
         labels.append(_label(Path(d), eng.manifest["speculative_mode"], used))
-    base_idx = next((i for i, e in enumerate(engines) if e.manifest["speculative_mode"] == "none"), None)
+    plain = [get_mode(e.manifest["speculative_mode"]).baseline for e in engines]
+    base_idx = next((i for i, e in enumerate(engines) if plain[i]), None)
     precision = [e.manifest.get("weights", {}).get("precision") for e in engines]
-    own_none = [
-        next((i for i, e in enumerate(engines) if e.manifest["speculative_mode"] == "none" and precision[i] == p), None)
-        for p in precision
-    ]
-    medusa_idx = next((i for i, e in enumerate(engines) if e.manifest["speculative_mode"] == "medusa"), None)
+    own_none = [next((i for i in range(len(engines)) if plain[i] and precision[i] == p), None) for p in precision]
     codec = engines[0].codec
-    hf = HFTimer(hf_model_dir, threads, engines[0].eos_ids) if hf_model_dir else None
-    peers = [OrtGenAITimer(d, threads, ngram) for d in ort_genai_dirs for ngram in (False, True)]
+    peers: list = []
+    if hf_model_dir:
+        model = HFTimer.load(hf_model_dir, threads)
+        peers += [HFTimer(model, engines[0].eos_ids, n) for n in (None, HFTimer.PROMPT_LOOKUP_TOKENS)]
+    peers += [OrtGenAITimer(d, threads, ngram) for d in ort_genai_dirs for ngram in (False, True)]
     log("warming up")
     warm = codec.encode(WARMUP_PROMPT)
     for eng in engines:
         timed_generate(eng, warm, 4)
-    if hf:
-        hf.sample(warm, 4)
     for peer in peers:
         peer.sample(warm, 4)
 
@@ -299,15 +302,12 @@ def run_benchmark(
     }
     for name, texts in prompts.items():
         samples: list[list[Sample]] = [[] for _ in engines]
-        hf_samples: list[Sample] = []
         peer_samples: list[list[Sample]] = [[] for _ in peers]
         for i, text in enumerate(texts):
             ids = codec.encode(codec.apply_chat(text) if is_chat(name) else text)
             log(f"{name} {i + 1}/{len(texts)} ({len(ids)} prompt tokens)")
             for k, eng in enumerate(engines):
                 samples[k].append(timed_generate(eng, ids, max_new_tokens))
-            if hf:
-                hf_samples.append(hf.sample(ids, max_new_tokens))
             for k, peer in enumerate(peers):
                 peer_samples[k].append(peer.sample(ids, max_new_tokens))
         base = samples[base_idx] if base_idx is not None else None
@@ -318,41 +318,37 @@ def run_benchmark(
                 rows[labels[k]]["matches_own_none"] = sum(
                     a.output_ids == b.output_ids for a, b in zip(samples[k], samples[own])
                 )
-        add_relative_speed(
-            rows,
-            labels[base_idx] if base_idx is not None else None,
-            labels[medusa_idx] if medusa_idx is not None else None,
-        )
         set_report: dict[str, Any] = {"engines": rows}
-        if hf:
-            set_report["transformers"] = summarize(hf_samples, base)
-            for key in ("steps", "tau", "host_ms_per_step", "host_share", "engine_ms_per_step"):
-                set_report["transformers"].pop(key)
         base_tps = rows[labels[base_idx]]["tokens_per_s"] if base_idx is not None else None
         set_report["peers"] = {}
         for peer, peer_runs in zip(peers, peer_samples):
             row = summarize(peer_runs, base)
             for key in ("host_ms_per_step", "host_share", "engine_ms_per_step"):
                 row.pop(key)
-            if not peer.ngram:
+            if not peer.ngram or not row["steps"]:  # transformers does not say how many steps it took
                 row.pop("tau")
+            row.pop("steps")
             row["speedup"] = row["tokens_per_s"] / base_tps if base_tps else None
             set_report["peers"][peer.label] = row
+        add_relative_speed(rows, labels[base_idx] if base_idx is not None else None, set_report["peers"])
         report["results"][name] = set_report
     if sweep:
         report["context_sweep"] = {"engine": labels[0], **context_sweep(engines[0], max_new_tokens, log)}
     return report
 
 
-def add_relative_speed(rows: dict[str, dict], baseline: str | None, medusa: str | None) -> None:
-    """Per engine row: `speedup` over the baseline (`none`) engine, η = speedup / τ, and `vs_medusa`, the
-    tokens/s ratio to the first Medusa engine of the run (None where there is no such engine)."""
+def add_relative_speed(rows: dict[str, dict], baseline: str | None, peers: dict[str, dict] | None = None) -> None:
+    """Per engine row: `speedup` over the baseline (plain decoding) engine, η = speedup / τ, and `vs_fastest`, the
+    tokens/s ratio to the fastest row of the run other than itself (engines and peers alike; 1.05 = 5 % faster than
+    the best alternative). Peer rows get `vs_fastest` too."""
     base_tps = rows[baseline]["tokens_per_s"] if baseline else None
-    medusa_tps = rows[medusa]["tokens_per_s"] if medusa else None
-    for row in rows.values():
-        row["speedup"] = row["tokens_per_s"] / base_tps if base_tps else None
-        row["eta"] = row["speedup"] / row["tau"] if row["speedup"] and row["tau"] else None
-        row["vs_medusa"] = row["tokens_per_s"] / medusa_tps if medusa_tps else None
+    everyone = {**rows, **(peers or {})}
+    for label, row in everyone.items():
+        if label in rows:
+            row["speedup"] = row["tokens_per_s"] / base_tps if base_tps else None
+            row["eta"] = row["speedup"] / row["tau"] if row["speedup"] and row["tau"] else None
+        others = [r["tokens_per_s"] for other, r in everyone.items() if other != label]
+        row["vs_fastest"] = row["tokens_per_s"] / max(others) if others and max(others) > 0 else None
 
 
 def _fmt(value, spec: str) -> str:
@@ -384,10 +380,10 @@ def render(report: dict[str, Any], console=None) -> None:
     for name, res in report["results"].items():
         table = Table(
             title=f"{name}: {settings['num_prompts']} prompts, greedy, max {settings['max_new_tokens']} new tokens "
-            f"(baseline {report['baseline'] or 'none'})",
+            f"(baseline {report['baseline'] or '-'})",
             title_justify="left",
         )
-        cols = ["engine", "tok/s", "decode tok/s", "TTFT ms", "τ", "speed-up", "η", "vs medusa"]
+        cols = ["engine", "tok/s", "decode tok/s", "TTFT ms", "τ", "speed-up", "η", "vs fastest other"]
         cols += ["host ms/step", "host %", "same"]
         for col in cols:
             table.add_column(col, justify="left" if col == "engine" else "right")
@@ -400,7 +396,7 @@ def render(report: dict[str, Any], console=None) -> None:
                 _fmt(r["tau"], ".2f"),
                 _fmt(r.get("speedup"), ".2f"),
                 _fmt(r.get("eta"), ".2f"),
-                _fmt(r.get("vs_medusa"), ".2f"),
+                _fmt(r.get("vs_fastest"), ".2f"),
                 _fmt(r["host_ms_per_step"], ".2f"),
                 _fmt(100 * r["host_share"], ".1f"),
                 _same(r),
@@ -413,19 +409,10 @@ def render(report: dict[str, Any], console=None) -> None:
                 _fmt(r["ttft_ms"], ".0f"),
                 _fmt(r.get("tau"), ".2f"),
                 _fmt(r.get("speedup"), ".2f"),
-                *["-"] * 4,
+                "-",
+                _fmt(r.get("vs_fastest"), ".2f"),
+                *["-"] * 2,
                 f"{r['matches_baseline']}/{r['prompts']}" if "matches_baseline" in r else "-",
-            )
-        hf = res.get("transformers")
-        if hf:
-            same = f"{hf['matches_baseline']}/{hf['prompts']}" if "matches_baseline" in hf else "-"
-            table.add_row(
-                "transformers (HF generate)",
-                _fmt(hf["tokens_per_s"], ".1f"),
-                _fmt(hf["decode_tokens_per_s"], ".1f"),
-                _fmt(hf["ttft_ms"], ".0f"),
-                *["-"] * 6,
-                same,
             )
         console.print(table)
     sweep = report.get("context_sweep")

@@ -184,10 +184,10 @@ def render(info: dict[str, Any], console=None) -> None:
             ("vocab", info["vocab_size"]),
             ("dtype", info["dtype"]),
             ("tied embeddings", info["tie_word_embeddings"]),
-            ("rope", f"theta {info['rope']['theta']:g}, scaling {info['rope']['scaling'] or 'none'}"),
+            ("rope", f"theta {info['rope']['theta']:g}, scaling {info['rope']['scaling'] or '(none)'}"),
             ("max positions", info["max_position_embeddings"]),
             ("sliding window", _window(info["sliding_window"])),
-            ("speculative heads", ", ".join(info["heads"]) or "none"),
+            ("speculative heads", ", ".join(info["heads"]) or "(none)"),
             ("tensors", f"{info['tensors']} ({info['weights']['parameters']:,} base parameters)"),
             ("size", _size(info["bytes"])),
             ("tokenizer / chat template", f"{info['tokenizer']} / {info['chat_template']}"),
@@ -202,12 +202,12 @@ def render(info: dict[str, Any], console=None) -> None:
             ("lossless", "yes" if info["lossless"] else f"NO (typical acceptance {info['typical_acceptance']})"),
             ("limits", ", ".join(f"{k} {v}" for k, v in limits.items())),
             ("tree", "dynamic" if tree.get("dynamic") else f"{tree['size']} nodes, depth {tree['depth']}"),
-            ("states", ", ".join(s["name"] for s in info["states"]) or "none"),
+            ("states", ", ".join(s["name"] for s in info["states"]) or "(none)"),
             (
                 "graphs",
                 "; ".join(f"{g['backend']}: {g['file']} ({g['weights']}, {g['kv_cache']} KV)" for g in info["graphs"]),
             ),
-            ("TensorRT plan", info["plan"] or "none"),
+            ("TensorRT plan", info["plan"] or "(none)"),
             (
                 "validation",
                 f"max abs diff {validation.get('max_abs_diff', float('nan')):.3g} "

@@ -128,6 +128,10 @@ class Tree:
             index[choice] = i
         return index
 
+    def node_index(self, choice) -> int:
+        """The node index of `choice` (a tuple of ranks; () is the root)."""
+        return self._index[tuple(choice)]
+
     @cached_property
     def parents(self) -> np.ndarray:
         """int64 [N]: parent node index of each node; the root's is -1."""

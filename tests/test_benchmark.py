@@ -1,4 +1,4 @@
-"""Benchmark report arithmetic: speed-up over `none`, η and speed relative to Medusa from one run's rows."""
+"""Benchmark report arithmetic: speed-up over the baseline, η and speed relative to the fastest other row."""
 
 import pytest
 
@@ -13,26 +13,30 @@ def _rows():
     }
 
 
-def test_speedups_are_relative_to_none_and_medusa():
+def test_speedups_are_relative_to_the_baseline_and_to_the_fastest_other_row():
     rows = _rows()
-    add_relative_speed(rows, "none", "medusa")
+    peers = {"ORT GenAI int4": {"tokens_per_s": 36.0}}
+    add_relative_speed(rows, "none", peers)
     assert rows["eagle3"]["speedup"] == pytest.approx(1.32)
     assert rows["eagle3"]["eta"] == pytest.approx(1.32 / 2.2)
-    assert rows["eagle3"]["vs_medusa"] == pytest.approx(1.2)
-    assert rows["medusa"]["vs_medusa"] == pytest.approx(1.0) and rows["none"]["speedup"] == pytest.approx(1.0)
+    assert rows["eagle3"]["vs_fastest"] == pytest.approx(39.6 / 36.0)  # faster than every alternative
+    assert rows["medusa"]["vs_fastest"] == pytest.approx(33.0 / 39.6) and rows["none"]["speedup"] == pytest.approx(1)
+    peer = peers["ORT GenAI int4"]
+    assert peer["vs_fastest"] == pytest.approx(36.0 / 39.6) and "speedup" not in peer
 
 
-def test_without_baseline_or_medusa_the_ratios_are_absent():
+def test_without_baseline_the_speedups_are_absent():
     rows = _rows()
-    add_relative_speed(rows, None, None)
-    assert all(r["speedup"] is None and r["eta"] is None and r["vs_medusa"] is None for r in rows.values())
+    add_relative_speed(rows, None)
+    assert all(r["speedup"] is None and r["eta"] is None for r in rows.values())
+    assert rows["eagle3"]["vs_fastest"] == pytest.approx(1.2)
 
 
-def test_render_shows_the_medusa_column():
+def test_render_names_no_mode_in_its_columns():
     from rich.console import Console
 
     rows = _rows()
-    add_relative_speed(rows, "none", "medusa")
+    add_relative_speed(rows, "none")
     for r in rows.values():
         r.update(decode_tokens_per_s=r["tokens_per_s"], ttft_ms=100.0, host_ms_per_step=0.5, host_share=0.01)
         r.update(prompts=1, matches_baseline=1)
@@ -44,7 +48,9 @@ def test_render_shows_the_medusa_column():
     console = Console(record=True, width=200)
     render(report, console)
     text = console.export_text()
-    assert "vs medusa" in text and "1.20" in text and "1.32" in text
+    assert "vs fastest other" in text and "1.20" in text and "1.32" in text
+    header = next(line for line in text.splitlines() if "tok/s" in line)
+    assert "medusa" not in header and "eagle" not in header
     rows["eagle3"].update(own_none="int4 none", matches_own_none=1)  # an int4 engine: its own none is the reference
     console = Console(record=True, width=240)
     render(report, console)
@@ -79,3 +85,18 @@ def test_ort_genai_peer_rows_are_greedy_and_its_ngram_is_lossless(tiny_hf_models
             assert sample.total_s > 0 and sample.ttft_s <= sample.total_s
     with pytest.raises(SpecbuildError, match="not an ONNX Runtime GenAI model directory"):
         OrtGenAITimer(hf, threads=1)
+
+
+def test_transformers_rows_greedy_and_prompt_lookup_give_its_greedy_ids(tiny_hf_models):
+    """`--hf-model-dir` adds transformers' greedy generate and its prompt lookup decoding; both are exact."""
+    from specbuild.benchmark import HFTimer
+    from tests.conftest import hf_greedy
+
+    model = HFTimer.load(tiny_hf_models["llama_gqa_llama3rope"], threads=1)
+    ids = [1, 5, 9, 3, 7, 5, 9, 3]
+    want = hf_greedy(model, ids, 20)
+    for lookup in (None, 10):
+        timer = HFTimer(model, eos_ids=set(), prompt_lookup=lookup)
+        sample = timer.sample(ids, 20)
+        assert sample.output_ids[: len(want)] == want and timer.ngram == bool(lookup)
+    assert "prompt lookup 10" in timer.label

@@ -48,3 +48,18 @@ def test_greedy_equals_transformers_with_shipped_heads(mode, smollm2_hf, hf_mode
         assert result.output_ids == hf_greedy(hf_model, ids, 64), (mode, prompt)
         steps += result.accepted_per_step
     assert sum(steps) / len(steps) > 1.15  # the shipped heads really draft accepted tokens (measured τ 1.25-1.8)
+
+
+def test_ngram_greedy_equals_transformers(smollm2_checkpoint, hf_model, tmp_path):
+    """Prompt lookup decoding needs no heads: any base model, exact greedy ids, drafts accepted on code."""
+    from specbuild.builder.build import BuildOptions, build_engine
+
+    options = BuildOptions(backends=ORT_ONLY, speculative_mode="ngram", ngram_candidates=2, max_seq_len=512)
+    engine = Engine(build_engine(smollm2_checkpoint, tmp_path / "engine", options, log=quiet))
+    steps = []
+    for prompt in PROMPTS:
+        ids = engine.codec.encode(prompt)
+        result = engine.generate(input_ids=ids, max_new_tokens=64)
+        assert result.output_ids == hf_greedy(hf_model, ids, 64), prompt
+        steps += result.accepted_per_step
+    assert sum(steps) / len(steps) > 1.1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import shutil
 import time
@@ -18,26 +17,8 @@ from specbuild import engine_format as ef
 from specbuild.builder.checkpoint import Checkpoint
 from specbuild.errors import SpecbuildError
 from specbuild.fsutil import atomic_output_dir, existing_paths, prepare_output_dir
+from specbuild.plugins.registry import baseline_mode, get_mode, load_object, mode_options, modes_reading
 
-MODES = {
-    "none": "specbuild.plugins.none:NonePlugin",
-    "medusa": "specbuild.plugins.medusa:MedusaPlugin",
-    "eagle": "specbuild.plugins.eagle:EaglePlugin",
-    "eagle3": "specbuild.plugins.eagle3:Eagle3Plugin",
-}
-
-
-# Options that only some modes use: a mode plugin lists the ones it reads (`ModePlugin.options`); giving any other
-# one is an error, never silently ignored.
-MODE_OPTIONS = (
-    "tree",
-    "max_draft_len",
-    "medusa_top_k",
-    "eagle_top_k",
-    "eagle_depth",
-    "eagle_total_tokens",
-    "typical_acceptance",
-)
 # Largest --max-seq-len accepted whatever the model's max_position_embeddings (a 2**20-position KV cache of even a
 # small model is tens of GB).
 MAX_SEQ_LEN = 1 << 20
@@ -53,17 +34,12 @@ def _flag(name: str) -> str:
 
 
 @dataclasses.dataclass
-class BuildOptions:
-    speculative_mode: str = "none"
+class _BuildOptions:
+    """The options every build reads; BuildOptions adds one field per mode-specific option (plugins' ModeSpecs)."""
+
+    speculative_mode: str | None = None  # default: the baseline (plain decoding)
     max_seq_len: int | None = None
     output_logits: bool = False
-    tree: Any = None  # preset name / JSON / file / list of choices
-    max_draft_len: int | None = None
-    medusa_top_k: int | None = None
-    eagle_top_k: int | None = None
-    eagle_depth: int | None = None
-    eagle_total_tokens: int | None = None
-    typical_acceptance: tuple[float, float] | None = None  # (epsilon, alpha): lossy, opt-in
     backends: tuple[str, ...] = ef.BACKENDS  # one graph per backend: onnxruntime (fused kernels), tensorrt (portable)
     weights: str | None = None  # fp32, fp16, int8, int4 (default: fp16 for a float16 checkpoint, else fp32)
     weights_block_size: int = 32  # int4/int8: weights per quantization block along K
@@ -72,6 +48,10 @@ class BuildOptions:
     fp16_plan: bool = False
     overwrite: bool = False
     validate_tolerance: float | None = None
+
+    def __post_init__(self):
+        if self.speculative_mode is None:
+            self.speculative_mode = baseline_mode()
 
     @classmethod
     def from_recipe(cls, recipe_file, **overrides) -> BuildOptions:
@@ -116,19 +96,18 @@ class BuildOptions:
             if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
                 fail(name, f"an integer in [{lo}, {hi}]" if hi is not None else f"an integer >= {lo}")
 
-        if not isinstance(self.speculative_mode, str) or self.speculative_mode not in MODES:
-            fail("speculative_mode", f"one of {', '.join(MODES)}")
+        get_mode(self.speculative_mode, option=f"{source}--speculative-mode")
         integer("max_seq_len", 2, MAX_SEQ_LEN)
-        integer("max_draft_len", 1)
-        integer("medusa_top_k", 1)
-        integer("eagle_top_k", 1)
-        integer("eagle_depth", 1)
-        integer("eagle_total_tokens", 2)
+        for option in mode_options().values():
+            if option.kind == "int":
+                integer(option.name, option.minimum or 0)
+            elif option.kind == "text":
+                value = getattr(self, option.name)
+                if value is not None and not isinstance(value, (str, list, tuple, Path)):
+                    fail(option.name, "text, a list or a file path")
         for name in ("output_logits", "tensorrt", "fp16_plan", "overwrite", "int8_activations"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "true or false")
-        if self.tree is not None and not isinstance(self.tree, (str, list, tuple, Path)):
-            fail("tree", "a preset name, JSON choices, a .json/.yaml file or a list of choices")
         if self.typical_acceptance is not None:
             typical = self.typical_acceptance
             numbers_ok = (
@@ -170,21 +149,30 @@ class BuildOptions:
             raise SpecbuildError(f"{source}--tensorrt compiles the tensorrt graph: add tensorrt to --backends")
 
 
+BuildOptions = dataclasses.make_dataclass(
+    "BuildOptions",
+    [(name, Any, dataclasses.field(default=None)) for name in mode_options()],
+    bases=(_BuildOptions,),
+)
+BuildOptions.__doc__ = (
+    """Build options: the common ones and every mode's own (None = the mode's default); see --help."""
+)
+BuildOptions.__module__ = __name__
+
+
 def load_plugin_class(mode: str):
-    if mode not in MODES:
-        raise SpecbuildError(f"unknown --speculative-mode {mode!r}; choose from {', '.join(MODES)}")
-    module, name = MODES[mode].split(":")
-    return getattr(importlib.import_module(module), name)
+    """The torch graph plugin (ModePlugin subclass) of `mode`."""
+    return load_object(get_mode(mode).graph_plugin)
 
 
-def _check_mode_options(plugin_cls, options: BuildOptions) -> None:
+def _check_mode_options(options) -> None:
     """A mode-specific option the chosen mode does not read is an error (it would be silently ignored)."""
-    for name in MODE_OPTIONS:
-        if getattr(options, name) is not None and name not in plugin_cls.options:
-            users = [m for m in MODES if name in load_plugin_class(m).options]
+    reads = {o.name for o in get_mode(options.speculative_mode).options}
+    for name in mode_options():
+        if getattr(options, name) is not None and name not in reads:
             raise SpecbuildError(
                 f"{_flag(name)} does not apply to --speculative-mode {options.speculative_mode} "
-                f"(it is an option of {', '.join(users)})"
+                f"(it is an option of {', '.join(modes_reading(name))})"
             )
 
 
@@ -237,7 +225,7 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
             f"({cfg.max_position_embeddings})"
         )
     plugin_cls = load_plugin_class(options.speculative_mode)
-    _check_mode_options(plugin_cls, options)
+    _check_mode_options(options)
     settings = plugin_cls.check_options(ckpt, options)  # mode bounds from the configs: before any weight loads
     if settings["tokens_per_step"] >= max_seq_len:
         raise SpecbuildError(

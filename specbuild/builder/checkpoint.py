@@ -78,7 +78,7 @@ class Checkpoint:
     def head_tensors(self, name: str) -> dict:
         if name not in self.heads:
             raise SpecbuildError(
-                f"{self.path}: checkpoint holds no {name} heads (has: {sorted(self.heads) or 'none'}); "
+                f"{self.path}: checkpoint holds no {name} heads (has: {sorted(self.heads) or '(none)'}); "
                 f"convert with the heads, e.g. `specbuild convert --{name}-dir DIR`"
             )
         return _load_safetensors(self.path / ef.HEADS_DIR / f"{name}.safetensors")

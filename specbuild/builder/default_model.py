@@ -70,8 +70,10 @@ HEADS_ROOT = Path(__file__).resolve().parent.parent / "data" / "heads"
 
 def shipped_heads() -> dict[str, Path]:
     """Speculative heads trained for SmolLM2 and shipped in the package: mode -> head directory."""
+    from specbuild.plugins.registry import head_modes
+
     out = {}
-    for mode in ("medusa", "eagle", "eagle3"):
+    for mode in head_modes():
         path = HEADS_ROOT / f"smollm2-{mode}"
         if (path / "config.json").is_file():
             out[mode] = path

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from specbuild.builder.network import RMSNorm, rotate_half
+from specbuild.builder.layers import RMSNorm, rotate_half
 
 MSFT = "com.microsoft"
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import click
 
 from specbuild.errors import SpecbuildError
+from specbuild.plugins.registry import baseline_mode, head_modes, mode_names, mode_options
 
 DTYPE_CHOICES = ("float32", "float16", "bfloat16")
-MODE_CHOICES = ("none", "medusa", "eagle", "eagle3")
 BACKEND_CHOICES = ("onnxruntime", "tensorrt")
 PROMPT_SET_CHOICES = ("humaneval", "mtbench")
 DEMO_PROMPT = "Write a Python function that returns the n-th Fibonacci number."
@@ -81,14 +81,15 @@ def parse_input_ids(text: str) -> list[int]:
     return ids
 
 
-def parse_typical(text: str | None) -> tuple[float, float] | None:
+def parse_pair(flag: str, text: str | None, metavar: str | None = None) -> tuple[float, float] | None:
+    """'A,B' -> (A, B) as floats; None stays None."""
     if text is None:
         return None
     try:
-        eps, alpha = (float(x) for x in text.split(","))
+        first, second = (float(x) for x in text.split(","))
     except ValueError:
-        raise SpecbuildError(f"--typical-acceptance {text!r}: expected EPS,ALPHA, e.g. 0.09,0.3") from None
-    return eps, alpha
+        raise SpecbuildError(f"{flag} {text!r}: expected two numbers {metavar or 'A,B'}") from None
+    return first, second
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
@@ -97,23 +98,40 @@ def cli():
     """specbuild: ahead-of-time compiler for speculative decoding (HF checkpoint -> ONNX engine -> generation)."""
 
 
+def head_dir_options(func):
+    """`--<mode>-dir DIR` for every mode with heads to convert (from the mode registry)."""
+    for mode, spec in reversed(head_modes().items()):
+        func = click.option(spec.head_option, f"{mode}_dir", type=click.Path(path_type=Path), help=spec.heads)(func)
+    return func
+
+
+def mode_option_flags(func):
+    """`specbuild build` flags for every mode-specific build option (from the mode registry)."""
+    for option in reversed(list(mode_options().values())):
+        kind = {"int": int, "float": float}.get(option.kind, str)
+        func = click.option(option.flag, option.name, type=kind, metavar=option.metavar, help=option.help)(func)
+    return func
+
+
+def _mode_help() -> str:
+    return f"One of {', '.join(mode_names())}."
+
+
 # ---------------------------------------------------------------- convert
 @cli.command()
 @click.option("--model-dir", required=True, type=click.Path(path_type=Path), help="Hugging Face model directory.")
 @click.option("--output-dir", required=True, type=click.Path(path_type=Path), help="Canonical checkpoint to write.")
 @click.option("--dtype", default="float32", show_default=True, help=f"One of {', '.join(DTYPE_CHOICES)}.")
-@click.option("--medusa-dir", type=click.Path(path_type=Path), help="Medusa heads directory.")
-@click.option("--eagle-dir", type=click.Path(path_type=Path), help="EAGLE-1/2 draft head directory.")
-@click.option("--eagle3-dir", type=click.Path(path_type=Path), help="EAGLE-3 draft head directory.")
+@head_dir_options
 @click.option("--overwrite", is_flag=True, help="Replace a previous specbuild output there (nothing else).")
 @handle_errors
-def convert(model_dir, output_dir, dtype, medusa_dir, eagle_dir, eagle3_dir, overwrite):
+def convert(model_dir, output_dir, dtype, overwrite, **head_dirs):
     """Convert a HF checkpoint (+ speculative heads) into one validated canonical checkpoint."""
     from specbuild.builder.convert import convert_checkpoint
     from specbuild.fsutil import provisional_commits
 
     _check_choice("--dtype", dtype, DTYPE_CHOICES)
-    heads = {k: v for k, v in {"medusa": medusa_dir, "eagle": eagle_dir, "eagle3": eagle3_dir}.items() if v}
+    heads = {mode: head_dirs[f"{mode}_dir"] for mode in head_modes() if head_dirs.get(f"{mode}_dir")}
     with provisional_commits():  # an interrupt until the command ends still leaves nothing behind
         out = convert_checkpoint(model_dir, output_dir, dtype=dtype, heads=heads or None, overwrite=overwrite)
     click.echo(f"checkpoint written to {out}", err=True)
@@ -125,7 +143,7 @@ def _build_options(recipe, **overrides):
 
     overrides = {k: v for k, v in overrides.items() if v is not None}
     options = BuildOptions.from_recipe(recipe, **overrides) if recipe else BuildOptions(**overrides)
-    _check_choice("--speculative-mode", options.speculative_mode, MODE_CHOICES)
+    options.check()
     return options
 
 
@@ -146,21 +164,10 @@ def _run_build(checkpoint_dir, output_dir, options) -> Path:
 @cli.command()
 @click.option("--checkpoint-dir", required=True, type=click.Path(path_type=Path), help="Canonical checkpoint.")
 @click.option("--output-dir", required=True, type=click.Path(path_type=Path), help="Engine directory to write.")
-@click.option("--speculative-mode", help=f"One of {', '.join(MODE_CHOICES)} (default none).")
+@click.option("--speculative-mode", help=_mode_help() + " Default: plain decoding.")
 @click.option("--max-seq-len", type=int, help="Prompt + generated tokens limit (default: model's, at most 4096).")
 @click.option("--recipe", type=click.Path(path_type=Path), help="YAML build recipe; flags given here override it.")
-@click.option("--tree", help="Draft tree: preset name, JSON choices ('[[0],[0,0]]') or a .json/.yaml file.")
-@click.option("--max-draft-len", type=int, help="Maximum number of draft tokens per step.")
-@click.option("--medusa-top-k", type=int, help="Top-k per Medusa head when building the tree.")
-@click.option("--eagle-top-k", type=int, help="EAGLE-2 dynamic tree: top-k per expansion.")
-@click.option("--eagle-depth", type=int, help="EAGLE-2 dynamic tree: draft depth.")
-@click.option("--eagle-total-tokens", type=int, help="EAGLE-2 dynamic tree: nodes kept for verification.")
-@click.option(
-    "--typical-acceptance",
-    metavar="EPS,ALPHA",
-    help="LOSSY: typical acceptance instead of rejection sampling; NOT distribution-preserving, opt-in only "
-    "(the engine is marked lossless: false).",
-)
+@mode_option_flags
 @click.option(
     "--backends",
     metavar="LIST",
@@ -192,13 +199,6 @@ def build(
     speculative_mode,
     max_seq_len,
     recipe,
-    tree,
-    max_draft_len,
-    medusa_top_k,
-    eagle_top_k,
-    eagle_depth,
-    eagle_total_tokens,
-    typical_acceptance,
     backends,
     weights,
     weights_block_size,
@@ -207,22 +207,19 @@ def build(
     tensorrt,
     fp16_plan,
     overwrite,
+    **mode_settings,
 ):
     """Build an engine directory (ONNX step graph with drafting and acceptance) from a canonical checkpoint."""
     from specbuild.fsutil import prepare_output_dir, provisional_commits
 
-    _check_choice("--speculative-mode", speculative_mode, MODE_CHOICES)
+    for option in mode_options().values():
+        if option.kind == "pair":
+            mode_settings[option.name] = parse_pair(option.flag, mode_settings[option.name], option.metavar)
     options = _build_options(
         recipe,
         speculative_mode=speculative_mode,
         max_seq_len=max_seq_len,
-        tree=tree,
-        max_draft_len=max_draft_len,
-        medusa_top_k=medusa_top_k,
-        eagle_top_k=eagle_top_k,
-        eagle_depth=eagle_depth,
-        eagle_total_tokens=eagle_total_tokens,
-        typical_acceptance=parse_typical(typical_acceptance),
+        **mode_settings,
         backends=backends,
         weights=weights,
         weights_block_size=weights_block_size,
@@ -377,7 +374,7 @@ def _embedded_heads(mode: str) -> Path | None:
 @click.option("--work-dir", type=click.Path(path_type=Path), default=Path("demo-out"), show_default=True)
 @click.option("--prompt", default=DEMO_PROMPT, show_default=True)
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option("--speculative-mode", default="none", show_default=True, help=f"One of {', '.join(MODE_CHOICES)}.")
+@click.option("--speculative-mode", help=_mode_help() + " Default: plain decoding.")
 @click.option("--threads", type=int, help="Intra-op threads for ONNX Runtime.")
 @handle_errors
 def demo(work_dir, prompt, max_new_tokens, speculative_mode, threads):
@@ -389,19 +386,21 @@ def demo(work_dir, prompt, max_new_tokens, speculative_mode, threads):
     from specbuild.builder.checkpoint import Checkpoint
     from specbuild.builder.convert import convert_checkpoint
     from specbuild.builder.default_model import prepare_smollm2
+    from specbuild.plugins.registry import get_mode
     from specbuild.runtime.engine import Engine, SamplingParams
     from specbuild.runtime.manifest import load_manifest
 
-    _check_choice("--speculative-mode", speculative_mode, MODE_CHOICES)
+    speculative_mode = speculative_mode or baseline_mode()
+    spec = get_mode(speculative_mode)
     console = _stderr_console()
     work_dir = Path(work_dir)
     heads = None
-    if speculative_mode != "none":
+    if spec.converter:
         head_dir = _embedded_heads(speculative_mode)
         if head_dir is None:
             raise SpecbuildError(
-                f"no {speculative_mode} heads are embedded for SmolLM2; run the demo with --speculative-mode none "
-                f"or convert and build your own heads with `specbuild convert --{speculative_mode}-dir DIR`"
+                f"no {speculative_mode} heads are embedded for SmolLM2; run the demo with another --speculative-mode "
+                f"or convert and build your own heads with `specbuild convert {spec.head_option} DIR`"
             )
         heads = {speculative_mode: head_dir}
 
@@ -501,23 +500,9 @@ if __name__ == "__main__":
 def train(recipe):
     """Train speculative heads for a base model by self-distillation (CPU), as a recipe describes.
 
-    Medusa recipes run data generation, feature extraction, head training, tree choice and export; EAGLE
-    recipes (`kind: eagle` / `kind: eagle3`) reuse the generated sequences and train the draft network.
+    The recipe's `kind` names the mode whose trainer runs it (see recipes/train-*-smollm2.yaml).
     """
-    import yaml
+    from specbuild.training.recipe import run_recipe
 
-    try:
-        kind = (yaml.safe_load(Path(recipe).read_text()) or {}).get("kind", "medusa")
-    except yaml.YAMLError as exc:
-        raise SpecbuildError(f"recipe {recipe}: invalid YAML ({exc})") from None
-    if kind == "medusa":
-        from specbuild.training.recipe import run_recipe
-
-        metrics = run_recipe(recipe)
-    elif kind in ("eagle", "eagle3"):
-        from specbuild.training.eagle import run_eagle_recipe
-
-        metrics = run_eagle_recipe(recipe)
-    else:
-        raise SpecbuildError(f"recipe {recipe}: unknown kind {kind!r} (medusa, eagle, eagle3)")
+    metrics = run_recipe(recipe)
     click.echo(json.dumps(metrics, indent=2, default=str))

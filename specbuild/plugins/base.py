@@ -50,7 +50,6 @@ class ModePlugin(nn.Module):
 
     name = "none"
     capture_layers: tuple = ()
-    options: tuple[str, ...] = ()  # the mode-specific BuildOptions fields this mode reads (others are refused)
 
     @classmethod
     def check_options(cls, checkpoint, options) -> dict[str, Any]:

@@ -17,12 +17,13 @@ import numpy as np
 
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
-from specbuild.runtime.backends.base import create_backend, default_backend, select_graph
-from specbuild.runtime.kv_cache import MIN_CAPACITY, GrowingCache, SharedKV, StackedKV
+from specbuild.plugins.registry import get_mode, load_object
+from specbuild.runtime.backends.factory import create_backend, default_backend, select_graph
+from specbuild.runtime.drafter import Proposal, SequenceState
+from specbuild.runtime.kv_cache import SharedKV, StackedKV
 from specbuild.runtime.manifest import load_manifest
-from specbuild.tree import Tree
+from specbuild.runtime.session import NUMPY_DTYPES, Session
 
-NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "bool": np.bool_}
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -79,6 +80,7 @@ class GenerationResult:
     total_s: float
     engine_s: float
     host_s: float
+    prefill_engine_s: float = 0.0  # engine time of the first call (the prompt); engine_s includes it
 
     @property
     def mean_accepted_tokens(self) -> float:
@@ -149,9 +151,9 @@ class Engine:
             self.new_kv = lambda capacity: SharedKV(*dims, capacity, bind=bind)
         else:
             self.new_kv = lambda capacity: StackedKV(*dims, capacity)
-        tree = self.manifest["tree"]
-        source = f"{self.path / ef.ENGINE_MANIFEST}: field tree.choices"
-        self.static_tree = None if tree.get("dynamic") else Tree.from_choices(tree["choices"], source=source)
+        mode = get_mode(self.manifest["speculative_mode"], option=f"{self.path / ef.ENGINE_MANIFEST}: speculative_mode")
+        self.drafter_class = load_object(mode.drafter)
+        self.drafter_class(self.manifest, str(self.path / ef.ENGINE_MANIFEST))  # a bad tree/settings fail at load
         self.state_specs = self.manifest.get("states") or []
         self.output_names = {o["name"] for o in self.graph["io"]["outputs"]}
         self._codec = None
@@ -177,56 +179,6 @@ class Engine:
     def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
         text = self.codec.apply_chat(prompt) if chat else prompt
         return self.codec.encode(text)
-
-    # ------------------------------------------------------------------ one engine call
-    def _call(
-        self,
-        kv: StackedKV | SharedKV,
-        states: dict,
-        input_ids,
-        position_ids,
-        tree_mask,
-        paths,
-        window: int,
-        sampling: SamplingParams,
-        rng,
-    ):
-        feeds = {
-            ef.INPUT_IDS: input_ids,
-            ef.POSITION_IDS: position_ids,
-            ef.TREE_MASK: tree_mask,
-            ef.PAST_LENGTH: np.array([kv.length], dtype=np.int64),
-            ef.PATHS: paths,
-            ef.TEMPERATURE: np.array([sampling.temperature], dtype=np.float32),
-            ef.TOP_K: np.array([sampling.top_k], dtype=np.int64),
-            ef.TOP_P: np.array([sampling.top_p], dtype=np.float32),
-            ef.RAND_ACCEPT: rng.random((1, window), dtype=np.float32),
-            ef.RAND_SAMPLE: rng.random(1, dtype=np.float32),
-        }
-        feeds.update(kv.feeds())
-        for name, cache in states.items():
-            feeds[ef.STATE_PREFIX + name] = cache.data if isinstance(cache, GrowingCache) else cache
-        return self.backend.run(feeds, kv.aliases)
-
-    def _new_states(self, capacity: int) -> dict:
-        states = {}
-        for spec in self.state_specs:
-            dtype = NUMPY_DTYPES.get(spec["dtype"], self.kv_dtype)
-            if spec["dtype"] == "float32" and self.kv_dtype == np.float16:
-                dtype = np.float16
-            shape = [1 if d == "B" else (0 if d == "C" else d) for d in spec["shape"]]
-            if spec.get("grow_axis") is not None:
-                states[spec["name"]] = GrowingCache(tuple(shape), spec["grow_axis"], dtype, self.max_seq_len, capacity)
-            else:
-                states[spec["name"]] = np.full(shape, spec.get("fill", 0), dtype=dtype)
-        return states
-
-    def _update_states(self, states: dict, out: dict, nodes: np.ndarray | None):
-        for name, cache in states.items():
-            if isinstance(cache, GrowingCache):
-                cache.commit(out["new_state_" + name], nodes)
-            else:
-                states[name] = out["next_state_" + name]
 
     # ------------------------------------------------------------------ generation
     def generate(
@@ -258,36 +210,19 @@ class Engine:
                 f"prompt has {len(ids)} tokens but the engine's max_seq_len is {self.max_seq_len}; "
                 f"rebuild with a larger --max-seq-len or shorten the prompt"
             )
-        rng = np.random.default_rng(sampling.seed)
         start = time.perf_counter()
-        engine_s = 0.0
         t = len(ids)
         step_tokens = int(self.manifest["limits"].get("max_new_tokens_per_step", 1))
-        capacity = min(self.max_seq_len, max(MIN_CAPACITY, 1 << (t + step_tokens - 1).bit_length()))
-        kv = self.new_kv(capacity)
-        states = self._new_states(capacity)
-        out = self._call(
-            kv,
-            states,
-            np.array([ids], dtype=np.int64),
-            np.arange(t, dtype=np.int64)[None],
-            np.tril(np.ones((t, t), dtype=np.bool_))[None],
-            np.array([[[t - 1]]], dtype=np.int64),
-            1,
-            sampling,
-            rng,
-        )
-        engine_s += self.backend.last_engine_s
-        kv.commit(out, None, t)
-        self._update_states(states, out, None)
+        session = Session(self, t + step_tokens, sampling, np.random.default_rng(sampling.seed))
+        out = session.prefill(ids)
+        prefill_engine_s = session.engine_s
+        drafter = self.drafter_class(self.manifest, str(self.path / ef.ENGINE_MANIFEST))
+        seq = SequenceState(tokens=list(ids), outputs=out, prompt_length=t)
         generated: list[int] = []
         accepted_per_step: list[int] = []
-        stop_reason = None
-        ttft = None
-        steps = 0
 
         def emit(tokens) -> str | None:
-            nonlocal ttft
+            """Append accepted tokens to the output; the reason to stop, if any."""
             for tok in tokens:
                 generated.append(int(tok))
                 if int(tok) in self.eos_ids:
@@ -296,45 +231,28 @@ class Engine:
                     return "max_new_tokens"
             return None
 
-        n = int(out[ef.NUM_ACCEPTED][0])
-        first = out[ef.ACCEPTED_TOKENS][0, :n]
-        stop_reason = emit(first)
-        ttft = time.perf_counter() - start
-        if stream:
-            stream(generated[:])
-        while stop_reason is None:
-            next_ids = out[ef.NEXT_INPUT_IDS]
-            if self.static_tree is not None:
-                tree = self.static_tree
-                mask, offsets, paths = tree.ancestor_mask[None], tree.depths, tree.paths[None]
-            else:
-                mask = out["next_tree_mask"]
-                offsets = out["next_position_offsets"][0]
-                paths = out["next_paths"]
-            size = next_ids.shape[1]
-            if kv.length + size > self.max_seq_len:  # near the end: verify the root alone
-                if kv.length + 1 > self.max_seq_len:
-                    stop_reason = "max_seq_len"
-                    break
-                next_ids, mask, offsets = next_ids[:, :1], mask[:, :1, :1], offsets[:1]
-                paths = np.zeros((1, 1, 1), dtype=np.int64)
-                size = 1
-            kv.ensure(kv.length + size)
-            for cache in states.values():
-                if isinstance(cache, GrowingCache):
-                    cache.ensure(cache.length + size)
-            positions = (kv.length + offsets).astype(np.int64)[None]
-            out = self._call(kv, states, next_ids, positions, mask, paths, size, sampling, rng)
-            engine_s += self.backend.last_engine_s
-            steps += 1
-            n = int(out[ef.NUM_ACCEPTED][0])
-            nodes = out[ef.ACCEPTED_NODES][0, :n]
-            kv.commit(out, nodes, size)
-            self._update_states(states, out, nodes)
-            accepted_per_step.append(n)
-            stop_reason = emit(out[ef.ACCEPTED_TOKENS][0, :n])
+        def accept(out) -> str | None:
+            accepted = out[ef.ACCEPTED_TOKENS][0, : int(out[ef.NUM_ACCEPTED][0])]
+            stop = emit(accepted)
+            seq.outputs = out
+            seq.tokens.extend(int(x) for x in accepted)
+            drafter.observe(seq)
             if stream:
                 stream(generated[:])
+            return stop
+
+        stop_reason = accept(out)
+        ttft = time.perf_counter() - start
+        while stop_reason is None:
+            proposal: Proposal = drafter.propose(seq)
+            if not session.fits(proposal.size):  # near the end of the cache: verify the root alone
+                if not session.fits(1):
+                    stop_reason = "max_seq_len"
+                    break
+                proposal = proposal.root_only()
+            out = session.verify(proposal)  # one engine call: verify, accept, commit the accepted KV
+            accepted_per_step.append(int(out[ef.NUM_ACCEPTED][0]))
+            stop_reason = accept(out)
         total = time.perf_counter() - start
         text = None
         if decode_text and self.manifest["files"].get("tokenizer"):
@@ -343,32 +261,19 @@ class Engine:
             output_ids=generated,
             text=text,
             prompt_tokens=t,
-            steps=steps,
+            steps=len(accepted_per_step),
             accepted_per_step=accepted_per_step,
             stop_reason=stop_reason,
             ttft_s=ttft,
             total_s=total,
-            engine_s=engine_s,
-            host_s=total - engine_s,
+            engine_s=session.engine_s,
+            host_s=total - session.engine_s,
+            prefill_engine_s=prefill_engine_s,
         )
 
     def prefill_logits(self, input_ids: list[int]) -> np.ndarray:
         """Logits [T,V] of every prompt position (needs an engine built with --output-logits)."""
         if ef.LOGITS not in self.output_names:
             raise SpecbuildError(f"{self.path}: engine was built without --output-logits")
-        t = len(input_ids)
-        capacity = max(MIN_CAPACITY, t)
-        kv = self.new_kv(capacity)
-        states = self._new_states(capacity)
-        out = self._call(
-            kv,
-            states,
-            np.array([input_ids], dtype=np.int64),
-            np.arange(t, dtype=np.int64)[None],
-            np.tril(np.ones((t, t), dtype=np.bool_))[None],
-            np.array([[[t - 1]]], dtype=np.int64),
-            t,
-            SamplingParams(),
-            np.random.default_rng(0),
-        )
-        return out[ef.LOGITS][0]
+        session = Session(self, len(input_ids), SamplingParams(), np.random.default_rng(0))
+        return session.prefill(input_ids, window=len(input_ids))[ef.LOGITS][0]

@@ -40,6 +40,15 @@ SKIP_PARTS = {"test", "tests", "site-packages", "idlelib", "lib2to3", "turtledem
 PROMPT_TAIL = 8
 
 
+# EAGLE-3 features: the inputs of three decoder layers (low, mid, high), captured while generating
+FEATURE_KEYS = ("h_low", "h_mid", "h_high")
+
+
+def capture_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's captured decoder-layer inputs: 2, L//2, L-3 (clamped for toy models)."""
+    return [min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3)]
+
+
 def setup_torch(threads: int = 2) -> None:
     torch.set_flush_denormal(True)
     torch.set_num_threads(threads)
@@ -336,8 +345,6 @@ def layer_row_index(full: list[int], p0: int, pid: str) -> dict[str, np.ndarray]
 
 def _write_layer_shard(out_dir: Path, batch: list[dict], gens: list[list[int]], hidden: list[np.ndarray], H: int):
     """EAGLE-3 rows (h_low, h_mid, h_high, token, seq, pos) of a generated batch; marks the ids done."""
-    from specbuild.training.eagle import FEATURE_KEYS
-
     rows: dict[str, list] = {k: [] for k in (*FEATURE_KEYS, "token", "seq", "pos")}
     for p, g, h in zip(batch, gens, hidden):
         full, P = p["ids"] + g, len(p["ids"])
@@ -397,8 +404,6 @@ def generate_sequences(
     H = model.config.hidden_size
     layers: tuple[int, ...] = ()
     if layer_features_dir is not None:
-        from specbuild.training.eagle import capture_layers
-
         layers = tuple(capture_layers(model.config.num_hidden_layers))
     t0 = time.time()
     n_tok = 0

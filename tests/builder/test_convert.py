@@ -225,14 +225,28 @@ def test_progress_bar_path(tiny_hf_models, monkeypatch):
 # ---------------------------------------------------------------- heads
 
 
+FAKE_SEEN: dict = {}
+
+
+def fake_converter(head_dir, model_config, base_tensors):
+    FAKE_SEEN.update(head_dir=head_dir, vocab=model_config.vocab_size, embed=base_tensors["model.embed_tokens.weight"])
+    return {"num_heads": 2}, {"w": torch.ones(3, 4), "idx": torch.arange(3)}
+
+
 def test_heads_use_registered_converter(tiny_hf_models, tmp_path, monkeypatch):
-    seen = {}
+    from specbuild.plugins.spec import ENGINE_DRAFTED, ModeSpec
 
-    def fake(head_dir, model_config, base_tensors):
-        seen.update(head_dir=head_dir, vocab=model_config.vocab_size, embed=base_tensors["model.embed_tokens.weight"])
-        return {"num_heads": 2}, {"w": torch.ones(3, 4), "idx": torch.arange(3)}
-
-    monkeypatch.setitem(registry.HEAD_CONVERTERS, "fakemode", fake)
+    fake = ModeSpec(
+        name="fakemode",
+        family=ENGINE_DRAFTED,
+        summary="a mode registered by this test",
+        graph_plugin="specbuild.plugins.none.graph:NonePlugin",
+        drafter="specbuild.runtime.drafter:GraphDrafter",
+        heads="fake heads",
+        converter="tests.builder.test_convert:fake_converter",
+    )
+    monkeypatch.setitem(registry.modes(), "fakemode", fake)
+    seen = FAKE_SEEN
     head_dir = tmp_path / "head"
     head_dir.mkdir()
     hf = tiny_hf_models["qwen2_bias"]

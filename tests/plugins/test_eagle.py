@@ -105,7 +105,7 @@ def test_bad_expansion_options_fail_at_build(tmp_path):
         build_engine(ckpt, tmp_path / "engine", BuildOptions(speculative_mode="medusa"), log=quiet)
 
 
-def test_draft_state_is_committed_like_the_base_cache(tmp_path):
+def test_draft_state_is_committed_like_the_base_cache(tmp_path, monkeypatch):
     """Decoding with the engine equals decoding the draft by hand: the draft cache after generation holds one
     entry per committed position (prompt + accepted tokens), so nothing is dropped or duplicated."""
     model, ckpt = _checkpoint(tmp_path, "llama_gqa_llama3rope", "eagle")
@@ -115,14 +115,16 @@ def test_draft_state_is_committed_like_the_base_cache(tmp_path):
         ),
         threads=1,
     )
+    from specbuild.runtime.session import Session
+
     seen = {}
-    real_update = engine._update_states
+    real_update = Session._update_states
 
-    def spy(states, out, nodes):
-        real_update(states, out, nodes)
-        seen["draft_len"] = states["draft_kv"].length
+    def spy(session, out, nodes):
+        real_update(session, out, nodes)
+        seen["draft_len"] = session.states["draft_kv"].length
 
-    engine._update_states = spy
+    monkeypatch.setattr(Session, "_update_states", spy)
     ids = PROMPTS[0]
     result = engine.generate(input_ids=ids, max_new_tokens=25)
     # every generated token except the last (the pending root) is committed, plus the whole prompt
@@ -189,7 +191,7 @@ def _speculators_layer_reference(w: dict, x, emb, norm_before_residual: bool, c:
 def test_norm_before_residual_draft_layer_matches_speculators_math():
     from types import SimpleNamespace
 
-    from specbuild.plugins.eagle_draft import DraftNet
+    from specbuild.plugins.eagle.draft_net import DraftNet
     from tests.conftest import tiny_hf_config
     from tests.plugins.eagle_fixtures import eagle3_state
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specbuild.errors import SpecbuildError
-from specbuild.runtime import engine as engine_module
+from specbuild.runtime import session as session_module
 from specbuild.runtime.engine import Engine, SamplingParams
 from tests.conftest import TINY_SHAPES, hf_greedy, tiny_hf_model
 
@@ -37,11 +37,11 @@ def test_greedy_ids_equal_transformers_generate(tiny_engines, shape):
 
 
 def test_cache_growth_by_doubling_keeps_output_exact(tiny_engines, monkeypatch):
-    monkeypatch.setattr(engine_module, "MIN_CAPACITY", 4)
+    monkeypatch.setattr(session_module, "MIN_CAPACITY", 4)
     shape = "llama_gqa_llama3rope"
     engine = Engine(tiny_engines[shape], threads=1)
     grown = []
-    real_ensure = engine_module.GrowingCache.ensure
+    real_ensure = session_module.GrowingCache.ensure
 
     def spy(self, needed):
         before = self.capacity
@@ -49,7 +49,7 @@ def test_cache_growth_by_doubling_keeps_output_exact(tiny_engines, monkeypatch):
         if self.capacity != before:
             grown.append((before, self.capacity))
 
-    monkeypatch.setattr(engine_module.GrowingCache, "ensure", spy)
+    monkeypatch.setattr(session_module.GrowingCache, "ensure", spy)
     ids = [1, 5, 9]
     model = tiny_hf_model(shape)
     result = engine.generate(input_ids=ids, max_new_tokens=150)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from specbuild.training import distill, eagle
+from specbuild.plugins.eagle import training as eagle
+from specbuild.training import distill
 
 pytestmark = pytest.mark.xdist_group("training")
 

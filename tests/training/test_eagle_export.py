@@ -6,7 +6,7 @@ import torch
 
 from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.convert import convert_checkpoint
-from specbuild.training import eagle
+from specbuild.plugins.eagle import training as eagle
 
 pytestmark = pytest.mark.xdist_group("training")
 

@@ -50,7 +50,6 @@ import torch
 from specbuild.builder.checkpoint import read_json
 from specbuild.builder.weights_io import find_weight_files, load_hf_weights
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.registry import register_head_converter
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +239,6 @@ def _same(a: torch.Tensor, b: torch.Tensor | None) -> bool:
     return b is not None and a.shape == b.shape and torch.equal(a.to(b.dtype), b)
 
 
-@register_head_converter("eagle")
 def convert_eagle(head_dir: Path, model, base: dict) -> tuple[dict, dict]:
     """EAGLE-1/2 heads (SafeAILab `ea_layer` state dicts), any number of layers."""
     head_dir = Path(head_dir)
@@ -485,7 +483,6 @@ def _norm_before_residual(cfg: dict, cfg_file: Path, speculators: bool) -> bool:
     return value
 
 
-@register_head_converter("eagle3")
 def convert_eagle3(head_dir: Path, model, base: dict) -> tuple[dict, dict]:
     """EAGLE-3 heads: SafeAILab `midlayer.*` checkpoints, ModelOpt exports (`eagle_module.` names) and speculators."""
     head_dir = Path(head_dir)

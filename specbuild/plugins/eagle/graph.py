@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.base import DraftContext, ModePlugin, StateSpec
-from specbuild.plugins.eagle_draft import DraftNet, commit_pass, expand_dynamic, expand_static
+from specbuild.plugins.eagle.draft_net import DraftNet, commit_pass, expand_dynamic, expand_static
 from specbuild.tree import MAX_TOP_K, MAX_TREE_SIZE, Tree, parse_tree
 
 # EAGLE-2 published defaults (EaModel evaluation scripts): total_token 60, depth 5, top_k 10
@@ -20,7 +20,6 @@ MAX_DEPTH = 16
 class EaglePlugin(ModePlugin):
     name = "eagle"
     head_key = "eagle"
-    options = ("tree", "max_draft_len", "eagle_top_k", "eagle_depth", "eagle_total_tokens", "typical_acceptance")
 
     @classmethod
     def check_options(cls, checkpoint, options) -> dict:

@@ -6,7 +6,7 @@ per sequence gives, for positions p = prompt_len-PROMPT_TAIL .. len-2 (shards un
 `hidden` [N,H] fp16 (final normed hidden = input of lm_head, EAGLE-1), `token` [N] (x_{p+1}),
 `greedy` [N] (the base model's argmax at p), `seq` [N] and `pos` [N] (absolute position p).
 
-Training uses the engine's own module (`specbuild.plugins.eagle_draft.DraftNet`) and its semantics: the draft
+Training uses the engine's own module (`specbuild.plugins.eagle.draft_net.DraftNet`) and its semantics: the draft
 pairs feature f_t with token x_{t+1} at rope position t and its output h_t predicts x_{t+2}, the base model's
 greedy token after x_{t+1} (`greedy[t+1]`). Training-time test: step 0 runs on the true features; in step j the
 feature at position t is the step-(j-1) output h_{t-1} (the engine feeds a node's draft output to its children),
@@ -32,17 +32,12 @@ import torch
 import yaml
 
 from specbuild.training import distill
+from specbuild.training.distill import FEATURE_KEYS, capture_layers
 
 PROMPT_TAIL = 8
-FEATURE_KEYS = ("h_low", "h_mid", "h_high")
 
 
 # ----------------------------------------------------------------------------------------------- features
-
-
-def capture_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's captured decoder-layer inputs: 2, L//2, L-3 (clamped for toy models)."""
-    return [min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3)]
 
 
 @torch.inference_mode()
@@ -289,7 +284,7 @@ def head_config(version: int, base, intermediate_size: int, draft_vocab_size: in
 
 
 def build_draft(version: int, hf_dir, intermediate_size: int, draft_vocab_size: int | None, seed: int = 0):
-    from specbuild.plugins.eagle_draft import DraftNet
+    from specbuild.plugins.eagle.draft_net import DraftNet
 
     torch.manual_seed(seed)
     base = base_config(hf_dir)
@@ -524,7 +519,7 @@ def simulate_tau(draft, net, seqs: list[dict], top_k: int, depth: int, total_tok
     base model's greedy continuation; the draft cache holds the step-0 (true-feature) KV of the prefix."""
     from types import SimpleNamespace
 
-    from specbuild.plugins.eagle_draft import expand_dynamic
+    from specbuild.plugins.eagle.draft_net import expand_dynamic
 
     draft.eval()
     steps = tokens = 0

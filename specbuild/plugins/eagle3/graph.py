@@ -1,6 +1,6 @@
 """`--speculative-mode eagle3`: EAGLE-3 drafting (fused low/mid/high features, reduced draft vocabulary)."""
 
-from specbuild.plugins.eagle import EaglePlugin
+from specbuild.plugins.eagle.graph import EaglePlugin
 
 
 class Eagle3Plugin(EaglePlugin):

@@ -18,7 +18,6 @@ from specbuild.builder.checkpoint import read_json
 from specbuild.builder.weights_io import load_hf_weights, load_tensor_file
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.base import DraftContext, ModePlugin
-from specbuild.plugins.registry import register_head_converter
 from specbuild.tree import MAX_TOP_K, Tree, parse_tree
 
 DEFAULT_TOP_K = 10
@@ -41,7 +40,6 @@ def _read_medusa_tensors(head_dir: Path) -> tuple[dict, str]:
     return heads, str(head_dir)
 
 
-@register_head_converter("medusa")
 def convert_medusa(head_dir: Path, model, base: dict) -> tuple[dict, dict]:
     """v0.1 (.pt), legacy .safetensors, "version 2" (ResBlocks only, base lm_head), Medusa-2 full models."""
     head_dir = Path(head_dir)
@@ -145,7 +143,6 @@ class MedusaHeads(nn.Module):
 
 class MedusaPlugin(ModePlugin):
     name = "medusa"
-    options = ("tree", "max_draft_len", "medusa_top_k", "typical_acceptance")
 
     @classmethod
     def check_options(cls, checkpoint, options) -> dict:

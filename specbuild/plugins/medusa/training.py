@@ -24,7 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from specbuild.training import distill
 from specbuild.training.distill import load_features, setup_torch
+from specbuild.training.recipe import load_recipe, prepare_data
 
 TOPK = 10
 
@@ -348,3 +350,89 @@ def save_medusa_v2(
     text = text[:-2] + f',\n "medusa_choices": {json.dumps(medusa_choices)}\n}}\n'
     (out / "config.json").write_text(text)
     return out
+
+
+def train_and_export(cfg: dict, log=print) -> dict:
+    t, work, hf = cfg.get("train", {}), Path(cfg["work_dir"]), cfg["base_model"]
+    K, nl = int(t.get("num_heads", 4)), int(t.get("num_layers", 1))
+    feats = distill.load_features(work / "feat_train")
+    init = None
+    if t.get("init_from"):  # continue training heads this recipe wrote before (Medusa v2 layout)
+        from safetensors.torch import load_file
+
+        raw = load_file(str(Path(t["init_from"]) / "medusa_lm_head.safetensors"))
+        init = {f"medusa_head.{k}": v.float() for k, v in raw.items() if k != "draft_vocab"}
+        log(f"continuing from {t['init_from']}")
+    t0 = time.time()
+    state = train_medusa(
+        feats,
+        hf,
+        num_heads=K,
+        num_layers=nl,
+        epochs=float(t.get("epochs", 2)),
+        lr=float(t.get("lr", 1e-3)),
+        batch=int(t.get("batch", 512)),
+        time_budget_s=float(t.get("time_budget_s", 1200)),
+        heldout_frac=float(t.get("heldout_frac", 0.05)),
+        head_decay=float(t.get("head_decay", 0.8)),
+        n_negatives=int(t.get("n_negatives", 1024)),
+        soft_weight=float(t.get("soft_weight", 0.5)),
+        init_state=init,
+        log=log,
+    )
+    train_s = time.time() - t0
+    import torch
+
+    torch.save(state, work / "heads_state.pt")
+    return finish(cfg, state, feats, train_s, log=log)
+
+
+def finish(cfg: dict, state, feats: dict, train_s: float, log=print) -> dict:
+    """Evaluate, choose the tree, write the heads and metrics."""
+    t, tr, work, hf = cfg.get("train", {}), cfg.get("tree", {}), Path(cfg["work_dir"]), cfg["base_model"]
+    K, nl = int(t.get("num_heads", 4)), int(t.get("num_layers", 1))
+    held = split_by_sequence(feats, float(t.get("heldout_frac", 0.05)), 0)
+    ev_held = evaluate(state, feats, hf, K, nl, rows=np.nonzero(held)[0], max_rows=4000)
+    he_feats = distill.load_features(work / "feat_humaneval") if (work / "feat_humaneval").is_dir() else None
+    ev_he = evaluate(state, he_feats, hf, K, nl, max_rows=4000) if he_feats else None
+    sel = ev_he if (tr.get("select_on") == "humaneval" and ev_he) else ev_held
+    chosen = choose_tree(sel["ranks"], sel["ok"], int(tr.get("max_nodes", 24)))
+    shipped = tr.get("choices") or chosen  # an explicit tree (picked by `specbuild bench`) wins
+    metrics = {"train_s": round(train_s, 1), "tree_nodes": len(chosen), "medusa_choices": chosen}
+    for name, ev in (("heldout", ev_held), ("humaneval", ev_he)):
+        if ev is None:
+            continue
+        metrics[name] = {
+            "accuracy": ev["accuracy"],
+            "tau_empirical": tree_tau(chosen, ev["ranks"], ev["ok"]),
+            "tau_independent": expected_tau_independent(chosen, ev["ranks"], ev["ok"]),
+            "tau_empirical_shipped_tree": tree_tau(shipped, ev["ranks"], ev["ok"]),
+        }
+        log(f"{name}: {json.dumps(metrics[name])}")
+    vocab = None
+    if t.get("draft_vocab", True):  # specbuild extension: project onto the training targets seen twice or more
+        counts = np.bincount(feats["next_token"][~held])
+        vocab = np.nonzero(counts >= 2)[0]
+        metrics["draft_vocab_size"] = int(len(vocab))
+    extra = {"specbuild_note": tr["note"]} if tr.get("note") else None
+    save_medusa_v2(
+        cfg["output_dir"],
+        state,
+        K,
+        nl,
+        int(feats["hidden"].shape[1]),
+        cfg.get("base_model_name", str(hf)),
+        shipped,
+        extra=extra,
+        draft_vocab=vocab,
+    )
+    Path(work / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    return metrics
+
+
+def run_medusa_recipe(path: str | Path, log=print) -> dict:
+    """A Medusa recipe: data generation, head training, evaluation, tree choice, export (Medusa v2 layout)."""
+    cfg = load_recipe(path)
+    setup_torch()
+    prepare_data(cfg, log=log)
+    return train_and_export(cfg, log=log)

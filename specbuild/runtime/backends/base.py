@@ -1,18 +1,8 @@
-"""Backend interface: run(feeds, aliases) -> outputs by name; last_engine_s = seconds spent inside the engine.
-
-An engine lists its graphs in engine.yaml (role, backend, file, KV layout); the onnxruntime backend runs the graph
-built for it (its fused kernels), else the portable one; the tensorrt backend runs the plan compiled from the
-portable graph.
-"""
+"""Backend interface: run(feeds, aliases) -> outputs by name; last_engine_s = seconds spent inside the engine."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
-
-from specbuild import engine_format as ef
-from specbuild.errors import SpecbuildError
 
 
 class Backend:
@@ -22,38 +12,3 @@ class Backend:
     def run(self, feeds: dict[str, np.ndarray], aliases: dict[str, str] | None = None) -> dict[str, np.ndarray]:
         """aliases: output name -> input name whose buffer the graph updates in place (bound, not copied)."""
         raise NotImplementedError
-
-
-def default_backend(manifest: dict) -> str:
-    return ef.BACKEND_TENSORRT if manifest["files"].get("plan") else ef.BACKEND_ONNXRUNTIME
-
-
-def select_graph(manifest: dict, backend: str, engine_dir: Path) -> dict:
-    """The target-role graph entry `backend` runs: its own graph, else (onnxruntime) the portable tensorrt one."""
-    if backend not in ef.BACKENDS:
-        raise SpecbuildError(f"unknown backend {backend!r}; choose {' or '.join(ef.BACKENDS)}")
-    graphs = {g["backend"]: g for g in manifest["graphs"] if g["role"] == ef.ROLE_TARGET}
-    graph = graphs.get(backend) or (graphs.get(ef.BACKEND_TENSORRT) if backend == ef.BACKEND_ONNXRUNTIME else None)
-    if graph is None:
-        built = ", ".join(sorted(graphs)) or "none"
-        raise SpecbuildError(
-            f"{engine_dir}: the engine has no graph for the {backend} backend (built for: {built}); rebuild it with "
-            f"--backends including {backend}"
-        )
-    return graph
-
-
-def create_backend(
-    engine_dir: Path, manifest: dict, backend: str | None = None, threads: int | None = None, graph: dict | None = None
-) -> Backend:
-    backend = backend or default_backend(manifest)
-    graph = graph or select_graph(manifest, backend, Path(engine_dir))
-    if backend == ef.BACKEND_ONNXRUNTIME:
-        from specbuild.runtime.backends.onnxruntime import OnnxRuntimeBackend
-
-        return OnnxRuntimeBackend(engine_dir, graph, threads=threads)
-    if backend == ef.BACKEND_TENSORRT:
-        from specbuild.runtime.backends.tensorrt import TensorRTBackend
-
-        return TensorRTBackend(engine_dir, manifest)
-    raise SpecbuildError(f"unknown backend {backend!r}; choose onnxruntime or tensorrt")

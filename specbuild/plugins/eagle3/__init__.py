@@ -1,0 +1,16 @@
+"""`--speculative-mode eagle3`: EAGLE-3 drafting (fused low/mid/high features, reduced draft vocabulary)."""
+
+from specbuild.plugins.eagle import OPTIONS
+from specbuild.plugins.spec import ENGINE_DRAFTED, GRAPH_DRAFTER, ModeSpec
+
+MODE = ModeSpec(
+    name="eagle3",
+    family=ENGINE_DRAFTED,
+    summary="EAGLE-3 draft head (SafeAILab, ModelOpt and speculators exports)",
+    graph_plugin="specbuild.plugins.eagle3.graph:Eagle3Plugin",
+    drafter=GRAPH_DRAFTER,
+    options=OPTIONS,
+    heads="EAGLE-3 draft head directory.",
+    converter="specbuild.plugins.eagle.convert:convert_eagle3",
+    trainer="specbuild.plugins.eagle.training:run_eagle_recipe",
+)

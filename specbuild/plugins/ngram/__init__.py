@@ -1,0 +1,37 @@
+"""`--speculative-mode ngram`: prompt lookup decoding. The runtime drafts from n-grams of the prompt and the
+generated text; the step graph only verifies (any base model, no heads)."""
+
+from specbuild.plugins.spec import HOST_DRAFTED, MAX_DRAFT_LEN, ModeOption, ModeSpec
+
+DEFAULT_MAX_NGRAM_SIZE = 3  # prompt lookup decoding's defaults (../shared/reference/algorithms-and-formats.md §6)
+DEFAULT_NUM_DRAFT_TOKENS = 10
+DEFAULT_CANDIDATES = 1
+
+MODE = ModeSpec(
+    name="ngram",
+    family=HOST_DRAFTED,
+    summary="prompt lookup decoding: drafts continue the latest n-gram's earlier occurrences (no heads)",
+    graph_plugin="specbuild.plugins.ngram.graph:NgramPlugin",
+    drafter="specbuild.plugins.ngram.drafter:NgramDrafter",
+    options=(
+        ModeOption(
+            "max_ngram_size",
+            "int",
+            f"n-gram: longest suffix matched against the context (default {DEFAULT_MAX_NGRAM_SIZE}).",
+            minimum=1,
+        ),
+        ModeOption(
+            "num_draft_tokens",
+            "int",
+            f"n-gram: draft tokens per candidate continuation (default {DEFAULT_NUM_DRAFT_TOKENS}).",
+            minimum=1,
+        ),
+        ModeOption(
+            "ngram_candidates",
+            "int",
+            f"n-gram: continuations verified together as one tree (default {DEFAULT_CANDIDATES} = one chain).",
+            minimum=1,
+        ),
+        MAX_DRAFT_LEN,
+    ),
+)

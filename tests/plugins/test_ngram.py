@@ -1,0 +1,143 @@
+"""n-gram (prompt lookup) mode: the host drafter's lookups and trees, exact greedy ids on tiny models of every shape,
+the base distribution when sampling, and bad settings refused before any work."""
+
+import numpy as np
+import pytest
+
+from specbuild.builder.build import BuildOptions, build_engine
+from specbuild.errors import SpecbuildError
+from specbuild.plugins.ngram.drafter import NgramDrafter
+from specbuild.runtime.drafter import SequenceState
+from specbuild.runtime.engine import Engine, SamplingParams
+from tests.conftest import ORT_ONLY, TINY_SHAPES, hf_greedy, quiet
+from tests.plugins.distribution_check import chi_square_pvalue, exact_distribution
+from tests.plugins.medusa_helpers import toy_model
+
+pytestmark = pytest.mark.xdist_group("ngram")
+
+PROMPTS = [[1, 5, 9, 3, 7, 5, 9, 3], [1, 4], [1, 11, 10, 6, 2, 8, 3, 11, 10]]
+
+
+def drafter(max_n=3, num_draft=4, candidates=1):
+    manifest = {"mode": {"drafter": {"max_ngram_size": max_n, "num_draft_tokens": num_draft, "candidates": candidates}}}
+    return NgramDrafter(manifest)
+
+
+def observed(d, tokens):
+    seq = SequenceState(tokens=list(tokens), outputs={}, prompt_length=len(tokens))
+    d.observe(seq)
+    return seq
+
+
+def test_lookup_continues_the_leftmost_longest_match():
+    d = drafter(max_n=3, num_draft=3)
+    # suffix (7, 8) occurs at 1 and 5; the 3-gram (6, 7, 8) only at 4 -> the longest match wins
+    seq = observed(d, [1, 7, 8, 2, 6, 7, 8, 9, 6, 7, 8])
+    assert d.continuations(seq.tokens) == [[9, 6, 7]]
+    proposal = d.propose(seq)
+    assert proposal.tokens.tolist() == [[8, 9, 6, 7]]
+    assert proposal.offsets.tolist() == [0, 1, 2, 3]
+    assert proposal.paths.tolist() == [[[0, 1, 2, 3]]]
+    assert proposal.mask[0].tolist() == np.tril(np.ones((4, 4), dtype=bool)).tolist()
+
+
+def test_no_match_proposes_the_root_alone_and_partial_continuations_are_kept():
+    d = drafter(max_n=2, num_draft=5)
+    seq = observed(d, [1, 2, 3])
+    assert d.continuations(seq.tokens) == []
+    assert d.propose(seq).tokens.tolist() == [[3]]
+    seq = observed(d, [1, 2, 3, 2])  # 2 occurred once before, followed by 3, 2 (two tokens only)
+    assert d.continuations(seq.tokens) == [[3, 2]]
+
+
+def test_candidates_merge_by_shared_prefix_into_one_tree():
+    d = drafter(max_n=1, num_draft=3, candidates=3)
+    seq = observed(d, [5, 1, 2, 5, 1, 3, 5, 4, 4, 5])
+    assert d.continuations(seq.tokens) == [[1, 2, 5], [1, 3, 5], [4, 4, 5]]
+    p = d.propose(seq)
+    tokens = p.tokens[0].tolist()
+    assert tokens[0] == 5 and sorted(tokens[1:]) == sorted([1, 2, 5, 3, 5, 4, 4, 5])  # (1) shared: 8 drafts
+    assert p.size == 9
+    for path in p.paths[0]:  # every root-to-leaf path spells one continuation
+        nodes = [n for n in path.tolist() if n >= 0]
+        assert [tokens[n] for n in nodes[1:]] in d.continuations(seq.tokens)
+        assert p.offsets[nodes].tolist() == list(range(len(nodes)))
+
+
+def test_the_index_grows_by_the_new_tokens_only():
+    d = drafter()
+    seq = observed(d, list(range(50)))
+    before = sum(len(v) for v in d._starts.values())
+    seq.tokens += [7, 8]
+    d.observe(seq)
+    assert sum(len(v) for v in d._starts.values()) - before == 2 * 3  # two tokens, n-grams of 1..3 ending there
+
+
+@pytest.fixture(scope="module")
+def toy_ngram(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ngram_toy")
+    out = {}
+    for i, shape in enumerate(TINY_SHAPES):
+        model = toy_model(shape, root / shape / "hf", seed=i)
+        from specbuild.builder.convert import convert_checkpoint
+
+        ckpt = convert_checkpoint(root / shape / "hf", root / shape / "ckpt", progress=False)
+        options = BuildOptions(backends=ORT_ONLY, speculative_mode="ngram", num_draft_tokens=4, ngram_candidates=2)
+        out[shape] = (model, build_engine(ckpt, root / shape / "engine", options, log=quiet), ckpt)
+    return out
+
+
+@pytest.mark.parametrize("shape", list(TINY_SHAPES))
+def test_greedy_equals_base_model(toy_ngram, shape):
+    model, eng, _ = toy_ngram[shape]
+    engine = Engine(eng, threads=1)
+    assert engine.manifest["lossless"] is True
+    accepted = []
+    for ids in PROMPTS:
+        result = engine.generate(input_ids=ids, max_new_tokens=40)
+        assert result.output_ids == hf_greedy(model, ids, 40)
+        accepted += result.accepted_per_step
+    assert np.mean(accepted) > 1.2  # drafts really get accepted
+
+
+def test_bad_settings_are_refused_before_any_work(toy_ngram, tmp_path):
+    _, _, ckpt = toy_ngram["llama_gqa_llama3rope"]
+    cases = [
+        (dict(num_draft_tokens=0), "--num-draft-tokens 0 is invalid"),
+        (dict(max_ngram_size=0), "--max-ngram-size 0 is invalid"),
+        (dict(num_draft_tokens=5, ngram_candidates=2, max_draft_len=8), "10 draft tokens but --max-draft-len is 8"),
+        (dict(num_draft_tokens=300, ngram_candidates=2), "at most 511 per step"),
+        (dict(eagle_top_k=2), "--eagle-top-k does not apply to --speculative-mode ngram"),
+    ]
+    for settings, message in cases:
+        with pytest.raises(SpecbuildError, match=message):
+            build_engine(
+                ckpt, tmp_path / "e", BuildOptions(backends=ORT_ONLY, speculative_mode="ngram", **settings), log=quiet
+            )
+        assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (1.5, 4, 0.9)])
+def test_sampling_preserves_the_base_distribution(tmp_path, temperature, top_k, top_p):
+    from specbuild.builder.convert import convert_checkpoint
+
+    vocab = 8
+    model = toy_model("llama_gqa_llama3rope", tmp_path / "hf", vocab=vocab, seed=3)
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", progress=False)
+    options = BuildOptions(backends=ORT_ONLY, speculative_mode="ngram", num_draft_tokens=3, ngram_candidates=2)
+    engine = Engine(build_engine(ckpt, tmp_path / "engine", options, log=quiet), threads=1)
+    prompt, n, samples = [1, 5, 3, 1, 5, 3, 1], 3, 3000
+    exact = exact_distribution(model, prompt, n, temperature, top_k, top_p)
+    counts: dict = {}
+    steps = []
+    for seed in range(samples):
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        r = engine.generate(input_ids=prompt, max_new_tokens=n, sampling=sampling)
+        counts[tuple(r.output_ids)] = counts.get(tuple(r.output_ids), 0) + 1
+        steps += r.accepted_per_step
+    assert set(counts) <= set(exact)
+    assert chi_square_pvalue(counts, exact, samples) > 1e-3
+    assert max(steps) > 1  # drafts were accepted
+    same = SamplingParams(temperature, top_k, top_p, 7)
+    first = engine.generate(input_ids=prompt, max_new_tokens=n, sampling=same)
+    assert engine.generate(input_ids=prompt, max_new_tokens=n, sampling=same).output_ids == first.output_ids
