@@ -29,7 +29,8 @@ setup(
     ],
     extras_require={
         "trt": ["tensorrt"],
-        "dev": ["pytest", "pytest-xdist", "hypothesis", "scipy", "ruff", "onnxruntime-genai>=0.18"],
+        "bench": ["matplotlib"],
+        "dev": ["pytest", "pytest-xdist", "hypothesis", "scipy", "ruff", "onnxruntime-genai>=0.18", "matplotlib"],
     },
     entry_points={"console_scripts": ["specbuild=specbuild.cli.main:cli"]},
 )

@@ -116,7 +116,7 @@ class HFTimer:
         self.model = model
         self.eos_ids = sorted(eos_ids) or None
         self.prompt_lookup = prompt_lookup
-        self.label = "transformers (HF generate)" + (f" prompt lookup {prompt_lookup}" if prompt_lookup else "")
+        self.label = "HF transformers" + (f" prompt lookup {prompt_lookup}" if prompt_lookup else "")
         self.ngram = bool(prompt_lookup)
 
     @staticmethod

@@ -100,3 +100,20 @@ def test_transformers_rows_greedy_and_prompt_lookup_give_its_greedy_ids(tiny_hf_
         sample = timer.sample(ids, 20)
         assert sample.output_ids[: len(want)] == want and timer.ngram == bool(lookup)
     assert "prompt lookup 10" in timer.label
+
+
+def test_the_plot_shows_every_row_of_every_prompt_set(tmp_path):
+    pytest.importorskip("matplotlib")
+    from specbuild.bench_plot import rows_of, write_plot
+
+    rows = _rows()
+    add_relative_speed(rows, "none")
+    peers = {"ORT GenAI int4": {"tokens_per_s": 36.0}, "ORT GenAI int4 n-gram": {"tokens_per_s": 41.0, "tau": 3.1}}
+    report = {
+        "settings": {"num_prompts": 2, "max_new_tokens": 8},
+        "baseline": "none",
+        "results": {name: {"engines": rows, "peers": peers} for name in ("humaneval", "summarize")},
+    }
+    assert [label for label, _, _ in rows_of(report["results"]["summarize"])] == [*rows, *peers]
+    png = write_plot(report, tmp_path / "bench.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

@@ -485,8 +485,14 @@ def bench(
         )
     render(report)
     if json_out:
+        from specbuild.bench_plot import plot_available, write_plot
+
         Path(json_out).write_text(json.dumps(report, indent=2))
         click.echo(f"numbers written to {json_out}", err=True)
+        if plot_available():
+            click.echo(f"plot written to {write_plot(report, Path(json_out).with_suffix('.png'))}", err=True)
+        else:
+            click.echo("no plot: matplotlib is not installed (pip install specbuild[bench])", err=True)
 
 
 if __name__ == "__main__":
