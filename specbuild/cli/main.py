@@ -507,13 +507,19 @@ if __name__ == "__main__":
     type=click.Path(path_type=Path, exists=True, dir_okay=False),
     help="Training recipe (recipes/train-*-smollm2.yaml).",
 )
+@click.option(
+    "--device",
+    default=None,
+    help="Where data generation and training run: cuda or cpu (default: cuda when torch sees a GPU).",
+)
 @handle_errors
-def train(recipe):
-    """Train speculative heads for a base model by self-distillation (CPU), as a recipe describes.
+def train(recipe, device):
+    """Train speculative heads for a base model by self-distillation, as a recipe describes.
 
-    The recipe's `kind` names the mode whose trainer runs it (see recipes/train-*-smollm2.yaml).
+    The recipe's `kind` names the mode whose trainer runs it (see recipes/train-*-smollm2.yaml). The same recipe
+    runs on a CUDA GPU or on the CPU.
     """
     from specbuild.training.recipe import run_recipe
 
-    metrics = run_recipe(recipe)
+    metrics = run_recipe(recipe, device=device)
     click.echo(json.dumps(metrics, indent=2, default=str))

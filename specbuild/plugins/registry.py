@@ -19,6 +19,7 @@ MODE_PACKAGES = (
     "specbuild.plugins.eagle",
     "specbuild.plugins.eagle3",
     "specbuild.plugins.ngram",
+    "specbuild.plugins.redrafter",
 )
 
 

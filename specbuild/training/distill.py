@@ -7,8 +7,8 @@ Prompts (never HumanEval or MT-bench, which are evaluation sets):
 - chat: ShareGPT first human turns in the model's chat template (the packaged JSON is truncated at the end,
   so it is read element by element).
 
-`generate_sequences` runs batched greedy decoding (fp32, left padding, own KV-cache loop so that the final
-normed hidden state of every step is at hand) and appends one JSON line per sequence; it resumes by skipping
+`generate_sequences` runs batched greedy decoding (`batched_decode`: left padding, one preallocated KV cache, the
+final normed hidden state of every step at hand) and appends one JSON line per sequence; it resumes by skipping
 prompt ids already in the file. With `features_dir` it also writes the hidden states it computed on the way,
 which saves the second forward pass of `compute_features`.
 
@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specbuild.training.batched_decode import decode_batch
+
 STDLIB_DIR = Path(sysconfig.get_paths()["stdlib"])
 SKIP_PARTS = {"test", "tests", "site-packages", "idlelib", "lib2to3", "turtledemo", "__pycache__"}
 PROMPT_TAIL = 8
@@ -54,11 +56,21 @@ def setup_torch(threads: int = 2) -> None:
     torch.set_num_threads(threads)
 
 
-def load_model(hf_dir: str | Path):
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def default_device() -> str:
+    """cuda when torch sees a CUDA GPU, else cpu."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_model(hf_dir: str | Path, device: str = "cpu", dtype: str = "float32"):
+    """The base model in eval mode on `device` with weights in `dtype` (float32, or bfloat16: ~2x faster decoding
+    on CPUs with AMX/AVX512-BF16 and on GPUs; its greedy tokens differ from float32's at near-ties)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(hf_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=DTYPES[dtype]).to(device)
     model.eval()
     return model, tok
 
@@ -251,65 +263,6 @@ def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
     return ids, mask, pos
 
 
-@torch.inference_mode()
-def greedy_batch(
-    model, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int], pad_id: int, layers: tuple[int, ...] = ()
-):
-    """Greedy continuations of a batch; returns (generated ids per row, hidden rows per row as np.float16).
-
-    Hidden rows per sequence cover positions prompt_len-PROMPT_TAIL .. len(prompt+gen)-2. With `layers`, each
-    row is the final normed hidden followed by the inputs of those decoder layers ([n, H * (1 + len(layers))]),
-    i.e. EAGLE-3's captured features come out of the same decoding pass.
-    """
-    ids, mask, pos = _left_pad(prompts, pad_id)
-    B, L = ids.shape
-    want = bool(layers)
-
-    def features(out) -> torch.Tensor:
-        if not want:
-            return out.last_hidden_state
-        return torch.cat([out.last_hidden_state, *(out.hidden_states[i] for i in layers)], dim=-1)
-
-    out = model.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, output_hidden_states=want)
-    cache = out.past_key_values
-    h_last = out.last_hidden_state
-    f_last = features(out)
-    tails = [f_last[b, L - min(PROMPT_TAIL, len(p)) :] for b, p in enumerate(prompts)]
-    tok = model.lm_head(h_last[:, -1]).argmax(-1)
-    gens = [[] for _ in range(B)]
-    steps: list[torch.Tensor] = []
-    done = torch.zeros(B, dtype=torch.bool)
-    for step in range(max_new_tokens):
-        for b in range(B):
-            if not done[b]:
-                gens[b].append(int(tok[b]))
-        done |= torch.tensor([int(t) in eos_ids for t in tok])
-        if bool(done.all()) or step == max_new_tokens - 1:
-            break
-        mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype)], dim=1)
-        pos = pos[:, -1:] + 1
-        out = model.model(
-            input_ids=tok[:, None],
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=cache,
-            use_cache=True,
-            output_hidden_states=want,
-        )
-        cache = out.past_key_values
-        h = out.last_hidden_state[:, 0]
-        steps.append(features(out)[:, 0])
-        tok = model.lm_head(h).argmax(-1)
-        tok[done] = pad_id
-    stacked = torch.stack(steps, dim=1) if steps else torch.zeros((B, 0, f_last.shape[-1]))
-    hidden = []
-    for b in range(B):
-        n_gen = len(gens[b])
-        rows = torch.cat([tails[b], stacked[b, : max(0, n_gen - 1)]], dim=0)
-        hidden.append(rows.to(torch.float16).numpy())
-    return gens, hidden
-
-
 def _rows_for(prompt: list[int], gen: list[int], hidden: np.ndarray, seq_no: int) -> dict[str, np.ndarray]:
     full = prompt + gen
     tail = min(PROMPT_TAIL, len(prompt))
@@ -382,8 +335,12 @@ def generate_sequences(
     seed: int = 0,
     log=print,
     layer_features_dir: str | Path | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    temperature: float = 0.0,
 ) -> list[dict]:
-    """Greedy continuations for `prompts` ({id, kind, ids}); appends to `out_jsonl`, skipping done ids.
+    """Greedy (or, with `temperature` > 0, sampled) continuations for `prompts` ({id, kind, ids}); appends to
+    `out_jsonl`, skipping done ids.
 
     Returns all records of the file. Stops starting new batches once the time budget would be exceeded.
     `features_dir` gets final-hidden shards; `layer_features_dir` gets EAGLE-3 layer-input shards in the format
@@ -398,7 +355,8 @@ def generate_sequences(
     rng.shuffle(todo)
     chunk = batch_size * 8  # sort by length within chunks to limit padding
     todo = [p for i in range(0, len(todo), chunk) for p in sorted(todo[i : i + chunk], key=lambda p: len(p["ids"]))]
-    model, tok = load_model(hf_dir)
+    model, tok = load_model(hf_dir, device, dtype)
+    generator = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
     eos = {tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")}
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     H = model.config.hidden_size
@@ -414,7 +372,10 @@ def generate_sequences(
             break
         batch = todo[i : i + batch_size]
         tb = time.time()
-        gens, hidden = greedy_batch(model, [p["ids"] for p in batch], max_new_tokens, eos, pad, layers)
+        result = decode_batch(
+            model, [p["ids"] for p in batch], max_new_tokens, eos, pad, layers, PROMPT_TAIL, temperature, generator
+        )
+        gens, hidden = result.gens, [f.numpy() for f in result.features]
         if features_dir is not None:
             rows = [_rows_for(p["ids"], g, h[:, :H], _seq_no(p["id"])) for p, g, h in zip(batch, gens, hidden)]
             _write_shard(Path(features_dir), f"gen-{batch[0]['id']}", rows)

@@ -33,7 +33,8 @@ def resolve_paths(cfg: dict) -> dict:
     return cfg
 
 
-def load_recipe(path: str | Path) -> dict:
+def load_recipe(path: str | Path, device: str | None = None) -> dict:
+    """The recipe with its paths resolved; `device` (where to run) is stored under `device`."""
     from specbuild.errors import SpecbuildError
 
     try:
@@ -43,7 +44,9 @@ def load_recipe(path: str | Path) -> dict:
     for key in ("base_model", "work_dir", "output_dir"):
         if key not in (cfg or {}):
             raise SpecbuildError(f"recipe {path}: needs `{key}`")
-    return resolve_paths(cfg)
+    cfg = resolve_paths(cfg)
+    cfg["device"] = device or cfg.get("device") or distill.default_device()
+    return cfg
 
 
 def prepare_data(cfg: dict, log=print) -> None:
@@ -99,12 +102,31 @@ def prepare_data(cfg: dict, log=print) -> None:
             features_dir=work / "feat_train",
             layer_features_dir=layer_dir,
             log=log,
+            device=cfg.get("device") or distill.default_device(),
+            dtype=str(r.get("dtype", "float32")),
+            temperature=float(r.get("temperature", 0.0)),
+            seed=int(r.get("seed", 0)),
         )
 
 
-def run_recipe(path: str | Path, log=print) -> dict:
-    """Run a whole recipe with the trainer of the mode its `kind` names; returns the metrics it writes to
-    `<work_dir>/metrics.json`."""
+def check_device(device: str | None) -> str:
+    """`device` (cuda or cpu), or the default: cuda when torch sees a GPU."""
+    import torch
+
+    from specbuild.errors import SpecbuildError
+
+    if device is None:
+        return distill.default_device()
+    if device not in ("cuda", "cpu"):
+        raise SpecbuildError(f"--device {device!r} is not one of cuda, cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecbuildError("--device cuda: torch sees no CUDA GPU on this machine (use --device cpu)")
+    return device
+
+
+def run_recipe(path: str | Path, log=print, device: str | None = None) -> dict:
+    """Run a whole recipe with the trainer of the mode its `kind` names (on `device`, see check_device); returns the
+    metrics it writes to `<work_dir>/metrics.json`."""
     from specbuild.errors import SpecbuildError
     from specbuild.plugins.registry import load_object, trainable_modes
 
@@ -113,4 +135,4 @@ def run_recipe(path: str | Path, log=print) -> dict:
     kind = cfg.get("kind")
     if kind not in modes:
         raise SpecbuildError(f"recipe {path}: `kind` {kind!r} is not one of {', '.join(modes)}")
-    return load_object(modes[kind].trainer)(path, log=log)
+    return load_object(modes[kind].trainer)(path, log=log, device=check_device(device))

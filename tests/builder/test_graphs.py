@@ -15,6 +15,7 @@ from specbuild.runtime.engine import Engine
 from tests.conftest import hf_greedy, quiet
 from tests.plugins.eagle_fixtures import write_eagle1_head, write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
+from tests.plugins.redrafter_fixtures import write_redrafter
 
 pytestmark = pytest.mark.xdist_group("graphs")
 
@@ -24,18 +25,21 @@ MODES = {
     "medusa": dict(tree=[[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]),
     "eagle": dict(tree=[[0], [1], [0, 0], [0, 1], [0, 0, 0]]),
     "eagle3": dict(eagle_top_k=3, eagle_depth=3, eagle_total_tokens=8),
+    "redrafter": dict(redrafter_num_beams=3, redrafter_draft_len_per_beam=3),
 }
 
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
-    """(HF model, checkpoint with Medusa, EAGLE-1 and EAGLE-3 heads) of a 12-token toy (drafts often accepted)."""
+    """(HF model, checkpoint with Medusa, EAGLE-1, EAGLE-3 heads and a ReDrafter drafter) of a 12-token toy (drafts
+    often accepted)."""
     root = tmp_path_factory.mktemp("graphs")
     model = toy_model("llama_gqa_llama3rope", root / "hf", vocab=12, seed=2)
     write_medusa_heads(root / "medusa", "v2", model.config.hidden_size, 12, num_heads=3, seed=2)
     write_eagle1_head(root / "eagle", model.config, seed=2)
     write_eagle3_head(root / "eagle3", model.config, draft_vocab=8, seed=2)
-    heads = {m: root / m for m in ("medusa", "eagle", "eagle3")}
+    write_redrafter(root / "redrafter", model.config.hidden_size, 12, exit_dim=48, seed=2)
+    heads = {m: root / m for m in ("medusa", "eagle", "eagle3", "redrafter")}
     return model, convert_checkpoint(root / "hf", root / "ckpt", heads=heads, progress=False)
 
 

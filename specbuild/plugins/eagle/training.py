@@ -50,6 +50,7 @@ def extract_features(
     max_sequences: int | None = None,
     prompt_tail: int | None = PROMPT_TAIL,
     log=print,
+    device: str = "cpu",
 ) -> int:
     """One base forward per sequence; writes one shard per batch (resumes: sequences with shards are skipped).
 
@@ -67,7 +68,7 @@ def extract_features(
     todo.sort(key=lambda r: len(r["prompt_ids"]) + len(r["gen_ids"]))
     if not todo:
         return len(done)
-    model, tok = distill.load_model(hf_dir)
+    model, tok = distill.load_model(hf_dir, device)
     n_layers = model.config.num_hidden_layers
     cap = capture_layers(n_layers)
     captured: dict[int, torch.Tensor] = {}
@@ -98,7 +99,7 @@ def extract_features(
         fulls = [r["prompt_ids"] + r["gen_ids"] for r in batch]
         ids, mask, pos = distill._left_pad(fulls, pad)
         captured.clear()
-        model.model(input_ids=ids, attention_mask=mask, position_ids=pos)
+        model.model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device))
         rows: dict[str, list] = {k: [] for k in (*FEATURE_KEYS, "token", "seq", "pos")}
         L = ids.shape[1]
         for b, r in enumerate(batch):
@@ -106,7 +107,7 @@ def extract_features(
             p0 = 0 if prompt_tail is None else P - min(prompt_tail, P)
             a, e = L - n_full + p0, L - 1  # positions p0 .. n_full-2
             for key, li in zip(FEATURE_KEYS, cap):
-                rows[key].append(captured[li][b, a:e].to(torch.float16).numpy())
+                rows[key].append(captured[li][b, a:e].to(torch.float16).cpu().numpy())
             for key, value in distill.layer_row_index(fulls[b], p0, r["id"]).items():
                 rows[key].append(value)
         from safetensors.numpy import save_file
@@ -304,7 +305,7 @@ def ttt_forward(draft, net, batch: dict, steps: int):
     step-0 keys at positions <= t-j, step-i keys at position t-j+i (i = 1..j-1) and itself."""
     feat, token, pos = batch["feat"], batch["token"], batch["pos"]
     b, n = token.shape
-    r = torch.arange(n)
+    r = torch.arange(n, device=token.device)
     rows, cols = r.view(n, 1), r.view(1, n)
     eye = (rows == cols).unsqueeze(0).expand(b, n, n)
     f0 = draft.fc(feat) if draft.version == 3 else feat
@@ -414,8 +415,10 @@ def train_eagle(
     log_every: int = 20,
     init_from: str | Path | None = None,
     log=print,
+    device: str = "cpu",
 ) -> dict:
-    """Train an EAGLE draft (version 1 or 3) with training-time test. Returns {draft, used, metrics}.
+    """Train an EAGLE draft (version 1 or 3) with training-time test on `device` (bf16 autocast on cuda). Returns
+    {draft, used, metrics} (the draft on the CPU, float32).
 
     eval_sets: {name: (features_dir, sequences_jsonl)} evaluated after training (never trained on).
     init_from: a head directory this function wrote before (model.safetensors); training continues from its
@@ -454,6 +457,11 @@ def train_eagle(
         f"{total_steps} optimizer steps max, draft vocab coverage "
         f"{float(tgt_map[torch.from_numpy(np.concatenate([s['token'] for s in train]))].ge(0).float().mean()):.3f}"
     )
+    draft.to(device)
+    net.to(device)
+    tgt_map = tgt_map.to(device)
+    sub_w = sub_w.to(device) if sub_w is not None else None
+    autocast = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if device == "cuda" else None
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     rng = random.Random(seed)
@@ -468,16 +476,17 @@ def train_eagle(
             if step >= total_steps or time.time() - t0 > time_budget_s:
                 done = True
                 break
-            bt = collate([items[k] for k in order[i : i + batch]])
+            bt = {k: v.to(device) for k, v in collate([items[k] for k in order[i : i + batch]]).items()}
             if feature_noise:
                 bt["feat"] = bt["feat"] + (torch.rand_like(bt["feat"]) - 0.5) * feature_noise
             progress = min(1.0, max(step / total_steps, (time.time() - t0) / time_budget_s))  # steps or time
             sched = min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * progress))
             for g in opt.param_groups:
                 g["lr"] = lr * max(sched, 0.02)
-            outs = ttt_forward(draft, net, bt, steps)
-            res = step_losses(draft, net, outs, bt, tgt_map, sub_w, l1_weight)
-            loss = sum(step_decay**j * r[0] for j, r in enumerate(res))
+            with autocast if autocast is not None else torch.enable_grad():
+                outs = ttt_forward(draft, net, bt, steps)
+                res = step_losses(draft, net, outs, bt, tgt_map, sub_w, l1_weight)
+                loss = sum(step_decay**j * r[0] for j, r in enumerate(res))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 0.5)
@@ -493,7 +502,12 @@ def train_eagle(
         if not items:
             break
     train_s = time.time() - t0
+    draft.float().cpu()
+    net.cpu()
+    tgt_map = tgt_map.cpu()
+    sub_w = sub_w.cpu() if sub_w is not None else None
     metrics = {"version": version, "train_s": round(train_s, 1), "optimizer_steps": step, "train_sequences": len(train)}
+    metrics["device"] = device
     metrics["heldout"] = evaluate(draft, net, held, tgt_map, sub_w)
     log(f"held-out: {metrics['heldout']}")
     for name, (fd, js) in (eval_sets or {}).items():
@@ -643,7 +657,7 @@ def save_eagle1(out_dir, draft, hf_dir, base_model_name: str, defaults: dict, me
 # ----------------------------------------------------------------------------------------------- recipes
 
 
-def run_eagle_recipe(path: str | Path, log=print) -> dict:
+def run_eagle_recipe(path: str | Path, log=print, device: str | None = None) -> dict:
     """Run an EAGLE recipe (`kind: eagle` or `eagle3`): features, training, evaluation, export.
 
     Sequences come from the Medusa recipe's data stage (`distill_dir`: train.jsonl, humaneval.jsonl and, for
@@ -654,13 +668,14 @@ def run_eagle_recipe(path: str | Path, log=print) -> dict:
     version = 3 if cfg.get("kind", "eagle3") == "eagle3" else 1
     hf, dd = cfg["base_model"], Path(cfg["distill_dir"])
     t = cfg.get("train", {})
+    device = device or cfg.get("device") or distill.default_device()
     distill.setup_torch()
     if version == 3:
         fd = Path(cfg["feature_dir"])
         f = cfg.get("features", {})
-        extract_features(hf, dd / "humaneval.jsonl", fd / "humaneval", log=log)
+        extract_features(hf, dd / "humaneval.jsonl", fd / "humaneval", log=log, device=device)
         budget = float(f.get("time_budget_s", 1e9))
-        extract_features(hf, dd / "train.jsonl", fd / "train", time_budget_s=budget, log=log)
+        extract_features(hf, dd / "train.jsonl", fd / "train", time_budget_s=budget, log=log, device=device)
         train_dir, he_dir = fd / "train", fd / "humaneval"
     else:
         train_dir, he_dir = dd / "feat_train", dd / "feat_humaneval"
@@ -685,6 +700,7 @@ def run_eagle_recipe(path: str | Path, log=print) -> dict:
         feature_noise=float(t.get("feature_noise", 0.0)),
         init_from=t.get("init_from"),
         log=log,
+        device=device,
     )
     defaults = cfg.get("specbuild_defaults", {"eagle_top_k": 6, "eagle_depth": 5, "eagle_total_tokens": 24})
     name = cfg.get("base_model_name", str(hf))

@@ -108,8 +108,10 @@ def train_medusa(
     seed: int = 0,
     init_state: dict | None = None,
     log=print,
+    device: str = "cpu",
 ) -> dict[str, torch.Tensor]:
-    """Train the ResBlocks; returns the heads' state dict (`medusa_head.{k}.{j}.linear.weight|bias`)."""
+    """Train the ResBlocks on `device` (bf16 autocast on cuda); returns the heads' state dict
+    (`medusa_head.{k}.{j}.linear.weight|bias`, float32, on the CPU)."""
     setup_torch()
     torch.manual_seed(seed)
     feats = features_dir if isinstance(features_dir, dict) else load_features(features_dir)
@@ -128,6 +130,9 @@ def train_medusa(
     model = MedusaV2Heads(H, num_heads, num_layers)
     if init_state:
         model.load_state_dict(init_state)
+    model.to(device)
+    W = W.to(device)
+    autocast = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if device == "cuda" else None
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     steps_per_epoch = max(1, len(rows) // batch)
     total = max(1, int(steps_per_epoch * epochs))
@@ -149,28 +154,29 @@ def train_medusa(
         cur_lr = lr * min(1.0, (step + 1) / max(1, warm)) * 0.5 * (1 + math.cos(math.pi * step / total))
         for g in opt.param_groups:
             g["lr"] = cur_lr
-        x = hidden[idx].float()
+        x = hidden[idx].float().to(device)
         tgt_rows = [torch.clamp(idx + k + 1, max=len(next_tok) - 1) for k in range(num_heads)]
         targets = torch.stack([next_tok[r] for r in tgt_rows], 1)  # [B, K]: token at t+2+k
         vmask = valid_t[idx]
         negs = torch.randint(0, V, (n_negatives,))
         sub = torch.unique(torch.cat([base_vocab, targets[vmask], negs]))
-        Ws = W[sub]
+        Ws = W[sub.to(device)]
         remap = torch.full((V,), -1, dtype=torch.long)
         remap[sub] = torch.arange(len(sub))
-        outs = model(x)
-        loss = torch.zeros(())
-        for k in range(num_heads):
-            m = vmask[:, k]
-            if not bool(m.any()):
-                continue
-            logits = outs[k][m] @ Ws.T
-            with torch.no_grad():
-                teacher = torch.softmax(hidden[tgt_rows[k][m]].float() @ Ws.T, dim=-1)
-            logp = torch.log_softmax(logits, dim=-1)
-            hard = nn.functional.nll_loss(logp, remap[targets[m, k]])
-            soft = -(teacher * logp).sum(-1).mean()
-            loss = loss + weights[k] * ((1 - soft_weight) * hard + soft_weight * soft)
+        with autocast if autocast is not None else torch.enable_grad():
+            outs = model(x)
+            loss = torch.zeros((), device=device)
+            for k in range(num_heads):
+                m = vmask[:, k]
+                if not bool(m.any()):
+                    continue
+                logits = (outs[k][m.to(device)] @ Ws.T).float()
+                with torch.no_grad():
+                    teacher = torch.softmax((hidden[tgt_rows[k][m]].float().to(device) @ Ws.T).float(), dim=-1)
+                logp = torch.log_softmax(logits, dim=-1)
+                hard = nn.functional.nll_loss(logp, remap[targets[m, k]].to(device))
+                soft = -(teacher * logp).sum(-1).mean()
+                loss = loss + weights[k] * ((1 - soft_weight) * hard + soft_weight * soft)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -184,7 +190,7 @@ def train_medusa(
             el = time.time() - t0
             rate = step * batch / el
             log(f"step {step}/{total} loss {loss.item():.4f} lr {cur_lr:.2e} {el:.0f}s ({rate:.0f} rows/s)")
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()}
 
 
 # ----------------------------------------------------------------------------------------------- evaluation
@@ -379,6 +385,7 @@ def train_and_export(cfg: dict, log=print) -> dict:
         soft_weight=float(t.get("soft_weight", 0.5)),
         init_state=init,
         log=log,
+        device=cfg.get("device", "cpu"),
     )
     train_s = time.time() - t0
     import torch
@@ -430,9 +437,9 @@ def finish(cfg: dict, state, feats: dict, train_s: float, log=print) -> dict:
     return metrics
 
 
-def run_medusa_recipe(path: str | Path, log=print) -> dict:
+def run_medusa_recipe(path: str | Path, log=print, device: str | None = None) -> dict:
     """A Medusa recipe: data generation, head training, evaluation, tree choice, export (Medusa v2 layout)."""
-    cfg = load_recipe(path)
+    cfg = load_recipe(path, device)
     setup_torch()
     prepare_data(cfg, log=log)
     return train_and_export(cfg, log=log)

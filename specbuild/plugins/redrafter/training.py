@@ -1,0 +1,389 @@
+"""Training a ReDrafter drafter by self-distillation, evaluating it by simulated beam-search acceptance, and writing it
+in apple/ml-recurrent-drafter's layout.
+
+Data: feature rows of the base model's own continuations (specbuild.training.distill: the final normed hidden state
+at position p and the token at p+1). Row i drafts from context hidden[i] with g0 = next_token[i] (the token the base
+emitted there): drafting step k feeds the token after step k-1 into the RNN state and predicts next_token[i+k],
+teacher-forced, as the reference trains (a hard cross-entropy to the base's greedy token and a soft one to the base's
+distribution over the draft vocabulary, weighted step_decay^(k-1)). The network is drafter_net.RecurrentDrafter,
+the module the step graph exports, so what is evaluated here is what the engine runs.
+
+Evaluation replays the engine's drafting: beam_search from each held-out row and greedy verification against the
+base's continuation, giving the expected tokens per step (tau) for every beam count and draft length asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from specbuild.plugins.redrafter import TOP_K_WARP
+from specbuild.plugins.redrafter.drafter_net import RecurrentDrafter, beam_search
+from specbuild.training import distill
+from specbuild.training.recipe import load_recipe, prepare_data
+
+MODEL_TYPE = "recurrent_drafting_drafter"
+
+
+def load_base_embedding(hf_dir: str | Path) -> torch.Tensor:
+    """The base embedding [V, H] (SmolLM2 ties it to lm_head)."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(hf_dir) / "model.safetensors"), "pt") as f:
+        return f.get_tensor("model.embed_tokens.weight").float()
+
+
+def load_base_lm_head(hf_dir: str | Path) -> torch.Tensor:
+    from safetensors import safe_open
+
+    with safe_open(str(Path(hf_dir) / "model.safetensors"), "pt") as f:
+        name = "lm_head.weight" if "lm_head.weight" in f.keys() else "model.embed_tokens.weight"
+        return f.get_tensor(name).float()
+
+
+def step_targets(feats: dict[str, np.ndarray], steps: int) -> np.ndarray:
+    """valid[i, k-1] for k = 1..steps: rows i..i+k belong to one sequence and the token after row i+k is generated."""
+    seq, goff = feats["seq"], feats["gen_offset"]
+    n = len(seq)
+    valid = np.zeros((n, steps), dtype=bool)
+    for k in range(1, steps + 1):
+        ok = np.zeros(n, dtype=bool)
+        ok[: n - k] = (seq[k:] == seq[: n - k]) & (goff[k:] >= 0)
+        valid[:, k - 1] = ok if k == 1 else ok & valid[:, k - 2]
+    return valid
+
+
+def draft_vocabulary(targets: np.ndarray, size: int, vocab: int) -> np.ndarray:
+    """The `size` most frequent target ids, sorted (ties broken by id)."""
+    counts = np.bincount(targets, minlength=vocab)
+    order = np.lexsort((np.arange(vocab), -counts))[: min(size, vocab)]
+    return np.sort(order[counts[order] > 0])
+
+
+def init_drafter(hidden: int, exit_dim: int, num_layers: int, rnn: bool, lm_rows: torch.Tensor) -> RecurrentDrafter:
+    """Start near the base model: ResBlocks at identity, the vocabulary projection from the base lm_head rows (when
+    exit_dim == H), input_proj adding context and state, the RNN reading the token embedding."""
+    drafter = RecurrentDrafter(hidden, exit_dim, num_layers, rnn, lm_rows.shape[0], TOP_K_WARP)
+    with torch.no_grad():
+        for block in drafter.blocks:
+            nn.init.zeros_(block.weight)
+            nn.init.zeros_(block.bias)
+        if drafter.input_proj is not None and exit_dim == hidden:
+            eye = torch.eye(hidden)
+            drafter.input_proj.weight.copy_(torch.cat([eye, 0.5 * eye], dim=1))
+            nn.init.zeros_(drafter.input_proj.bias)
+        if lm_rows.shape[1] == exit_dim:
+            drafter.lm_head.weight.copy_(lm_rows)
+        if rnn:
+            drafter.rnn_w.weight.copy_(torch.eye(hidden))
+            nn.init.normal_(drafter.rnn_u.weight, std=0.02)
+            nn.init.zeros_(drafter.rnn_u.bias)
+    return drafter
+
+
+def train_drafter(
+    feats: dict[str, np.ndarray],
+    hf_dir: str | Path,
+    exit_dim: int,
+    num_layers: int = 2,
+    rnn: bool = True,
+    draft_len: int = 5,
+    vocab_size: int | None = 8192,
+    epochs: float = 2.0,
+    lr: float = 2e-3,
+    batch: int = 512,
+    time_budget_s: float = 1200.0,
+    heldout_frac: float = 0.05,
+    soft_weight: float = 0.5,
+    step_decay: float = 0.8,
+    seed: int = 0,
+    device: str = "cpu",
+    init_state: dict | None = None,
+    log=print,
+) -> tuple[RecurrentDrafter, dict]:
+    """Returns (the drafter on the CPU in float32, training facts)."""
+    torch.manual_seed(seed)
+    from specbuild.plugins.medusa.training import split_by_sequence
+
+    embed = load_base_embedding(hf_dir).to(device)
+    lm_head = load_base_lm_head(hf_dir)
+    vocab, hidden = lm_head.shape
+    valid = step_targets(feats, draft_len)
+    held = split_by_sequence(feats, heldout_frac, seed)
+    rows = np.nonzero(valid[:, 0] & ~held)[0]
+    draft_ids = draft_vocabulary(feats["next_token"][~held], vocab_size, vocab) if vocab_size else np.arange(vocab)
+    remap = torch.full((vocab,), -1, dtype=torch.long)
+    remap[torch.from_numpy(draft_ids)] = torch.arange(len(draft_ids))
+    rows_w = lm_head[torch.from_numpy(draft_ids)]
+    drafter = init_drafter(hidden, exit_dim, num_layers, rnn, rows_w)
+    if init_state is not None:
+        drafter.load_state_dict(init_state)
+    drafter.draft_ids = torch.from_numpy(draft_ids).long()
+    drafter.to(device).train()
+    teacher_w = rows_w.to(device)
+    remap = remap.to(device)
+    covered = float(np.isin(feats["next_token"][held], draft_ids).mean()) if held.any() else 1.0
+    log(
+        f"train rows {len(rows)}, held-out rows {int(held.sum())}, draft vocabulary {len(draft_ids)} (covers "
+        f"{covered:.1%} of held-out targets), {draft_len} steps, device {device}"
+    )
+    hidden_all = torch.from_numpy(feats["hidden"])
+    tokens_all = torch.from_numpy(feats["next_token"].astype(np.int64))
+    valid_t = torch.from_numpy(valid)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0)
+    steps_per_epoch = max(1, len(rows) // batch)
+    total = max(1, int(steps_per_epoch * epochs))
+    warm = min(100, total // 10)
+    weights = [step_decay**k for k in range(draft_len)]
+    autocast = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if device == "cuda" else None
+    rng = np.random.default_rng(seed)
+    order, pos, step, t0 = rng.permutation(rows), 0, 0, time.time()
+    n = len(tokens_all)
+    while step < total:
+        if time.time() - t0 > 1.1 * time_budget_s:
+            log(f"time budget reached at step {step}/{total}")
+            break
+        if pos + batch > len(order):
+            order, pos = rng.permutation(rows), 0
+        idx = torch.from_numpy(order[pos : pos + batch])
+        pos += batch
+        cur = lr * min(1.0, (step + 1) / max(1, warm)) * 0.5 * (1 + math.cos(math.pi * step / total))
+        for group in opt.param_groups:
+            group["lr"] = cur
+        with autocast if autocast is not None else torch.enable_grad():
+            loss = _batch_loss(drafter, hidden_all, tokens_all, valid_t, idx, n, embed, teacher_w, remap, weights,
+                               soft_weight, device)  # fmt: skip
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        if step == 20:  # fit the cosine schedule into the time budget
+            fit = int(step * time_budget_s / max(1e-6, time.time() - t0))
+            if fit < total:
+                log(f"schedule shortened to {fit} steps ({fit / steps_per_epoch:.2f} epochs) to fit the time budget")
+                total = max(step + 1, fit)
+        if step % 100 == 0 or step == total:
+            el = time.time() - t0
+            log(f"step {step}/{total} loss {loss.item():.4f} lr {cur:.2e} {el:.0f}s ({step * batch / el:.0f} rows/s)")
+    drafter.eval().float().cpu()
+    facts = {
+        "train_s": round(time.time() - t0, 1),
+        "optimizer_steps": step,
+        "epochs": round(step / steps_per_epoch, 2),
+        "train_rows": int(len(rows)),
+        "draft_vocab_coverage": round(covered, 4),
+        "device": device,
+    }
+    return drafter, facts
+
+
+def _batch_loss(drafter, hidden_all, tokens_all, valid_t, idx, n, embed, teacher_w, remap, weights, soft_weight,
+                device):  # fmt: skip
+    context = hidden_all[idx].float().to(device)
+    vmask = valid_t[idx].to(device)
+    state = torch.zeros_like(context)
+    loss = torch.zeros((), device=device)
+    for k in range(1, len(weights) + 1):
+        m = vmask[:, k - 1]
+        if not bool(m.any()):
+            break
+        inputs = tokens_all[torch.clamp(idx + k - 1, max=n - 1)].to(device)
+        target_rows = torch.clamp(idx + k, max=n - 1)
+        targets = remap[tokens_all[target_rows].to(device)]
+        state = drafter.next_state(embed[inputs], state)
+        logp = torch.log_softmax(drafter.logits(context, state), dim=-1)
+        with torch.no_grad():
+            teacher = torch.softmax(hidden_all[target_rows].float().to(device) @ teacher_w.T, dim=-1)
+        soft = -(teacher * logp).sum(-1)
+        hard_ok = m & (targets >= 0)
+        hard = nn.functional.nll_loss(logp[hard_ok], targets[hard_ok], reduction="sum") / max(1, int(m.sum()))
+        loss = loss + weights[k - 1] * ((1 - soft_weight) * hard + soft_weight * soft[m].mean())
+    return loss
+
+
+@torch.no_grad()
+def simulate_tau(
+    drafter: RecurrentDrafter,
+    feats: dict[str, np.ndarray],
+    hf_dir: str | Path,
+    settings: list[tuple[int, int]],
+    rows: np.ndarray | None = None,
+    max_rows: int = 2000,
+    seed: int = 0,
+    chunk: int = 128,
+) -> dict[str, float]:
+    """Expected tokens per engine step (greedy) of beam search with (beams, draft length) for each setting: from each
+    row's context and emitted token, the longest beam prefix that equals the base's continuation, plus the bonus."""
+    embed = nn.Embedding.from_pretrained(load_base_embedding(hf_dir))
+    longest = max(length for _, length in settings)
+    valid = step_targets(feats, longest)
+    if rows is None:
+        rows = np.arange(len(feats["seq"]))
+    rows = rows[valid[rows, 0]]
+    if len(rows) > max_rows:
+        rows = np.sort(np.random.default_rng(seed).choice(rows, max_rows, replace=False))
+    tokens = feats["next_token"].astype(np.int64)
+    n = len(tokens)
+    out = {}
+    for beams, length in settings:
+        accepted = []
+        for s in range(0, len(rows), chunk):
+            r = rows[s : s + chunk]
+            context = torch.from_numpy(feats["hidden"][r]).float()
+            root = torch.from_numpy(tokens[r])
+            drafted = beam_search(drafter, context, root, embed, beams, length)[:, :, 1:].numpy()  # [R,M,L]
+            truth = tokens[np.minimum(r[:, None] + np.arange(1, length + 1), n - 1)]  # [R,L]
+            ok = (drafted == truth[:, None, :]) & valid[r, None, :length]
+            accepted.append(np.cumprod(ok, axis=-1).sum(-1).max(-1))
+        out[f"{beams}x{length}"] = round(1.0 + float(np.concatenate(accepted).mean()), 4)
+    return out
+
+
+@torch.no_grad()
+def step_accuracy(drafter, feats, hf_dir, steps: int, rows=None, max_rows: int = 4000, seed: int = 0) -> list[float]:
+    """Teacher-forced top-1 accuracy (full vocabulary) of each drafting step."""
+    embed = load_base_embedding(hf_dir)
+    valid = step_targets(feats, steps)
+    rows = np.arange(len(feats["seq"])) if rows is None else rows
+    rows = rows[valid[rows, 0]]
+    if len(rows) > max_rows:
+        rows = np.sort(np.random.default_rng(seed).choice(rows, max_rows, replace=False))
+    tokens = torch.from_numpy(feats["next_token"].astype(np.int64))
+    n = len(tokens)
+    idx = torch.from_numpy(rows)
+    context = torch.from_numpy(feats["hidden"][rows]).float()
+    state = torch.zeros_like(context)
+    acc = []
+    for k in range(1, steps + 1):
+        m = torch.from_numpy(valid[rows, k - 1])
+        state = drafter.next_state(embed[tokens[torch.clamp(idx + k - 1, max=n - 1)]], state)
+        pred = drafter.to_target(drafter.logits(context, state).argmax(-1))
+        hit = pred == tokens[torch.clamp(idx + k, max=n - 1)]
+        acc.append(round(float(hit[m].float().mean()) if bool(m.any()) else float("nan"), 4))
+    return acc
+
+
+def save_redrafter(out_dir: str | Path, drafter: RecurrentDrafter, vocab_size: int, extra: dict | None = None) -> Path:
+    """apple/ml-recurrent-drafter's layout: config.json (DrafterConfig) + model.safetensors (float16; `draft_vocab`,
+    the specbuild extension, when the vocabulary projection covers a draft vocabulary)."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    n = len(drafter.blocks)
+    tensors = {}
+    if drafter.input_proj is not None:
+        tensors["input_proj.weight"] = drafter.input_proj.weight
+        tensors["input_proj.bias"] = drafter.input_proj.bias
+    for i, block in enumerate(drafter.blocks):
+        tensors[f"lm_head.{i}.linear.weight"] = block.weight
+        tensors[f"lm_head.{i}.linear.bias"] = block.bias
+    tensors[f"lm_head.{n}.weight"] = drafter.lm_head.weight
+    if drafter.rnn_u is not None:
+        tensors["rnn_u.weight"] = drafter.rnn_u.weight
+        tensors["rnn_u.bias"] = drafter.rnn_u.bias
+        tensors["rnn_w.weight"] = drafter.rnn_w.weight
+    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in tensors.items()}
+    if drafter.draft_ids.numel() and drafter.draft_ids.numel() < vocab_size:
+        tensors["draft_vocab"] = drafter.draft_ids.to(torch.int64).contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = {
+        "architectures": ["Drafter"],
+        "model_type": MODEL_TYPE,
+        "vocab_size": vocab_size,
+        "hidden_size": drafter.hidden,
+        "exit_dim": drafter.exit_dim,
+        "num_draft_layers": n,
+        "num_lookback_tokens": -1,
+        "rnn": drafter.rnn_u is not None,
+        **(extra or {}),
+    }
+    (out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+    return out
+
+
+def load_saved(head_dir: str | Path) -> tuple[RecurrentDrafter, dict]:
+    """A drafter written by save_redrafter (for continued training and evaluation)."""
+    from safetensors.torch import load_file
+
+    cfg = json.loads((Path(head_dir) / "config.json").read_text())
+    raw = load_file(str(Path(head_dir) / "model.safetensors"))
+    n = int(cfg["num_draft_layers"])
+    rows = int(raw[f"lm_head.{n}.weight"].shape[0])
+    drafter = RecurrentDrafter(cfg["hidden_size"], cfg["exit_dim"], n, bool(cfg["rnn"]), rows, TOP_K_WARP)
+    state = {}
+    for key, value in raw.items():
+        if key.startswith("lm_head."):
+            parts = key.split(".")
+            state["lm_head.weight" if int(parts[1]) == n else f"blocks.{parts[1]}.{parts[3]}"] = value.float()
+        elif key != "draft_vocab":
+            state[key] = value.float()
+    drafter.load_state_dict(state)
+    if "draft_vocab" in raw:
+        drafter.draft_ids = raw["draft_vocab"].long()
+    return drafter, cfg
+
+
+def train_and_export(cfg: dict, log=print) -> dict:
+    t, work, hf = cfg.get("train", {}), Path(cfg["work_dir"]), cfg["base_model"]
+    device = cfg.get("device") or distill.default_device()
+    feats = distill.load_features(work / "feat_train")
+    hidden = int(feats["hidden"].shape[1])
+    init = None
+    if t.get("init_from"):
+        init = load_saved(t["init_from"])[0].state_dict()
+        log(f"continuing from {t['init_from']}")
+    steps = int(t.get("draft_len", 5))
+    drafter, facts = train_drafter(
+        feats,
+        hf,
+        exit_dim=int(t.get("exit_dim", 2 * hidden)),
+        num_layers=int(t.get("num_layers", 2)),
+        rnn=bool(t.get("rnn", True)),
+        draft_len=steps,
+        vocab_size=t.get("draft_vocab", 8192) or None,
+        epochs=float(t.get("epochs", 2)),
+        lr=float(t.get("lr", 2e-3)),
+        batch=int(t.get("batch", 512)),
+        time_budget_s=float(t.get("time_budget_s", 1200)),
+        heldout_frac=float(t.get("heldout_frac", 0.05)),
+        soft_weight=float(t.get("soft_weight", 0.5)),
+        step_decay=float(t.get("step_decay", 0.8)),
+        device=device,
+        init_state=init,
+        log=log,
+    )
+    from specbuild.plugins.medusa.training import split_by_sequence
+
+    held = np.nonzero(split_by_sequence(feats, float(t.get("heldout_frac", 0.05)), 0))[0]
+    settings = [tuple(int(v) for v in s) for s in (t.get("simulate") or [[5, 5], [4, 4], [3, 4], [2, 3], [1, 4]])]
+    metrics = {"training": facts, "heldout": {}, "humaneval": {}}
+    he = distill.load_features(work / "feat_humaneval") if (work / "feat_humaneval").is_dir() else None
+    for name, f, rows in (("heldout", feats, held), ("humaneval", he, None)):
+        if f is None:
+            continue
+        metrics[name]["step_accuracy"] = step_accuracy(drafter, f, hf, steps, rows=rows)
+        metrics[name]["tau"] = simulate_tau(drafter, f, hf, settings, rows=rows)
+        log(f"{name}: {json.dumps(metrics[name])}")
+    extra = {"base_model": cfg.get("base_model_name", str(hf)), "specbuild_training": metrics}
+    if t.get("defaults"):  # the build defaults chosen by measurement (`specbuild bench`), recorded with the drafter
+        extra["specbuild_defaults"] = dict(t["defaults"])
+    if t.get("note"):
+        extra["specbuild_note"] = t["note"]
+    save_redrafter(cfg["output_dir"], drafter, int(load_base_lm_head(hf).shape[0]), extra)
+    (work / "redrafter_metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    return metrics
+
+
+def run_redrafter_recipe(path: str | Path, log=print, device: str | None = None) -> dict:
+    """A ReDrafter recipe: data generation (shared with the other heads), training, evaluation, export."""
+    cfg = load_recipe(path, device)
+    distill.setup_torch()
+    prepare_data(cfg, log=log)
+    return train_and_export(cfg, log=log)

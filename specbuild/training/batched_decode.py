@@ -1,0 +1,157 @@
+"""Batched decoding for self-distillation data: one preallocated KV cache for the whole batch, no per-step
+concatenation, the features each head needs captured in the same pass.
+
+`decode_batch(model, prompts, ...)` drives a transformers Llama / Mistral / Qwen2 model's own modules (embedding,
+decoder layers' projections, norms, rotary embedding, lm_head) through a loop written here: the prompts are left
+padded and prefilled in one forward, then every step feeds B tokens, writes their keys and values into column
+P + t of the cache [B, Hkv, P + max_new, D] and attends over the filled prefix with SDPA. transformers' `generate`
+spends most of a step in Python and cache bookkeeping at large batches (2.4k tok/s at batch 256 on an H100, see
+../shared/reference/gpu-training.md); this loop does one small set of kernels per layer and step, on CPU or CUDA
+(bf16 autocast there), greedy or sampled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass
+class DecodeResult:
+    """gens: generated ids per row (up to and including EOS); features: per row, [n, F] float16 rows for positions
+    prompt_len - tail .. prompt_len + len(gen) - 2 (the inputs of lm_head, then the captured layer inputs)."""
+
+    gens: list[list[int]]
+    features: list[torch.Tensor]
+
+
+def _layers(model):
+    inner = model.model
+    return inner.embed_tokens, inner.layers, inner.norm, inner.rotary_emb, model.lm_head
+
+
+def _check_supported(config) -> None:
+    window = getattr(config, "sliding_window", None)
+    if window is not None and (getattr(config, "use_sliding_window", True) or config.model_type == "mistral"):
+        raise ValueError("batched decoding has no sliding-window attention; use a model without it")
+
+
+def _attend(layer, x, cos, sin, k_cache, v_cache, column, keys_valid):
+    """One decoder layer for new rows x [B,T,H] written at cache columns [column, column + T)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    attn = layer.self_attn
+    b, t, _ = x.shape
+    h = layer.input_layernorm(x)
+    d = attn.head_dim
+    q = attn.q_proj(h).view(b, t, -1, d).transpose(1, 2)
+    k = attn.k_proj(h).view(b, t, -1, d).transpose(1, 2)
+    v = attn.v_proj(h).view(b, t, -1, d).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    k_cache[:, :, column : column + t] = k.to(k_cache.dtype)
+    v_cache[:, :, column : column + t] = v.to(v_cache.dtype)
+    end = column + t
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k_cache[:, :, :end].to(q.dtype), v_cache[:, :, :end].to(q.dtype), attn_mask=keys_valid[:, :, :, :end],
+        enable_gqa=q.shape[1] != k.shape[1],
+    )  # fmt: skip
+    x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+@torch.inference_mode()
+def decode_batch(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    eos_ids: set[int],
+    pad_id: int,
+    capture: tuple[int, ...] = (),
+    tail: int = 8,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> DecodeResult:
+    """Greedy (temperature 0) or sampled continuations of `prompts`, with their features (see DecodeResult).
+
+    capture: decoder-layer indices whose inputs follow the final hidden state in each feature row (EAGLE-3)."""
+    _check_supported(model.config)
+    embed, layers, norm, rotary, lm_head = _layers(model)
+    device = embed.weight.device
+    dtype = embed.weight.dtype
+    b = len(prompts)
+    p = max(len(s) for s in prompts)
+    capacity = p + max_new_tokens
+    ids = torch.full((b, p), pad_id, dtype=torch.long, device=device)
+    valid = torch.zeros((b, capacity), dtype=torch.bool, device=device)
+    for row, s in enumerate(prompts):
+        ids[row, p - len(s) :] = torch.tensor(s, device=device)
+        valid[row, p - len(s) : p] = True
+    positions = (valid[:, :p].long().cumsum(-1) - 1).clamp(min=0)
+    cfg = model.config
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    cache = [
+        (
+            torch.zeros(b, kv_heads, capacity, head_dim, dtype=dtype, device=device),
+            torch.zeros(b, kv_heads, capacity, head_dim, dtype=dtype, device=device),
+        )
+        for _ in layers
+    ]
+    # prefill: causal among the prompt columns, padding columns never seen (a padded row still sees itself)
+    causal = torch.tril(torch.ones(p, p, dtype=torch.bool, device=device))
+    prefill_mask = (causal.unsqueeze(0) & valid[:, None, :p]) | torch.eye(p, dtype=torch.bool, device=device)
+    keys = torch.zeros((b, 1, p, capacity), dtype=torch.bool, device=device)
+    keys[:, 0, :, :p] = prefill_mask
+    features, hidden = _forward(embed, layers, norm, rotary, cache, ids, positions, 0, keys, capture)
+    tails = [features[row, p - min(tail, len(s)) :] for row, s in enumerate(prompts)]
+    token = _next(lm_head(hidden[:, -1]), temperature, generator)
+    gens: list[list[int]] = [[] for _ in range(b)]
+    rows: list[torch.Tensor] = []
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
+    position = positions[:, -1:] + 1
+    for step in range(max_new_tokens):
+        token = torch.where(done, torch.full_like(token, pad_id), token)
+        emitted = token.tolist()
+        for row in range(b):
+            if not bool(done[row]):
+                gens[row].append(emitted[row])
+        done = done | torch.isin(token, eos)
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        column = p + step
+        valid[:, column] = True
+        feats, hidden = _forward(
+            embed, layers, norm, rotary, cache, token[:, None], position, column, valid[:, None, None, :], capture
+        )
+        rows.append(feats[:, 0])
+        token = _next(lm_head(hidden[:, 0]), temperature, generator)
+        position = position + 1
+    stacked = torch.stack(rows, dim=1) if rows else features.new_zeros((b, 0, features.shape[-1]))
+    out = []
+    for row in range(b):
+        n = max(0, len(gens[row]) - 1)
+        out.append(torch.cat([tails[row], stacked[row, :n]], dim=0).to(torch.float16).cpu())
+    return DecodeResult(gens, out)
+
+
+def _forward(embed, layers, norm, rotary, cache, ids, positions, column, keys_valid, capture):
+    """(feature rows [B,T,F] float32, final normed hidden [B,T,H]) of new tokens written at `column`."""
+    x = embed(ids)
+    cos, sin = rotary(x, positions)
+    captured = {}
+    for i, layer in enumerate(layers):
+        if i in capture:
+            captured[i] = x
+        x = _attend(layer, x, cos, sin, cache[i][0], cache[i][1], column, keys_valid)
+    hidden = norm(x)
+    parts = [hidden] + [captured[i] for i in capture]
+    return torch.cat(parts, dim=-1).float(), hidden
+
+
+def _next(logits, temperature: float, generator) -> torch.Tensor:
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
