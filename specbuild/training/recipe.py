@@ -54,7 +54,9 @@ def prepare_data(cfg: dict, log=print) -> None:
 
     `data` holds the first round's settings; `data.rounds` (optional) lists further rounds, each overriding
     some of them (seed, prompt counts, budgets) and giving an `id_prefix` so that its sequences never collide
-    with earlier ones. With `data.eagle3_feature_dir`, EAGLE-3's layer features come out of the same pass."""
+    with earlier ones. With `data.eagle3_feature_dir`, EAGLE-3's layer features come out of the same pass. A round's
+    `text_answers: N` adds teacher-forced rows over N recorded ShareGPT answers under `feat_text` (one forward per
+    sequence; trainers mix them in when their recipe asks)."""
     from transformers import AutoTokenizer
 
     d, work, hf = cfg.get("data", {}), Path(cfg["work_dir"]), cfg["base_model"]
@@ -107,6 +109,16 @@ def prepare_data(cfg: dict, log=print) -> None:
             temperature=float(r.get("temperature", 0.0)),
             seed=int(r.get("seed", 0)),
         )
+        n_text = int(r.get("text_answers", 0))
+        if n_text:  # teacher-forced rows over recorded answers (ShareGPT), in their own feature directory
+            seqs = distill.answer_sequences(
+                tok, n_text, seed=int(r.get("seed", 0)), max_prompt_tokens=int(r.get("max_prompt_tokens", 256)),
+                max_answer_tokens=int(r.get("max_answer_tokens", 256)), id_prefix=prefix + "text-",
+            )  # fmt: skip
+            distill.compute_features(
+                hf, seqs, work / "feat_text", batch_size=int(r.get("text_batch_size", 16)), log=log,
+                device=cfg.get("device") or distill.default_device(), dtype=str(r.get("dtype", "float32")),
+            )  # fmt: skip
 
 
 def check_device(device: str | None) -> str:

@@ -28,6 +28,7 @@ from specbuild.cli.main import cli
 from tests.conftest import write_char_tokenizer
 from tests.plugins.eagle_fixtures import write_eagle1_head
 from tests.plugins.medusa_helpers import write_medusa_heads
+from tests.plugins.redrafter_fixtures import write_redrafter
 
 pytestmark = pytest.mark.xdist_group("cli")
 
@@ -184,6 +185,34 @@ def test_non_finite_head_weights_are_refused(tiny_hf_models, tmp_path):
     out = tmp_path / "ckpt"
     res = invoke("convert", "--model-dir", hf, "--medusa-dir", heads, "--output-dir", out)
     assert_refused(res, out, "medusa_lm_head.pt", "1.0.linear.bias", "non-finite")
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["missing ResBlock", "wrong exit_dim", "vocab mismatch"],
+)
+def test_broken_redrafter_checkpoints_are_one_line(tiny_hf_models, tmp_path, case):
+    """A ReDrafter drafter that does not fit the base: exit 1, one line naming the tensor or field, nothing left."""
+    from safetensors.torch import save_file
+
+    hf = _hf_copy(tiny_hf_models, tmp_path)
+    drafter = tmp_path / "drafter"
+    state = write_redrafter(drafter, 64, 97, exit_dim=64, layers=2)
+    if case == "missing ResBlock":
+        save_file(
+            {k: v for k, v in state.items() if not k.startswith("lm_head.1.")}, str(drafter / "model.safetensors")
+        )
+        needles = ["model.safetensors", "lm_head.1.linear.weight is missing"]
+    elif case == "wrong exit_dim":
+        cfg = json.loads((drafter / "config.json").read_text())
+        (drafter / "config.json").write_text(json.dumps({**cfg, "exit_dim": 128}))
+        needles = ["input_proj", "exit_dim 128"]
+    else:
+        save_file({**state, "lm_head.2.weight": torch.zeros(98, 64)}, str(drafter / "model.safetensors"))
+        needles = ["lm_head.2.weight", "[98, 64]", "[97, 64]"]
+    out = tmp_path / "ckpt"
+    res = invoke("convert", "--model-dir", hf, "--redrafter-dir", drafter, "--output-dir", out)
+    assert_refused(res, out, *needles)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their permissions")

@@ -333,7 +333,11 @@ def load_saved(head_dir: str | Path) -> tuple[RecurrentDrafter, dict]:
 def train_and_export(cfg: dict, log=print) -> dict:
     t, work, hf = cfg.get("train", {}), Path(cfg["work_dir"]), cfg["base_model"]
     device = cfg.get("device") or distill.default_device()
-    feats = distill.load_features(work / "feat_train")
+    generated = feats = distill.load_features(work / "feat_train")
+    if t.get("mix_text") and (work / "feat_text").is_dir():  # teacher-forced rows over recorded answers
+        text = distill.load_features(work / "feat_text")
+        feats = {k: np.concatenate([generated[k], text[k]]) for k in generated}
+        log(f"mixing in {len(text['seq'])} teacher-forced rows")
     hidden = int(feats["hidden"].shape[1])
     init = None
     if t.get("init_from"):
@@ -361,11 +365,12 @@ def train_and_export(cfg: dict, log=print) -> dict:
     )
     from specbuild.plugins.medusa.training import split_by_sequence
 
-    held = np.nonzero(split_by_sequence(feats, float(t.get("heldout_frac", 0.05)), 0))[0]
+    # evaluated on held-out generated sequences only (the split by sequence number is the one training used)
+    held = np.nonzero(split_by_sequence(generated, float(t.get("heldout_frac", 0.05)), 0))[0]
     settings = [tuple(int(v) for v in s) for s in (t.get("simulate") or [[5, 5], [4, 4], [3, 4], [2, 3], [1, 4]])]
     metrics = {"training": facts, "heldout": {}, "humaneval": {}}
     he = distill.load_features(work / "feat_humaneval") if (work / "feat_humaneval").is_dir() else None
-    for name, f, rows in (("heldout", feats, held), ("humaneval", he, None)):
+    for name, f, rows in (("heldout", generated, held), ("humaneval", he, None)):
         if f is None:
             continue
         metrics[name]["step_accuracy"] = step_accuracy(drafter, f, hf, steps, rows=rows)
