@@ -1,0 +1,120 @@
+"""Choosing a mode's default build settings by measurement: acceptance and per-step cost together.
+
+A larger tree (more beams, a deeper draft, more EAGLE nodes) raises tau but costs more per engine call; which one
+is fastest depends on the device. `measure_settings` builds one engine per candidate setting (ONNX Runtime graph)
+for the trained heads and generates greedily on held-out prompts, interleaved per prompt like `specbuild bench`,
+recording tau, engine ms per step and tokens/s; `best` picks the fastest. The recipe records the winner as the
+heads' `specbuild_defaults` (what `build` uses when no option is given) with the whole table as lineage.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+def measure_settings(
+    checkpoint_dir: str | Path,
+    mode: str,
+    candidates: list[dict],
+    prompts: list[list[int]],
+    max_new_tokens: int = 96,
+    threads: int | None = None,
+    max_seq_len: int = 1024,
+    log=print,
+) -> list[dict]:
+    """One row per candidate: {settings, tau, engine_ms_per_step, tokens_per_s} (medians over prompts), plus a
+    `none` row (the same checkpoint without speculation) for the speed-up."""
+    from specbuild.builder.build import BuildOptions, build_engine
+    from specbuild.plugins.registry import baseline_mode
+    from specbuild.runtime.engine import Engine
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="specbuild-choose-") as tmp:
+        engines = []
+        for i, settings in enumerate([None, *candidates]):
+            name = baseline_mode() if settings is None else mode
+            options = BuildOptions(backends=("onnxruntime",), speculative_mode=name, max_seq_len=max_seq_len,
+                                   **(settings or {}))  # fmt: skip
+            t0 = time.time()
+            engine_dir = build_engine(checkpoint_dir, Path(tmp) / f"e{i}", options, log=lambda *a: None)
+            log(f"built {name} {settings or ''} in {time.time() - t0:.0f}s")
+            engines.append((settings, Engine(engine_dir, threads=threads)))
+        stats = {i: {"tau": [], "ms": [], "tps": []} for i in range(len(engines))}
+        for ids in prompts:
+            for i, (_, engine) in enumerate(engines):
+                r = engine.generate(input_ids=ids, max_new_tokens=max_new_tokens)
+                if r.steps:
+                    stats[i]["tau"].append(r.mean_accepted_tokens)
+                    stats[i]["ms"].append((r.engine_s - r.prefill_engine_s) / r.steps * 1e3)
+                    stats[i]["tps"].append(r.decode_tokens_per_s)
+        base = statistics.median(stats[0]["tps"])
+        for i, (settings, _) in enumerate(engines):
+            s = stats[i]
+            row = {
+                "settings": settings or "none",
+                "tau": round(statistics.mean(s["tau"]), 3),
+                "engine_ms_per_step": round(statistics.median(s["ms"]), 2),
+                "tokens_per_s": round(statistics.median(s["tps"]), 1),
+            }
+            row["speedup"] = round(row["tokens_per_s"] / base, 3)
+            rows.append(row)
+            log(f"{row}")
+    return rows
+
+
+def best(rows: list[dict]) -> dict | None:
+    """The fastest candidate (rows from measure_settings; the `none` row is not a candidate)."""
+    candidates = [r for r in rows if isinstance(r["settings"], dict)]
+    return max(candidates, key=lambda r: r["tokens_per_s"]) if candidates else None
+
+
+def heldout_prompts(work_dir: str | Path, count: int, heldout_frac: float = 0.05, max_tokens: int = 256) -> list:
+    """Prompt ids of held-out training sequences (the split trainers use: by sequence number), kinds interleaved."""
+    from specbuild.training import distill
+
+    key = lambda r: distill._seq_no(r["id"]) % 10000  # noqa: E731 - the split of medusa.training.split_by_sequence
+    held = [r for r in distill.read_sequences(Path(work_dir) / "train.jsonl") if key(r) < round(heldout_frac * 1e4)]
+    by_kind: dict[str, list] = {}
+    for r in sorted(held, key=lambda r: r["id"]):
+        if len(r["prompt_ids"]) <= max_tokens:
+            by_kind.setdefault(r["kind"], []).append(r["prompt_ids"])
+    out: list = []
+    while len(out) < count and any(by_kind.values()):
+        for kind in sorted(by_kind):
+            if by_kind[kind] and len(out) < count:
+                out.append(by_kind[kind].pop(0))
+    return out
+
+
+def choose_for_recipe(cfg: dict, mode: str, head_dir: str | Path, log=print) -> dict | None:
+    """The recipe's `choose` stage: measure `choose.candidates` (build options of `mode`) with the heads just written
+    on held-out prompts, and record the fastest as the heads' `specbuild_defaults` (config.json), with the table."""
+    import json
+
+    from specbuild.builder.convert import convert_checkpoint
+
+    choice = cfg.get("choose")
+    if not choice:
+        return None
+    prompts = heldout_prompts(cfg["work_dir"], int(choice.get("prompts", 12)))
+    with tempfile.TemporaryDirectory(prefix="specbuild-choose-ckpt-") as tmp:
+        ckpt = convert_checkpoint(cfg["base_model"], Path(tmp) / "ckpt", heads={mode: Path(head_dir)}, progress=False)
+        rows = measure_settings(
+            ckpt, mode, [dict(c) for c in choice["candidates"]], prompts, int(choice.get("max_new_tokens", 96)),
+            threads=choice.get("threads"), log=log,
+        )  # fmt: skip
+    win = best(rows)
+    config_file = Path(head_dir) / "config.json"
+    head_cfg = json.loads(config_file.read_text())
+    head_cfg["specbuild_defaults"] = win["settings"]
+    head_cfg["specbuild_choice"] = {
+        "how": f"fastest measured setting: {len(prompts)} held-out prompts, {choice.get('max_new_tokens', 96)} new "
+        "tokens, greedy, ONNX Runtime CPU graph, engines interleaved per prompt",
+        "rows": rows,
+    }
+    config_file.write_text(json.dumps(head_cfg, indent=1) + "\n")
+    log(f"chosen defaults: {win['settings']} ({win['tokens_per_s']} tok/s, tau {win['tau']})")
+    return {"rows": rows, "chosen": win["settings"]}

@@ -1,0 +1,23 @@
+"""Choosing build defaults by measurement: every candidate is built and timed, the fastest wins."""
+
+from specbuild.builder.convert import convert_checkpoint
+from specbuild.training.defaults import best, measure_settings
+from tests.plugins.medusa_helpers import toy_model
+from tests.plugins.redrafter_fixtures import write_redrafter
+
+
+def test_candidates_are_measured_against_none_and_the_fastest_is_chosen(tmp_path):
+    model = toy_model("llama_gqa_llama3rope", tmp_path / "hf")
+    write_redrafter(tmp_path / "d", model.config.hidden_size, 12, seed=1)
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={"redrafter": tmp_path / "d"}, progress=False)
+    candidates = [
+        {"redrafter_num_beams": 1, "redrafter_draft_len_per_beam": 2},
+        {"redrafter_num_beams": 3, "redrafter_draft_len_per_beam": 3},
+    ]
+    rows = measure_settings(ckpt, "redrafter", candidates, [[1, 5, 9, 3, 7], [1, 4, 4]], 16, threads=1,
+                            max_seq_len=64, log=lambda *a: None)  # fmt: skip
+    assert [r["settings"] for r in rows] == ["none", *candidates]
+    assert rows[0]["tau"] == 1.0 and rows[0]["speedup"] == 1.0
+    assert all(r["tau"] >= 1.0 and r["engine_ms_per_step"] > 0 and r["tokens_per_s"] > 0 for r in rows)
+    chosen = best(rows)
+    assert chosen in rows[1:] and chosen["tokens_per_s"] == max(r["tokens_per_s"] for r in rows[1:])
