@@ -10,7 +10,7 @@ from tests.conftest import ORT_ONLY, hf_greedy, quiet
 pytestmark = pytest.mark.xdist_group("real")
 
 # What this release ships; a head directory that goes missing (or appears untested) fails here.
-SHIPPED = {"medusa", "eagle", "eagle3"}
+SHIPPED = {"medusa", "eagle", "eagle3", "redrafter"}
 PROMPTS = [
     'def is_prime(n):\n    """Return True if n is a prime number."""\n',
     "<|im_start|>user\nGive me three tips for staying healthy.<|im_end|>\n<|im_start|>assistant\n",

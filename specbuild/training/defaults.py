@@ -71,16 +71,20 @@ def best(rows: list[dict]) -> dict | None:
     return max(candidates, key=lambda r: r["tokens_per_s"]) if candidates else None
 
 
-def heldout_prompts(work_dir: str | Path, count: int, heldout_frac: float = 0.05, max_tokens: int = 256) -> list:
-    """Prompt ids of held-out training sequences (the split trainers use: by sequence number), kinds interleaved."""
+def heldout_prompts(base_model: str | Path, work_dir: str | Path, count: int, seed: int = 99) -> list:
+    """`count` prompt ids no trainer has seen: fresh code, stub and chat prompts (seed `seed`) minus every prompt of
+    the recipe's training data (`work_dir`/train.jsonl), kinds interleaved."""
+    from transformers import AutoTokenizer
+
     from specbuild.training import distill
 
-    key = lambda r: distill._seq_no(r["id"]) % 10000  # noqa: E731 - the split of medusa.training.split_by_sequence
-    held = [r for r in distill.read_sequences(Path(work_dir) / "train.jsonl") if key(r) < round(heldout_frac * 1e4)]
+    tok = AutoTokenizer.from_pretrained(str(base_model))
+    seen = {tuple(r["prompt_ids"]) for r in distill.read_sequences(Path(work_dir) / "train.jsonl")}
+    fresh = distill.build_prompts(tok, 4 * count, 4 * count, seed=seed, n_stub=4 * count)
     by_kind: dict[str, list] = {}
-    for r in sorted(held, key=lambda r: r["id"]):
-        if len(r["prompt_ids"]) <= max_tokens:
-            by_kind.setdefault(r["kind"], []).append(r["prompt_ids"])
+    for p in fresh:
+        if tuple(p["ids"]) not in seen:
+            by_kind.setdefault(p["kind"], []).append(p["ids"])
     out: list = []
     while len(out) < count and any(by_kind.values()):
         for kind in sorted(by_kind):
@@ -99,7 +103,8 @@ def choose_for_recipe(cfg: dict, mode: str, head_dir: str | Path, log=print) -> 
     choice = cfg.get("choose")
     if not choice:
         return None
-    prompts = heldout_prompts(cfg["work_dir"], int(choice.get("prompts", 12)))
+    data_dir = cfg.get("distill_dir") or cfg["work_dir"]  # where the recipe's training sequences are
+    prompts = heldout_prompts(cfg["base_model"], data_dir, int(choice.get("prompts", 12)))
     with tempfile.TemporaryDirectory(prefix="specbuild-choose-ckpt-") as tmp:
         ckpt = convert_checkpoint(cfg["base_model"], Path(tmp) / "ckpt", heads={mode: Path(head_dir)}, progress=False)
         rows = measure_settings(
@@ -111,7 +116,8 @@ def choose_for_recipe(cfg: dict, mode: str, head_dir: str | Path, log=print) -> 
     head_cfg = json.loads(config_file.read_text())
     head_cfg["specbuild_defaults"] = win["settings"]
     head_cfg["specbuild_choice"] = {
-        "how": f"fastest measured setting: {len(prompts)} held-out prompts, {choice.get('max_new_tokens', 96)} new "
+        "how": f"fastest measured setting: {len(prompts)} prompts absent from the training data, "
+        f"{choice.get('max_new_tokens', 96)} new "
         "tokens, greedy, ONNX Runtime CPU graph, engines interleaved per prompt",
         "rows": rows,
     }

@@ -70,6 +70,18 @@ def test_every_published_format_converts(tmp_path, fmt):
             torch.testing.assert_close(tensors[f"heads.{h}.lm_head.weight"], state[f"{h}.1.weight"])
 
 
+def test_a_measured_default_tree_wins_over_medusa_choices(tmp_path):
+    """A recipe's choose stage records the fastest tree as specbuild_defaults.tree: it becomes the engine default."""
+    model = toy_model("llama_gqa_llama3rope", tmp_path / "hf")
+    measured = [[0], [0, 0], [0, 0, 0]]
+    config = {"medusa_choices": [[0], [1], [0, 0]], "specbuild_defaults": {"tree": measured}}
+    write_medusa_heads(tmp_path / "heads", "v2", _hidden(model), 12, num_heads=3, config=config)
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={"medusa": tmp_path / "heads"}, progress=False)
+    assert Checkpoint.load(ckpt).heads["medusa"]["medusa_choices"] == measured
+    engine = build_engine(ckpt, tmp_path / "e", BuildOptions(backends=ORT_ONLY, speculative_mode="medusa"), log=quiet)
+    assert Engine(engine).manifest["tree"]["choices"] == measured
+
+
 def test_broken_heads_fail_naming_the_tensor(tmp_path):
     model = toy_model("llama_gqa_llama3rope", tmp_path / "hf")
     state = medusa_state(_hidden(model), 13, 2, own_lm_head=True)  # vocab 13 != 12

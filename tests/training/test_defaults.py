@@ -1,4 +1,5 @@
-"""Choosing build defaults by measurement: every candidate is built and timed, the fastest wins."""
+"""Choosing build defaults by measurement: every candidate is built and timed, the fastest wins; the prompts are
+never training prompts."""
 
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.training.defaults import best, measure_settings
@@ -21,3 +22,15 @@ def test_candidates_are_measured_against_none_and_the_fastest_is_chosen(tmp_path
     assert all(r["tau"] >= 1.0 and r["engine_ms_per_step"] > 0 and r["tokens_per_s"] > 0 for r in rows)
     chosen = best(rows)
     assert chosen in rows[1:] and chosen["tokens_per_s"] == max(r["tokens_per_s"] for r in rows[1:])
+
+
+def test_choice_prompts_are_fresh_and_never_training_prompts(smollm2_hf, tmp_path):
+    import json
+
+    from specbuild.training.defaults import heldout_prompts
+
+    first = heldout_prompts(smollm2_hf, tmp_path, 6)
+    assert len(first) == 6 and len({tuple(p) for p in first}) == 6
+    (tmp_path / "train.jsonl").write_text(json.dumps({"id": "x", "prompt_ids": first[0], "gen_ids": [1]}) + "\n")
+    again = heldout_prompts(smollm2_hf, tmp_path, 6)
+    assert first[0] not in again and len(again) == 6 and sum(p in again for p in first[1:]) >= 4

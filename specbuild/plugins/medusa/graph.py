@@ -103,8 +103,12 @@ def convert_medusa(head_dir: Path, model, base: dict) -> tuple[dict, dict]:
         "format": "medusa-1" if own_lm_head else "medusa-v2",
         "source": str(head_dir),
     }
-    if cfg.get("medusa_choices"):
-        head_cfg["medusa_choices"] = Tree.from_choices(cfg["medusa_choices"]).to_list()
+    defaults = cfg.get("specbuild_defaults") or {}  # a tree measured fastest by a recipe's choose stage wins
+    if not isinstance(defaults, dict):
+        raise SpecbuildError(f"{head_dir / 'config.json'}: specbuild_defaults must be a mapping, got {defaults!r}")
+    choices = defaults.get("tree") or cfg.get("medusa_choices")
+    if choices:
+        head_cfg["medusa_choices"] = Tree.from_choices(choices, source=f"{head_dir / 'config.json'}: tree").to_list()
     if draft_vocab is not None:
         # specbuild extension: v2 heads may carry the ids their proposals are restricted to (frequent tokens), so
         # each head projects onto those rows of the base lm_head only; verification is unchanged (lossless)
