@@ -164,3 +164,11 @@ def read_json(file: Path) -> dict:
     if not isinstance(data, dict):
         raise SpecbuildError(f"{file}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def recorded_defaults(head_cfg: dict, config_file: Path) -> dict:
+    """A head config's `specbuild_defaults`: the build settings its recipe measured fastest ({} when absent)."""
+    defaults = head_cfg.get("specbuild_defaults") or {}
+    if not isinstance(defaults, dict):
+        raise SpecbuildError(f"{config_file}: specbuild_defaults must be a mapping, got {defaults!r}")
+    return dict(defaults)

@@ -2,9 +2,10 @@
 
 A larger tree (more beams, a deeper draft, more EAGLE nodes) raises tau but costs more per engine call; which one
 is fastest depends on the device. `measure_settings` builds one engine per candidate setting (ONNX Runtime graph)
-for the trained heads and generates greedily on held-out prompts, interleaved per prompt like `specbuild bench`,
-recording tau, engine ms per step and tokens/s; `best` picks the fastest. The recipe records the winner as the
-heads' `specbuild_defaults` (what `build` uses when no option is given) with the whole table as lineage.
+for the trained heads and generates greedily on fresh prompts (none in the training data), interleaved per prompt
+like `specbuild bench`, recording tau, engine ms per step and tokens/s; `best` picks the fastest. The recipe
+records the winner as the heads' `specbuild_defaults` (what `build` uses when no option is given) with the whole
+table as lineage.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def best(rows: list[dict]) -> dict | None:
     return max(candidates, key=lambda r: r["tokens_per_s"]) if candidates else None
 
 
-def heldout_prompts(base_model: str | Path, work_dir: str | Path, count: int, seed: int = 99) -> list:
+def fresh_prompts(base_model: str | Path, work_dir: str | Path, count: int, seed: int = 99) -> list:
     """`count` prompt ids no trainer has seen: fresh code, stub and chat prompts (seed `seed`) minus every prompt of
     the recipe's training data (`work_dir`/train.jsonl), kinds interleaved."""
     from transformers import AutoTokenizer
@@ -95,7 +96,7 @@ def heldout_prompts(base_model: str | Path, work_dir: str | Path, count: int, se
 
 def choose_for_recipe(cfg: dict, mode: str, head_dir: str | Path, log=print) -> dict | None:
     """The recipe's `choose` stage: measure `choose.candidates` (build options of `mode`) with the heads just written
-    on held-out prompts, and record the fastest as the heads' `specbuild_defaults` (config.json), with the table."""
+    on fresh prompts, and record the fastest as the heads' `specbuild_defaults` (config.json), with the table."""
     import json
 
     from specbuild.builder.convert import convert_checkpoint
@@ -104,7 +105,7 @@ def choose_for_recipe(cfg: dict, mode: str, head_dir: str | Path, log=print) -> 
     if not choice:
         return None
     data_dir = cfg.get("distill_dir") or cfg["work_dir"]  # where the recipe's training sequences are
-    prompts = heldout_prompts(cfg["base_model"], data_dir, int(choice.get("prompts", 12)))
+    prompts = fresh_prompts(cfg["base_model"], data_dir, int(choice.get("prompts", 12)))
     with tempfile.TemporaryDirectory(prefix="specbuild-choose-ckpt-") as tmp:
         ckpt = convert_checkpoint(cfg["base_model"], Path(tmp) / "ckpt", heads={mode: Path(head_dir)}, progress=False)
         rows = measure_settings(

@@ -137,8 +137,9 @@ def check_device(device: str | None) -> str:
 
 
 def run_recipe(path: str | Path, log=print, device: str | None = None) -> dict:
-    """Run a whole recipe with the trainer of the mode its `kind` names (on `device`, see check_device); returns the
-    metrics it writes to `<work_dir>/metrics.json`."""
+    """Run a whole recipe with the trainer of the mode its `kind` names (on `device`, see check_device), then its
+    `choose` stage (the fastest measured build settings become the heads' defaults); returns the trainer's metrics,
+    with the choice under `choice`."""
     from specbuild.errors import SpecbuildError
     from specbuild.plugins.registry import load_object, trainable_modes
 
@@ -147,4 +148,10 @@ def run_recipe(path: str | Path, log=print, device: str | None = None) -> dict:
     kind = cfg.get("kind")
     if kind not in modes:
         raise SpecbuildError(f"recipe {path}: `kind` {kind!r} is not one of {', '.join(modes)}")
-    return load_object(modes[kind].trainer)(path, log=log, device=check_device(device))
+    metrics = load_object(modes[kind].trainer)(path, log=log, device=check_device(device))
+    from specbuild.training.defaults import choose_for_recipe
+
+    choice = choose_for_recipe(cfg, kind, cfg["output_dir"], log=log)  # the recipe's `choose` stage, if it has one
+    if choice:
+        metrics["choice"] = choice
+    return metrics

@@ -27,10 +27,10 @@ def test_candidates_are_measured_against_none_and_the_fastest_is_chosen(tmp_path
 def test_choice_prompts_are_fresh_and_never_training_prompts(smollm2_hf, tmp_path):
     import json
 
-    from specbuild.training.defaults import heldout_prompts
+    from specbuild.training.defaults import fresh_prompts
 
-    first = heldout_prompts(smollm2_hf, tmp_path, 6)
+    first = fresh_prompts(smollm2_hf, tmp_path, 6)
     assert len(first) == 6 and len({tuple(p) for p in first}) == 6
     (tmp_path / "train.jsonl").write_text(json.dumps({"id": "x", "prompt_ids": first[0], "gen_ids": [1]}) + "\n")
-    again = heldout_prompts(smollm2_hf, tmp_path, 6)
+    again = fresh_prompts(smollm2_hf, tmp_path, 6)
     assert first[0] not in again and len(again) == 6 and sum(p in again for p in first[1:]) >= 4

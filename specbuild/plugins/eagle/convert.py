@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from specbuild.builder.checkpoint import read_json
+from specbuild.builder.checkpoint import read_json, recorded_defaults
 from specbuild.builder.weights_io import find_weight_files, load_hf_weights
 from specbuild.errors import SpecbuildError
 
@@ -176,13 +176,6 @@ def _dims(cfg: dict, model, hidden: int) -> dict[str, Any]:
         "rope_theta": float(rope_theta or model.rope_theta),
         "rope_scaling": dict(rope_scaling) if isinstance(rope_scaling, dict) else None,
     }
-
-
-def _defaults(cfg: dict, head_dir: Path) -> dict:
-    defaults = cfg.get("specbuild_defaults") or {}
-    if not isinstance(defaults, dict):
-        raise SpecbuildError(f"{head_dir / 'config.json'}: specbuild_defaults must be a mapping, got {defaults!r}")
-    return dict(defaults)
 
 
 def _check_vocab_map(src: _HeadTensors, d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: int, vocab: int):
@@ -335,7 +328,7 @@ def convert_eagle(head_dir: Path, model, base: dict) -> tuple[dict, dict]:
         "has_embed": "embed_tokens.weight" in out,
         "draft_vocab_size": draft_vocab,
         "source": str(head_dir),
-        "defaults": _defaults(cfg, head_dir),
+        "defaults": recorded_defaults(cfg, head_dir / "config.json"),
     }
     return head_cfg, out
 
@@ -569,6 +562,6 @@ def convert_eagle3(head_dir: Path, model, base: dict) -> tuple[dict, dict]:
         "norm_before_residual": _norm_before_residual(cfg, cfg_file, spec_cfg),
         "layout": layout,
         "source": str(head_dir),
-        "defaults": _defaults(cfg, head_dir),
+        "defaults": recorded_defaults(cfg, head_dir / "config.json"),
     }
     return head_cfg, out

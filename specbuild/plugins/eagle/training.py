@@ -709,11 +709,6 @@ def run_eagle_recipe(path: str | Path, log=print, device: str | None = None) -> 
     else:
         used = res["used"] if t.get("ship_draft_vocab", False) else None
         save_eagle1(cfg["output_dir"], res["draft"], hf, name, defaults, res["metrics"], used=used)
-    from specbuild.training.defaults import choose_for_recipe
-
-    choice = choose_for_recipe({**cfg, "distill_dir": str(dd)}, cfg.get("kind", "eagle3"), cfg["output_dir"], log=log)
-    if choice:  # the recipe's `choose` stage replaced specbuild_defaults by the fastest measured setting
-        res["metrics"]["choice"] = choice
     work = Path(cfg.get("work_dir", cfg.get("feature_dir", dd)))
     work.mkdir(parents=True, exist_ok=True)
     (work / f"metrics-eagle{version}.json").write_text(json.dumps(res["metrics"], indent=1) + "\n")

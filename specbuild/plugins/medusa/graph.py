@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbuild.builder.checkpoint import read_json
+from specbuild.builder.checkpoint import read_json, recorded_defaults
 from specbuild.builder.weights_io import load_hf_weights, load_tensor_file
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.base import DraftContext, ModePlugin
@@ -103,10 +103,8 @@ def convert_medusa(head_dir: Path, model, base: dict) -> tuple[dict, dict]:
         "format": "medusa-1" if own_lm_head else "medusa-v2",
         "source": str(head_dir),
     }
-    defaults = cfg.get("specbuild_defaults") or {}  # a tree measured fastest by a recipe's choose stage wins
-    if not isinstance(defaults, dict):
-        raise SpecbuildError(f"{head_dir / 'config.json'}: specbuild_defaults must be a mapping, got {defaults!r}")
-    choices = defaults.get("tree") or cfg.get("medusa_choices")
+    # a tree measured fastest by a recipe's choose stage wins
+    choices = recorded_defaults(cfg, head_dir / "config.json").get("tree") or cfg.get("medusa_choices")
     if choices:
         head_cfg["medusa_choices"] = Tree.from_choices(choices, source=f"{head_dir / 'config.json'}: tree").to_list()
     if draft_vocab is not None:

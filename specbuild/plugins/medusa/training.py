@@ -433,11 +433,6 @@ def finish(cfg: dict, state, feats: dict, train_s: float, log=print) -> dict:
         extra=extra,
         draft_vocab=vocab,
     )
-    from specbuild.training.defaults import choose_for_recipe
-
-    choice = choose_for_recipe(cfg, "medusa", cfg["output_dir"], log=log)  # the recipe's `choose` stage
-    if choice:
-        metrics["choice"] = choice
     Path(work / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     return metrics
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from specbuild.builder.checkpoint import read_json
+from specbuild.builder.checkpoint import read_json, recorded_defaults
 from specbuild.builder.weights_io import load_tensor_file
 from specbuild.errors import SpecbuildError
 
@@ -146,8 +146,5 @@ def convert_redrafter(head_dir: Path, model, base: dict) -> tuple[dict, dict]:
         "draft_vocab_size": rows if draft_vocab is not None else None,
         "source": str(head_dir),
     }
-    defaults = cfg.get("specbuild_defaults") or {}  # build defaults the drafter was tuned for (our recipes)
-    if not isinstance(defaults, dict):
-        raise SpecbuildError(f"{config_file}: specbuild_defaults must be a mapping, got {defaults!r}")
-    head_cfg["defaults"] = dict(defaults)
+    head_cfg["defaults"] = recorded_defaults(cfg, config_file)  # build defaults the drafter was tuned for
     return head_cfg, out

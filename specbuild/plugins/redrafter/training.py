@@ -382,11 +382,6 @@ def train_and_export(cfg: dict, log=print) -> dict:
     if t.get("note"):
         extra["specbuild_note"] = t["note"]
     save_redrafter(cfg["output_dir"], drafter, int(load_base_lm_head(hf).shape[0]), extra)
-    from specbuild.training.defaults import choose_for_recipe
-
-    choice = choose_for_recipe(cfg, "redrafter", cfg["output_dir"], log=log)  # the recipe's `choose` stage
-    if choice:
-        metrics["choice"] = choice
     (work / "redrafter_metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     return metrics
 
