@@ -142,12 +142,34 @@ def export_step(step: StepModule, onnx_path: Path) -> tuple[list[str], list[str]
                 optimize=True,
             )
             program.save(str(onnx_path), external_data=True)
+        if isinstance(step, FusedStepModule):
+            drop_unused_norm_statistics(onnx_path)
     except SpecbuildError:
         raise
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecbuildError(f"ONNX export of the {step.plugin.name} step graph failed: {first[:300]}") from exc
     return inputs, outputs
+
+
+def drop_unused_norm_statistics(onnx_path: Path) -> None:
+    """Unname the optional mean / inverse-std outputs (1 and 2) of SkipSimplifiedLayerNormalization that nothing
+    reads, so that ONNX Runtime neither computes nor allocates them (two small tensors per norm, 61 norms a step);
+    the exporter names every output of a custom op. The weights (external data) are not touched."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    graph = model.graph
+    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    changed = False
+    for node in graph.node:
+        if node.op_type == "SkipSimplifiedLayerNormalization" and node.domain == "com.microsoft":
+            for index in (1, 2):
+                if index < len(node.output) and node.output[index] and node.output[index] not in read:
+                    node.output[index] = ""
+                    changed = True
+    if changed:
+        onnx.save(model, str(onnx_path))
 
 
 def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads: int = 1) -> float:

@@ -187,9 +187,13 @@ class LlamaNetwork(nn.Module):
         self.register_buffer("rotary_sin", sin, persistent=False)
         return self
 
-    def forward_fused(self, input_ids, position_ids, tree_mask, past_length, kv_buffers, capture_layers=()):
+    def forward_fused(
+        self, input_ids, position_ids, tree_mask, past_length, kv_buffers, capture_layers=(), causal_chain=False
+    ):
         """The ONNX Runtime form of forward(): kv_buffers = [k_0, v_0, k_1, ...] each [B,Hkv,C,D], written in place.
 
+        causal_chain: the caller only ever feeds tokens at positions past..past+T-1 with a causal tree_mask (plain
+        decoding), so attention takes the kernel's own causal mask (no bias; unless a layer has a sliding window).
         Returns (final hidden, [present k_0, v_0, ...], layer inputs), the buffers with the new tokens' keys and
         values at [past_length, past_length + T) (see ort_kernels)."""
         from specbuild.builder.ort_kernels import attention_bias, group_query_attention, skip_rms_norm
@@ -197,10 +201,11 @@ class LlamaNetwork(nn.Module):
         x = self.embed_tokens(input_ids)
         capacity = kv_buffers[0].shape[2]
         dtype = x.dtype
-        biases = {
-            w: attention_bias(tree_mask, position_ids, past_length, capacity, w, dtype)
-            for w in {self.cfg.layer_window(i) for i in range(len(self.layers))}
-        }
+        windows = {self.cfg.layer_window(i) for i in range(len(self.layers))}
+        if causal_chain and windows == {None}:
+            biases, position_ids = {None: None}, None
+        else:
+            biases = {w: attention_bias(tree_mask, position_ids, past_length, capacity, w, dtype) for w in windows}
         presents, inputs = [], {}
         pending = None  # the previous layer's MLP output, added to the residual by the next skip-norm
         for i, layer in enumerate(self.layers):

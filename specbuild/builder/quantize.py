@@ -82,9 +82,9 @@ def _merge_repeated_definitions(model: onnx.ModelProto) -> None:
             seen[init.name] = init
     produced: dict[str, onnx.NodeProto] = {}
     for node in list(graph.node):
-        first = next((produced[o] for o in node.output if o in produced), None)
+        first = next((produced[o] for o in node.output if o and o in produced), None)  # "": an unused output
         if first is None:
-            produced.update({o: node for o in node.output})
+            produced.update({o: node for o in node.output if o})
         elif (first.op_type, list(first.input), list(first.attribute)) == (
             node.op_type,
             list(node.input),

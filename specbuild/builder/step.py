@@ -143,7 +143,13 @@ class FusedStepModule(StepModule):
         n_kv = 2 * len(self.net.layers)
         kv, states = buffers_and_states[:n_kv], buffers_and_states[n_kv:]
         hidden, presents, captured = self.net.forward_fused(
-            input_ids, position_ids, tree_mask, past_length, list(kv), capture_layers=self.plugin.capture_layers
+            input_ids,
+            position_ids,
+            tree_mask,
+            past_length,
+            list(kv),
+            capture_layers=self.plugin.capture_layers,
+            causal_chain=self.plugin.max_new_tokens_per_step() == 1,
         )
         acc_tokens, num_acc, acc_nodes, drafted, logits = self.accept_and_draft(
             hidden, captured, input_ids, position_ids, tree_mask, past_length, paths,

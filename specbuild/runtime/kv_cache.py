@@ -121,7 +121,8 @@ class SharedKV:
         start = self.cache.length
         if nodes is not None:
             nodes = np.asarray(nodes)
-            if not np.array_equal(nodes, np.arange(len(nodes))):  # accepted nodes are increasing: copy down
+            n = len(nodes)
+            if n and int(nodes[-1]) != n - 1:  # increasing nodes 0..n-1 are already in place; others: copy down
                 data = self.cache.data
                 data[:, :, :, :, start : start + len(nodes)] = data[:, :, :, :, start + nodes]
             count = len(nodes)

@@ -27,6 +27,11 @@ class Session:
         capacity = min(engine.max_seq_len, max(MIN_CAPACITY, 1 << (expected_tokens - 1).bit_length()))
         self.kv = engine.new_kv(capacity)
         self.states = self._new_states(capacity)
+        self._sampling_feeds = {  # the same every call
+            ef.TEMPERATURE: np.array([sampling.temperature], dtype=np.float32),
+            ef.TOP_K: np.array([sampling.top_k], dtype=np.int64),
+            ef.TOP_P: np.array([sampling.top_p], dtype=np.float32),
+        }
         self.engine_s = 0.0  # time inside the engine, all calls
 
     @property
@@ -67,16 +72,14 @@ class Session:
 
     # ------------------------------------------------------------------ internals
     def _call(self, input_ids, position_ids, tree_mask, paths, window: int) -> dict:
-        sampling, rng = self.sampling, self.rng
+        rng = self.rng
         feeds = {
             ef.INPUT_IDS: input_ids,
             ef.POSITION_IDS: position_ids,
             ef.TREE_MASK: tree_mask,
             ef.PAST_LENGTH: np.array([self.kv.length], dtype=np.int64),
             ef.PATHS: paths,
-            ef.TEMPERATURE: np.array([sampling.temperature], dtype=np.float32),
-            ef.TOP_K: np.array([sampling.top_k], dtype=np.int64),
-            ef.TOP_P: np.array([sampling.top_p], dtype=np.float32),
+            **self._sampling_feeds,
             ef.RAND_ACCEPT: rng.random((1, window), dtype=np.float32),
             ef.RAND_SAMPLE: rng.random(1, dtype=np.float32),
         }

@@ -55,6 +55,11 @@ def test_both_graphs_equal_transformers(toy, tmp_path, mode):
     }
     fused = onnx.load(str(engine_dir / ef.ENGINE_ORT_ONNX), load_external_data=False)
     assert {"GroupQueryAttention", "SkipSimplifiedLayerNormalization"} <= {n.op_type for n in fused.graph.node}
+    for node in fused.graph.node:
+        if node.op_type == "GroupQueryAttention":  # position_ids (9) and attention_bias (10): only trees need them
+            assert all(node.input[9:11]) == (mode != "none"), node.input
+        if node.op_type == "SkipSimplifiedLayerNormalization":  # nothing reads the mean / inverse std
+            assert list(node.output[1:3]) == ["", ""]
     portable = onnx.load(str(engine_dir / ef.ENGINE_ONNX), load_external_data=False)
     assert lint_onnx_for_tensorrt(portable) == []
     steps = []

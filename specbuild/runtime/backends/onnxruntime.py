@@ -39,18 +39,30 @@ class BoundArray:
         self.ortvalue = ort.OrtValue.ortvalue_from_numpy(array)
 
 
-class Binding:
-    """One IOBinding kept across calls: long-lived buffers (BoundArray) and the outputs aliased to them are bound
-    again only when a buffer changes (the KV cache grows); the small per-step inputs and the other outputs are
-    bound on every call."""
+SCRATCH_MAX_ELEMENTS = 4096  # per-step inputs up to this size are copied into buffers bound once
 
-    def __init__(self, session, output_names):
+
+class Binding:
+    """One IOBinding kept across calls, so that a decode step binds almost nothing:
+
+    - long-lived buffers (BoundArray: the KV cache) are bound again only when a different buffer is fed (the cache
+      grew), and the outputs aliased to them are bound in place only then;
+    - small per-step inputs (token ids, positions, sampling scalars, random draws) are copied into buffers of the
+      binding's own, bound once per shape, instead of a new OrtValue per input per call;
+    - larger plain inputs (a prompt's mask, mode state caches) are bound without a copy on every call.
+    The other outputs (accepted tokens, next tree, ...) are allocated by the session on every call: their shapes
+    may depend on values, and a pre-allocated output of the wrong shape fails the call after in-place updates ran."""
+
+    def __init__(self, session, output_names, input_names=None):
         self.session = session
         self.output_names = list(output_names)
+        self.input_names = set(input_names) if input_names is not None else {i.name for i in session.get_inputs()}
         self.binding = session.io_binding()
-        self.bound: dict[str, object] = {}  # input name -> the BoundArray bound to it
-        self._outputs = set(self.output_names)
-        self._aliased: dict[str, object] = {}  # output name -> the BoundArray it is bound to (in place)
+        self.bound: dict[str, object] = {}  # input name -> the BoundArray bound to it (the caller's or a scratch one)
+        self._scratch: dict[str, BoundArray] = {}  # input name -> the binding's own copy buffer
+        self._aliases = None  # the aliases the outputs are bound for (None: outputs not bound yet)
+        self._plain_outputs: list[tuple[int, str]] = []  # (index in the graph's outputs, name): not aliased
+        self._alias_outputs: list[tuple[str, str]] = []  # (output, input) sharing the input's buffer
 
     def run(self, feeds: dict, aliases: dict[str, str] | None = None):
         """Returns ({output name: array}, seconds inside the session); aliased outputs are their input's array."""
@@ -58,44 +70,70 @@ class Binding:
 
         aliases = aliases or {}
         arrays = {}
+        rebind_outputs = self._aliases is not aliases
+        inputs, bound, scratch_of = self.input_names, self.bound, self._scratch
         for name, value in feeds.items():
-            if isinstance(value, BoundArray):
+            if name not in inputs:
+                continue
+            if type(value) is BoundArray:
                 arrays[name] = value.array
-                if self.bound.get(name) is not value:
+                if bound.get(name) is not value:
                     self.binding.bind_ortvalue_input(name, value.ortvalue)
-                    self.bound[name] = value
-            else:
+                    bound[name] = value
+                    rebind_outputs = True
+                continue
+            scratch = scratch_of.get(name)
+            if (
+                scratch is not None
+                and bound.get(name) is scratch
+                and scratch.array.shape == value.shape
+                and scratch.array.dtype == value.dtype
+            ):
+                np.copyto(scratch.array, value)
+                arrays[name] = scratch.array
+            elif value.size <= SCRATCH_MAX_ELEMENTS and name not in aliases.values():
+                scratch = scratch_of[name] = BoundArray(np.array(value, order="C"))
+                self.binding.bind_ortvalue_input(name, scratch.ortvalue)
+                bound[name] = scratch
+                arrays[name] = scratch.array
+            else:  # bound without a copy, on every call
                 array = value if value.flags.c_contiguous else np.ascontiguousarray(value)
                 arrays[name] = array
                 self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
-        targets = {name: feeds[source] for name, source in aliases.items() if name in self._outputs}
-        if targets.keys() != self._aliased.keys() or any(targets[n] is not self._aliased[n] for n in targets):
-            # first call, or a buffer changed: bind every output again, in the graph's order (get_outputs follows it)
-            self.binding.clear_binding_outputs()
-            for name in self.output_names:
-                if name in targets:
-                    source = targets[name]
-                    value = (
-                        source.ortvalue
-                        if isinstance(source, BoundArray)
-                        else BoundArray(arrays[aliases[name]]).ortvalue
-                    )
-                    self.binding.bind_ortvalue_output(name, value)
-                else:
-                    self.binding.bind_output(name, "cpu")
-            self._aliased = targets if all(isinstance(v, BoundArray) for v in targets.values()) else {}
+                bound.pop(name, None)
+                rebind_outputs = rebind_outputs or name in aliases.values()
+        if rebind_outputs:
+            self._bind_outputs(feeds, aliases, arrays)
         else:
-            for name in self.output_names:
-                if name not in targets:  # unallocated again: these shapes change from call to call
-                    self.binding.bind_output(name, "cpu")
+            for _, name in self._plain_outputs:  # unallocated again: the session allocates them on every call
+                self.binding.bind_output(name, "cpu")
         start = time.perf_counter()
         self.session.run_with_iobinding(self.binding)
         elapsed = time.perf_counter() - start
         values = self.binding._iobinding.get_outputs()  # the raw vector: no Python wrapper per (aliased) output
-        outputs = {}
-        for index, name in enumerate(self.output_names):  # bound in the graph's output order
-            outputs[name] = arrays[aliases[name]] if name in aliases else values[index].numpy()
+        outputs = {name: values[index].numpy() for index, name in self._plain_outputs}
+        for name, source in self._alias_outputs:
+            outputs[name] = arrays[source]
         return outputs, elapsed
+
+    def _bind_outputs(self, feeds: dict, aliases: dict[str, str], arrays: dict) -> None:
+        """Bind every output again, in the graph's order (get_outputs follows it): aliased ones onto their input's
+        buffer, the others to be allocated by the session."""
+        self.binding.clear_binding_outputs()
+        self._plain_outputs, self._alias_outputs = [], []
+        in_place = True  # every aliased input is a long-lived BoundArray: no need to bind again next call
+        for index, name in enumerate(self.output_names):
+            source = aliases.get(name)
+            if source is not None and source in arrays:
+                value = feeds[source]
+                if type(value) is not BoundArray:
+                    value, in_place = BoundArray(arrays[source]), False
+                self.binding.bind_ortvalue_output(name, value.ortvalue)
+                self._alias_outputs.append((name, source))
+            else:
+                self.binding.bind_output(name, "cpu")
+                self._plain_outputs.append((index, name))
+        self._aliases = aliases if in_place else None
 
 
 def run_bound(session, feeds: dict, output_names, aliases: dict[str, str] | None = None):
@@ -125,8 +163,7 @@ class OnnxRuntimeBackend(Backend):
         return BoundArray(array)
 
     def run(self, feeds: dict[str, np.ndarray], aliases: dict[str, str] | None = None) -> dict[str, np.ndarray]:
-        feeds = {k: v for k, v in feeds.items() if k in self.input_names}
         if self._binding is None:
-            self._binding = Binding(self.session, self.output_names)
+            self._binding = Binding(self.session, self.output_names, self.input_names)
         outputs, self.last_engine_s = self._binding.run(feeds, aliases)
         return outputs
