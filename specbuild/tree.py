@@ -121,6 +121,11 @@ class Tree:
         """Maximum choice length (0 for a root-only tree)."""
         return max((len(c) for c in self.choices), default=0)
 
+    @property
+    def is_chain(self) -> bool:
+        """One node per depth: node i's parent is node i - 1 (a root-only tree is a chain)."""
+        return self.depth == self.num_draft
+
     @cached_property
     def _index(self) -> dict[Choice, int]:
         index: dict[Choice, int] = {(): 0}

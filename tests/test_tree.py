@@ -267,3 +267,8 @@ def test_tree_module_does_not_import_torch():
     code = "import sys, specbuild.tree as t; t.parse_tree('mc_sim_7b_63'); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_is_chain():
+    assert Tree.chain(3).is_chain and Tree.from_choices([]).is_chain
+    assert not Tree.from_choices([[0], [1]]).is_chain and not Tree.from_choices([[0], [0, 0], [1]]).is_chain

@@ -43,7 +43,7 @@ class _BuildOptions:
     backends: tuple[str, ...] = ef.BACKENDS  # one graph per backend: onnxruntime (fused kernels), tensorrt (portable)
     weights: str | None = None  # fp32, fp16, int8, int4 (default: fp16 for a float16 checkpoint, else fp32)
     weights_block_size: int = 32  # int4/int8: weights per quantization block along K
-    int8_activations: bool = False  # int4/int8: quantize activations too (faster; speculation no longer exact)
+    int8_activations: bool = False  # int4/int8: quantize activations to int8 too (faster; attention padded)
     tensorrt: bool = False
     fp16_plan: bool = False
     overwrite: bool = False
@@ -249,9 +249,12 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
     net = LlamaNetwork.from_tensors(cfg, ckpt.tensors(), engine_dtype)
     plugin = plugin_cls(ckpt, net, options).to(net.embed_tokens.weight.dtype).eval()
     tree = plugin.tree()
+    chain_drafts = settings.get("chain_drafts", tree is not None and tree.is_chain)
     tolerance = options.validate_tolerance or (1e-3 if engine_dtype == "float32" else 5e-2)
     quantized = weights in ("int4", "int8")
-    tree_drafts = settings["tokens_per_step"] > 1  # the mode verifies drafts (speculation)
+    # int8 activations make every op but attention batch-invariant: pad attention to >= 2 rows so that it is too
+    # (ort_kernels), and speculation stays exact against the none engine of the same precision
+    pad_rows = 1 if options.int8_activations else 0
     prompt_ids = _sample_prompt(ckpt, cfg)
     graphs = []
     with atomic_output_dir(target) as tmp:
@@ -265,10 +268,11 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
                         graphs.append({**graphs[-1], "backend": backend})
                         continue
             else:
-                net.use_fused_kernels(max_seq_len)
+                net.use_fused_kernels(max_seq_len + pad_rows)
                 step_cls, file, kv_layout = FusedStepModule, ef.ENGINE_ORT_ONNX, ef.KV_SHARED
             logits = options.output_logits or quantized  # the quantization check compares logits
-            step = step_cls(net, plugin, output_logits=logits, typical=options.typical_acceptance).eval()
+            fused = {"attention_pad": pad_rows} if step_cls is FusedStepModule else {}
+            step = step_cls(net, plugin, output_logits=logits, typical=options.typical_acceptance, **fused).eval()
             onnx_path = tmp / file
             log(
                 f"exporting {options.speculative_mode} step graph for {backend} ({cfg.num_layers} layers, "
@@ -304,6 +308,8 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
                 import onnx
 
                 assert_tensorrt_clean(onnx.load(str(onnx_path), load_external_data=False))
+            if fused.get("attention_pad"):
+                entry["attention_pad_rows"] = fused["attention_pad"]
             graphs.append(
                 {
                     "role": ef.ROLE_TARGET,
@@ -328,8 +334,8 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
             "speculative_mode": options.speculative_mode,
             "dtype": engine_dtype,
             "checkpoint_dtype": ckpt.dtype,
-            "lossless": options.typical_acceptance is None and not (options.int8_activations and tree_drafts),
-            "lossy_reason": _lossy_reason(options, tree_drafts),
+            "lossless": _lossy_reason(options, chain_drafts) is None,
+            "lossy_reason": _lossy_reason(options, chain_drafts),
             "typical_acceptance": list(options.typical_acceptance) if options.typical_acceptance else None,
             "model": {
                 "architecture": cfg.architecture,
@@ -419,13 +425,15 @@ def _quantize_in_place(onnx_path: Path, bits: int, block_size: int, fused: bool,
     staged.rename(onnx_path)
 
 
-def _lossy_reason(options: BuildOptions, tree_drafts: bool) -> str | None:
+def _lossy_reason(options: BuildOptions, chain_drafts: bool) -> str | None:
     if options.typical_acceptance is not None:
         return "typical acceptance (not distribution-preserving)"
-    if options.int8_activations and tree_drafts:
+    if options.int8_activations and not chain_drafts:
         return (
-            "int8 activations: a token's logits depend on how many tokens are verified with it, so greedy output "
-            "can differ from the none engine of the same --weights"
+            "int8 activations with branching trees: a tree node's keys sit in other cache columns than in one-token "
+            "decoding, attention sums them in another order, and the int8 roundings that follow can change greedy "
+            "output against the none engine of the same --weights (chain drafts, e.g. ngram with one candidate, "
+            "stay exact)"
         )
     return None
 

@@ -122,7 +122,7 @@ def aliased_outputs(input_names: list[str]) -> dict[str, str]:
 
 def export_step(step: StepModule, onnx_path: Path) -> tuple[list[str], list[str]]:
     """Export to `onnx_path` (+ external data file). Returns (input names, output names)."""
-    args = example_inputs(step, t=6, w=4, capacity=9, past=3)
+    args = example_inputs(step, t=6, w=4, capacity=10, past=3)  # room for a pad row
     with torch.no_grad():
         step(*args)  # records the plugin's output names
     inputs, outputs = io_names(step)
@@ -221,7 +221,7 @@ def compare_quantized(
     from specbuild.runtime.backends.onnxruntime import run_bound
 
     t = len(prompt_ids)
-    args = list(example_inputs(step, t=t, w=t, capacity=t, past=0, seed=1))
+    args = list(example_inputs(step, t=t, w=t, capacity=t + 1, past=0, seed=1))  # + a pad row
     args[0] = torch.tensor([prompt_ids], dtype=torch.int64)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads

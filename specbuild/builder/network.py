@@ -188,12 +188,21 @@ class LlamaNetwork(nn.Module):
         return self
 
     def forward_fused(
-        self, input_ids, position_ids, tree_mask, past_length, kv_buffers, capture_layers=(), causal_chain=False
+        self,
+        input_ids,
+        position_ids,
+        tree_mask,
+        past_length,
+        kv_buffers,
+        capture_layers=(),
+        causal_chain=False,
+        attention_pad=0,
     ):
         """The ONNX Runtime form of forward(): kv_buffers = [k_0, v_0, k_1, ...] each [B,Hkv,C,D], written in place.
 
         causal_chain: the caller only ever feeds tokens at positions past..past+T-1 with a causal tree_mask (plain
         decoding), so attention takes the kernel's own causal mask (no bias; unless a layer has a sliding window).
+        attention_pad: rows attended after the new tokens (see ort_kernels); the buffers need that many spare slots.
         Returns (final hidden, [present k_0, v_0, ...], layer inputs), the buffers with the new tokens' keys and
         values at [past_length, past_length + T) (see ort_kernels)."""
         from specbuild.builder.ort_kernels import attention_bias, group_query_attention, skip_rms_norm
@@ -226,6 +235,7 @@ class LlamaNetwork(nn.Module):
                 biases[self.cfg.layer_window(i)],
                 self.rotary_cos,
                 self.rotary_sin,
+                pad=attention_pad,
             )
             presents += [k, v]
             h, x = skip_rms_norm(layer.post_attention_layernorm, attn.o_proj(heads), x)

@@ -14,6 +14,15 @@ position; `seqlens_k` = past + T - 1. A graph whose new tokens always form a cau
 past..past+T-1 (plain decoding: prefill, then one token per step) passes neither `position_ids` nor `attention_bias`:
 the kernel's own causal mask and positions are the same thing, without the ~25 mask nodes and the bias reads
 (measured 0.2 ms of a 7 ms int4 step).
+
+Attention padding (`pad` rows): the kernel computes one query row (T = 1) with a different summation than several
+(T >= 2; rows of T >= 2 calls are bitwise equal whatever T is), so a one-token decode step and a tree that verifies
+the same token disagree in the last bits. Where everything else is batch-invariant (MatMulNBits with int8
+activations) those bits flip int8 roundings and greedy output drifts. With `pad` = 1 every call attends T + 1 rows:
+the T tokens and a copy of the last one at position past + T, whose output is dropped and whose key/value land in
+the cache slot after the tokens (beyond the committed length: overwritten by the next call; the runtime keeps that
+slot allocated, `attention_pad_rows` in engine.yaml). A right-padded call (`query_seqlens` < T) does not do: it takes
+the one-row path.
 """
 
 from __future__ import annotations
@@ -56,12 +65,25 @@ def attention_bias(tree_mask, position_ids, past_length, capacity: int, window: 
     return torch.where(visible, zero, torch.full((), float("-inf"), dtype=dtype)).unsqueeze(1)
 
 
-def group_query_attention(attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos, sin):
+def group_query_attention(attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos, sin, pad: int = 0):
     """attn: the layer's network.Attention (head counts); qkv [B,T,(Hq+2Hkv)D]; k_buf/v_buf [B,Hkv,C,D].
-    position_ids and bias None: the T new tokens are a causal chain at positions past..past+T-1.
+    position_ids and bias None: the T new tokens are a causal chain at positions past..past+T-1. pad: rows
+    attended after the T tokens (copies of the last one; see the module docstring), C >= past + T + pad.
 
     Returns (out [B,T,Hq*D] before o_proj, present_k, present_v): the buffers with the T new rotated keys and values
-    written at [past, past + T)."""
+    written at [past, past + T) (and the pad rows' after them)."""
+    if pad:
+        tokens = qkv.shape[1]
+        qkv = torch.cat([qkv, qkv.narrow(1, tokens - 1, 1).expand(-1, pad, -1)], dim=1)
+        if position_ids is not None:
+            after = past_length.view(-1, 1) + tokens + torch.arange(pad).view(1, pad)
+            position_ids = torch.cat([position_ids, after], dim=1)
+        if bias is not None:  # a pad row sees what the last token sees
+            bias = torch.cat([bias, bias.narrow(2, tokens - 1, 1).expand(-1, -1, pad, -1)], dim=2)
+        out, present_k, present_v = group_query_attention(
+            attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos, sin
+        )
+        return out.narrow(1, 0, tokens), present_k, present_v
     b, t, _ = qkv.shape
     capacity = k_buf.shape[2]
     seqlens_k = (past_length + (t - 1)).to(torch.int32)

@@ -126,6 +126,10 @@ class FusedStepModule(StepModule):
     the new tokens' keys/values written at [past_length, past_length + T) (the runtime binds them to one buffer).
     """
 
+    def __init__(self, net, plugin: ModePlugin, output_logits: bool = False, typical=None, attention_pad: int = 0):
+        super().__init__(net, plugin, output_logits=output_logits, typical=typical)
+        self.attention_pad = attention_pad  # rows attended after the new tokens (ort_kernels: attention padding)
+
     def forward(
         self,
         input_ids,
@@ -150,6 +154,7 @@ class FusedStepModule(StepModule):
             list(kv),
             capture_layers=self.plugin.capture_layers,
             causal_chain=self.plugin.max_new_tokens_per_step() == 1,
+            attention_pad=self.attention_pad,
         )
         acc_tokens, num_acc, acc_nodes, drafted, logits = self.accept_and_draft(
             hidden, captured, input_ids, position_ids, tree_mask, past_length, paths,

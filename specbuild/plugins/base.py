@@ -55,7 +55,8 @@ class ModePlugin(nn.Module):
     def check_options(cls, checkpoint, options) -> dict[str, Any]:
         """Resolve this mode's build options and check their bounds from the checkpoint's configs alone (no weights
         are loaded), so a bad value fails before any work. Returns the settings the plugin builds with; the key
-        `tokens_per_step` is the largest number of new tokens one engine call verifies (root included)."""
+        `tokens_per_step` is the largest number of new tokens one engine call verifies (root included), the optional
+        `chain_drafts` whether every verified tree is a chain (default: read from the static tree())."""
         return {"tokens_per_step": 1}
 
     def tree(self) -> Tree | None:

@@ -145,7 +145,15 @@ class Engine:
         self.eos_ids = set(model.get("eos_token_ids") or [])
         self.max_seq_len = int(self.manifest["limits"]["max_seq_len"])
         self.kv_dtype = NUMPY_DTYPES["float16" if self.manifest["dtype"] == "float16" else "float32"]
-        dims = (model["num_layers"], model["num_kv_heads"], model["head_dim"], self.kv_dtype, self.max_seq_len)
+        # the graph writes attention_pad_rows scratch rows after each call's tokens: the cache keeps room for them
+        self.attention_pad = int(self.graph.get("attention_pad_rows", 0))
+        dims = (
+            model["num_layers"],
+            model["num_kv_heads"],
+            model["head_dim"],
+            self.kv_dtype,
+            self.max_seq_len + self.attention_pad,
+        )
         if self.graph["kv_cache"] == ef.KV_SHARED:
             bind = getattr(self.backend, "bind", None)
             self.new_kv = lambda capacity: SharedKV(*dims, capacity, bind=bind)

@@ -156,6 +156,7 @@ SCHEMA: dict[str, Any] = {
             "file": file_name(),
             "kv_cache": one_of((ef.KV_STACKED, ef.KV_SHARED)),
             "weights": one_of(ef.WEIGHTS),
+            "attention_pad_rows": integer(0, optional=True),
             "io": {"inputs": ListOf(IO_ITEM), "outputs": ListOf(IO_ITEM)},
         },
         min_len=1,

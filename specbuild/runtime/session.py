@@ -24,7 +24,10 @@ class Session:
         self.engine = engine
         self.sampling = sampling
         self.rng = rng
-        capacity = min(engine.max_seq_len, max(MIN_CAPACITY, 1 << (expected_tokens - 1).bit_length()))
+        pad = engine.attention_pad  # scratch rows the graph writes after each call's tokens
+        self.pad = pad
+        expected_tokens += pad
+        capacity = min(engine.max_seq_len + pad, max(MIN_CAPACITY, 1 << (expected_tokens - 1).bit_length()))
         self.kv = engine.new_kv(capacity)
         self.states = self._new_states(capacity)
         self._sampling_feeds = {  # the same every call
@@ -59,7 +62,7 @@ class Session:
     def verify(self, proposal: Proposal) -> dict:
         """One engine call on the proposed tree, then commit the accepted nodes' KV and state."""
         size = proposal.size
-        self.kv.ensure(self.kv.length + size)
+        self.kv.ensure(self.kv.length + size + self.pad)
         for cache in self.states.values():
             if isinstance(cache, GrowingCache):
                 cache.ensure(cache.length + size)

@@ -105,16 +105,34 @@ def test_int8_builds_the_onnxruntime_graph_and_stays_exact(toy, tmp_path):
     assert bits == {8}
 
 
-def test_int8_activations_are_opt_in_and_labelled_lossy(toy, tmp_path):
+def test_int8_activations_keep_chain_speculation_exact(toy, tmp_path):
+    """Level-4 MatMulNBits is batch-invariant and attention is padded to >= 2 rows (ort_kernels), so a chain of
+    drafts verifies each token bit for bit as the one-token step of the none engine built the same way. Branching
+    trees put a node's keys in other cache columns, so they are labelled lossy."""
     with pytest.raises(SpecbuildError, match="--int8-activations applies to --weights int4"):
         build_engine(toy, tmp_path / "x", BuildOptions(int8_activations=True), log=quiet)
     ort_only = (ef.BACKEND_ONNXRUNTIME,)
     options = dict(weights="int4", int8_activations=True, backends=ort_only)
-    none = Engine(build_engine(toy, tmp_path / "none", BuildOptions(**options), log=quiet)).manifest
-    medusa = build_engine(
-        toy, tmp_path / "medusa", BuildOptions(speculative_mode="medusa", **options, **MODES["medusa"])
+    modes = {
+        "none": {},
+        "ngram": dict(num_draft_tokens=3),  # one candidate: chains
+        "medusa": dict(tree=[[0], [0, 0], [0, 0, 0]]),  # a chain tree
+    }
+    engines = {
+        mode: build_engine(toy, tmp_path / mode, BuildOptions(speculative_mode=mode, **options, **kw), log=quiet)
+        for mode, kw in modes.items()
+    }
+    base, _ = _outputs(engines["none"], ef.BACKEND_ONNXRUNTIME)
+    for mode, engine_dir in engines.items():
+        manifest = Engine(engine_dir).manifest
+        assert manifest["lossless"] is True and manifest["lossy_reason"] is None, mode
+        graph = manifest["graphs"][0]
+        assert graph["quantization"]["accuracy_level"] == 4 and graph["attention_pad_rows"] == 1
+        outputs, steps = _outputs(engine_dir, ef.BACKEND_ONNXRUNTIME)
+        assert outputs == base, mode
+        assert mode == "none" or max(steps) > 1, mode
+    tree = build_engine(
+        toy, tmp_path / "tree", BuildOptions(speculative_mode="medusa", **options, **MODES["medusa"]), log=quiet
     )
-    medusa = Engine(medusa).manifest
-    assert none["lossless"] is True  # nothing is speculated: the none engine is its own reference
-    assert medusa["lossless"] is False and "int8 activations" in medusa["lossy_reason"]
-    assert medusa["graphs"][0]["quantization"]["accuracy_level"] == 4
+    manifest = Engine(tree).manifest
+    assert manifest["lossless"] is False and "branching trees" in manifest["lossy_reason"]

@@ -33,7 +33,13 @@ class NgramPlugin(ModePlugin):
                 f"--num-draft-tokens {k} x --ngram-candidates {c} = {c * k} draft tokens: at most "
                 f"{MAX_TREE_SIZE - 1} per step"
             )
-        return {"max_ngram_size": n, "num_draft_tokens": k, "candidates": c, "tokens_per_step": 1 + c * k}
+        return {
+            "max_ngram_size": n,
+            "num_draft_tokens": k,
+            "candidates": c,
+            "tokens_per_step": 1 + c * k,
+            "chain_drafts": c == 1,  # one candidate: each call verifies the root and one continuation
+        }
 
     def __init__(self, checkpoint, net, options):
         super().__init__()
