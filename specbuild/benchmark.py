@@ -262,7 +262,11 @@ def run_benchmark(
         labels.append(_label(Path(d), eng.manifest["speculative_mode"], used))
     plain = [get_mode(e.manifest["speculative_mode"]).baseline for e in engines]
     base_idx = next((i for i, e in enumerate(engines) if plain[i]), None)
-    precision = [e.manifest.get("weights", {}).get("precision") for e in engines]
+    # an engine's reference is the none engine of the same weights and activations (int8 activations change output)
+    precision = [
+        (e.manifest.get("weights", {}).get("precision"), e.manifest.get("weights", {}).get("activations", "float"))
+        for e in engines
+    ]
     own_none = [next((i for i in range(len(engines)) if plain[i] and precision[i] == p), None) for p in precision]
     codec = engines[0].codec
     peers: list = []

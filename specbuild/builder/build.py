@@ -369,7 +369,12 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
                 "max_abs_diff": max(g["validation"]["max_abs_diff"] for g in graphs),
                 "tolerance": tolerance,
             },
-            "weights": {"precision": weights, "file": WEIGHTS_FILE, "bytes": stats["bytes"]},
+            "weights": {
+                "precision": weights,
+                "activations": "int8" if options.int8_activations else "float",
+                "file": WEIGHTS_FILE,
+                "bytes": stats["bytes"],
+            },
             "opset": 18,
         }
         if options.tensorrt:
