@@ -271,7 +271,8 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
                 net.use_fused_kernels(max_seq_len + pad_rows)
                 step_cls, file, kv_layout = FusedStepModule, ef.ENGINE_ORT_ONNX, ef.KV_SHARED
             logits = options.output_logits or quantized  # the quantization check compares logits
-            fused = {"attention_pad": pad_rows} if step_cls is FusedStepModule else {}
+            padded = step_cls is FusedStepModule and pad_rows > 0  # padding is a fused-kernel (ONNX Runtime) matter
+            fused = {"attention_pad": pad_rows} if padded else {}
             step = step_cls(net, plugin, output_logits=logits, typical=options.typical_acceptance, **fused).eval()
             onnx_path = tmp / file
             log(
@@ -308,8 +309,8 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
                 import onnx
 
                 assert_tensorrt_clean(onnx.load(str(onnx_path), load_external_data=False))
-            if fused.get("attention_pad"):
-                entry["attention_pad_rows"] = fused["attention_pad"]
+            if padded:
+                entry["attention_pad_rows"] = pad_rows
             graphs.append(
                 {
                     "role": ef.ROLE_TARGET,

@@ -61,6 +61,7 @@ class Binding:
         self.bound: dict[str, object] = {}  # input name -> the BoundArray bound to it (the caller's or a scratch one)
         self._scratch: dict[str, BoundArray] = {}  # input name -> the binding's own copy buffer
         self._aliases = None  # the aliases the outputs are bound for (None: outputs not bound yet)
+        self._sources: tuple = (None, frozenset())  # (aliases, the input names they read): made once per aliases
         self._plain_outputs: list[tuple[int, str]] = []  # (index in the graph's outputs, name): not aliased
         self._alias_outputs: list[tuple[str, str]] = []  # (output, input) sharing the input's buffer
 
@@ -71,6 +72,9 @@ class Binding:
         aliases = aliases or {}
         arrays = {}
         rebind_outputs = self._aliases is not aliases
+        if self._sources[0] is not aliases:
+            self._sources = (aliases, frozenset(aliases.values()))
+        sources = self._sources[1]
         inputs, bound, scratch_of = self.input_names, self.bound, self._scratch
         for name, value in feeds.items():
             if name not in inputs:
@@ -91,7 +95,7 @@ class Binding:
             ):
                 np.copyto(scratch.array, value)
                 arrays[name] = scratch.array
-            elif value.size <= SCRATCH_MAX_ELEMENTS and name not in aliases.values():
+            elif value.size <= SCRATCH_MAX_ELEMENTS and name not in sources:
                 scratch = scratch_of[name] = BoundArray(np.array(value, order="C"))
                 self.binding.bind_ortvalue_input(name, scratch.ortvalue)
                 bound[name] = scratch
@@ -101,7 +105,7 @@ class Binding:
                 arrays[name] = array
                 self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
                 bound.pop(name, None)
-                rebind_outputs = rebind_outputs or name in aliases.values()
+                rebind_outputs = rebind_outputs or name in sources
         if rebind_outputs:
             self._bind_outputs(feeds, aliases, arrays)
         else:
