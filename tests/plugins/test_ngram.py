@@ -18,9 +18,11 @@ pytestmark = pytest.mark.xdist_group("ngram")
 PROMPTS = [[1, 5, 9, 3, 7, 5, 9, 3], [1, 4], [1, 11, 10, 6, 2, 8, 3, 11, 10]]
 
 
-def drafter(max_n=3, num_draft=4, candidates=1):
-    manifest = {"mode": {"drafter": {"max_ngram_size": max_n, "num_draft_tokens": num_draft, "candidates": candidates}}}
-    return NgramDrafter(manifest)
+def drafter(max_n=3, num_draft=4, candidates=1, draft_length=None):
+    settings = {"max_ngram_size": max_n, "num_draft_tokens": num_draft, "candidates": candidates}
+    if draft_length is not None:
+        settings["draft_length"] = draft_length
+    return NgramDrafter({"mode": {"drafter": settings}})
 
 
 def observed(d, tokens):
@@ -29,7 +31,7 @@ def observed(d, tokens):
     return seq
 
 
-def test_lookup_continues_the_leftmost_longest_match():
+def test_lookup_continues_the_longest_suffix_ngram():
     d = drafter(max_n=3, num_draft=3)
     # suffix (7, 8) occurs at 1 and 5; the 3-gram (6, 7, 8) only at 4 -> the longest match wins
     seq = observed(d, [1, 7, 8, 2, 6, 7, 8, 9, 6, 7, 8])
@@ -50,10 +52,46 @@ def test_no_match_proposes_the_root_alone_and_partial_continuations_are_kept():
     assert d.continuations(seq.tokens) == [[3, 2]]
 
 
+def test_the_longest_match_wins_then_the_most_recent():
+    # the suffix 2-gram (3, 4) occurred at 1, 5 and 9; only the occurrence at 1 also agrees on the token before (7)
+    tokens = [7, 3, 4, 1, 9, 3, 4, 2, 0, 3, 4, 8, 7, 3, 4]
+    d = drafter(max_n=2, num_draft=2)
+    assert d.matches(observed(d, tokens).tokens) == [(3, 3), (2, 11), (2, 7)]  # (match length, continuation start)
+    assert d.continuations(tokens) == [[1, 9]]
+    tokens[0] = 6  # now every occurrence matches 2 tokens: the most recent first
+    d = drafter(max_n=2, num_draft=2)
+    assert d.matches(observed(d, tokens).tokens) == [(2, 11), (2, 7), (2, 3)]
+    assert d.continuations(tokens) == [[8, 7]]
+
+
+def test_match_drafts_as_many_tokens_as_the_context_matched():
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 5, 6, 7, 8, 2, 3, 4, 5]
+    d = drafter(max_n=3, num_draft=6, draft_length="match")
+    seq = observed(d, tokens)
+    # (3, 4, 5) recurs: the match runs back over 2 -> 4 tokens (2, 3, 4, 5): four drafts after it
+    assert d.matches(seq.tokens)[0] == (4, 5)
+    assert d.continuations(seq.tokens) == [[6, 7, 8, 9]]
+    assert d.propose(seq).tokens.tolist() == [[5, 6, 7, 8, 9]]
+    fixed = drafter(max_n=3, num_draft=6, draft_length="fixed")
+    assert fixed.continuations(observed(fixed, tokens).tokens) == [[6, 7, 8, 9, 0, 5]]
+    short = drafter(max_n=3, num_draft=6, draft_length="match")
+    seq = observed(short, [4, 9, 1, 4])  # a one-token match: one draft
+    assert short.continuations(seq.tokens) == [[9]]
+    capped = drafter(max_n=3, num_draft=2, draft_length="match")
+    assert capped.continuations(observed(capped, tokens).tokens) == [[6, 7]]  # never more than num_draft_tokens
+
+
+def test_engines_without_a_draft_length_draft_the_fixed_number_and_bad_values_are_refused():
+    d = drafter(max_n=1, num_draft=3)  # an engine.yaml written before draft_length existed
+    assert d.continuations(observed(d, [4, 9, 1, 4]).tokens) == [[9, 1, 4]]
+    with pytest.raises(SpecbuildError, match="mode.drafter.draft_length must be one of match, fixed, got 'long'"):
+        drafter(draft_length="long")
+
+
 def test_candidates_merge_by_shared_prefix_into_one_tree():
     d = drafter(max_n=1, num_draft=3, candidates=3)
     seq = observed(d, [5, 1, 2, 5, 1, 3, 5, 4, 4, 5])
-    assert d.continuations(seq.tokens) == [[1, 2, 5], [1, 3, 5], [4, 4, 5]]
+    assert d.continuations(seq.tokens) == [[4, 4, 5], [1, 3, 5], [1, 2, 5]]  # equal matches: most recent first
     p = d.propose(seq)
     tokens = p.tokens[0].tolist()
     assert tokens[0] == 5 and sorted(tokens[1:]) == sorted([1, 2, 5, 3, 5, 4, 4, 5])  # (1) shared: 8 drafts
@@ -107,6 +145,7 @@ def test_bad_settings_are_refused_before_any_work(toy_ngram, tmp_path):
         (dict(max_ngram_size=0), "--max-ngram-size 0 is invalid"),
         (dict(num_draft_tokens=5, ngram_candidates=2, max_draft_len=8), "10 draft tokens but --max-draft-len is 8"),
         (dict(num_draft_tokens=300, ngram_candidates=2), "at most 511 per step"),
+        (dict(ngram_draft_length="long"), "--ngram-draft-length must be one of match, fixed, got 'long'"),
         (dict(eagle_top_k=2), "--eagle-top-k does not apply to --speculative-mode ngram"),
     ]
     for settings, message in cases:

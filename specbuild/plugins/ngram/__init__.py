@@ -6,11 +6,12 @@ from specbuild.plugins.spec import HOST_DRAFTED, MAX_DRAFT_LEN, ModeOption, Mode
 DEFAULT_MAX_NGRAM_SIZE = 3  # prompt lookup decoding's defaults (../shared/reference/algorithms-and-formats.md §6)
 DEFAULT_NUM_DRAFT_TOKENS = 10
 DEFAULT_CANDIDATES = 1
+DEFAULT_DRAFT_LENGTH = "match"
 
 MODE = ModeSpec(
     name="ngram",
     family=HOST_DRAFTED,
-    summary="prompt lookup decoding: drafts continue the latest n-gram's earlier occurrences (no heads)",
+    summary="prompt lookup decoding: drafts continue the longest earlier match of the latest tokens (no heads)",
     graph_plugin="specbuild.plugins.ngram.graph:NgramPlugin",
     drafter="specbuild.plugins.ngram.drafter:NgramDrafter",
     options=(
@@ -31,6 +32,13 @@ MODE = ModeSpec(
             "int",
             f"n-gram: continuations verified together as one tree (default {DEFAULT_CANDIDATES} = one chain).",
             minimum=1,
+        ),
+        ModeOption(
+            "ngram_draft_length",
+            "text",
+            "n-gram: 'match' drafts as many tokens as the context matched the earlier occurrence (at most "
+            "--num-draft-tokens; the default) or 'fixed' always --num-draft-tokens.",
+            metavar="match|fixed",
         ),
         MAX_DRAFT_LEN,
     ),

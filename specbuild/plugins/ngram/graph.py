@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.base import ModePlugin
-from specbuild.plugins.ngram import DEFAULT_CANDIDATES, DEFAULT_MAX_NGRAM_SIZE, DEFAULT_NUM_DRAFT_TOKENS
+from specbuild.plugins.ngram import (
+    DEFAULT_CANDIDATES,
+    DEFAULT_DRAFT_LENGTH,
+    DEFAULT_MAX_NGRAM_SIZE,
+    DEFAULT_NUM_DRAFT_TOKENS,
+)
+from specbuild.plugins.ngram.drafter import DRAFT_LENGTHS
 from specbuild.tree import MAX_TREE_SIZE
 
 
@@ -22,6 +28,9 @@ class NgramPlugin(ModePlugin):
         n = pick("max_ngram_size", DEFAULT_MAX_NGRAM_SIZE)
         k = pick("num_draft_tokens", DEFAULT_NUM_DRAFT_TOKENS)
         c = pick("ngram_candidates", DEFAULT_CANDIDATES)
+        length = getattr(options, "ngram_draft_length", None) or DEFAULT_DRAFT_LENGTH
+        if length not in DRAFT_LENGTHS:
+            raise SpecbuildError(f"--ngram-draft-length must be one of {', '.join(DRAFT_LENGTHS)}, got {length!r}")
         max_draft = getattr(options, "max_draft_len", None)
         if max_draft is not None and c * k > max_draft:
             raise SpecbuildError(
@@ -37,6 +46,7 @@ class NgramPlugin(ModePlugin):
             "max_ngram_size": n,
             "num_draft_tokens": k,
             "candidates": c,
+            "draft_length": length,
             "tokens_per_step": 1 + c * k,
             "chain_drafts": c == 1,  # one candidate: each call verifies the root and one continuation
         }
@@ -58,5 +68,6 @@ class NgramPlugin(ModePlugin):
                 "max_ngram_size": s["max_ngram_size"],
                 "num_draft_tokens": s["num_draft_tokens"],
                 "candidates": s["candidates"],
+                "draft_length": s["draft_length"],
             }
         }
