@@ -67,6 +67,7 @@ class StackedKV:
 
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype, max_capacity: int, capacity: int):
         self.cache = GrowingCache((num_layers, 2, 1, kv_heads, 0, head_dim), 4, dtype, max_capacity, capacity)
+        self._feeds: dict = {}
 
     @property
     def length(self) -> int:
@@ -76,7 +77,10 @@ class StackedKV:
         self.cache.ensure(needed)
 
     def feeds(self) -> dict[str, np.ndarray]:
-        return {ef.KV_CACHE: self.cache.data}
+        """The same mapping while the buffer is the same (the backend keeps it bound)."""
+        if self._feeds.get(ef.KV_CACHE) is not self.cache.data:
+            self._feeds = {ef.KV_CACHE: self.cache.data}
+        return self._feeds
 
     def commit(self, outputs: dict, nodes: np.ndarray | None, count: int) -> None:
         self.cache.commit(outputs[ef.NEW_KV], nodes)

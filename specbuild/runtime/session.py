@@ -86,10 +86,9 @@ class Session:
             ef.RAND_ACCEPT: rng.random((1, window), dtype=np.float32),
             ef.RAND_SAMPLE: rng.random(1, dtype=np.float32),
         }
-        feeds.update(self.kv.feeds())
         for name, cache in self.states.items():
             feeds[ef.STATE_PREFIX + name] = cache.data if isinstance(cache, GrowingCache) else cache
-        out = self.engine.backend.run(feeds, self.kv.aliases)
+        out = self.engine.backend.run(feeds, self.kv.aliases, self.kv.feeds())
         self.engine_s += self.engine.backend.last_engine_s
         return out
 

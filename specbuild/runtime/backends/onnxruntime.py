@@ -45,8 +45,9 @@ SCRATCH_MAX_ELEMENTS = 4096  # per-step inputs up to this size are copied into b
 class Binding:
     """One IOBinding kept across calls, so that a decode step binds almost nothing:
 
-    - long-lived buffers (BoundArray: the KV cache) are bound again only when a different buffer is fed (the cache
-      grew), and the outputs aliased to them are bound in place only then;
+    - long-lived buffers (BoundArray: the KV cache) come as their own mapping (`buffers`), the same object for as
+      long as its buffers stay the same: a call with the mapping of the last call binds and reads none of them; a
+      new one (the cache grew) binds what changed, and the outputs aliased to it are bound in place again;
     - small per-step inputs (token ids, positions, sampling scalars, random draws) are copied into buffers of the
       binding's own, bound once per shape, instead of a new OrtValue per input per call;
     - larger plain inputs (a prompt's mask, mode state caches) are bound without a copy on every call.
@@ -60,22 +61,40 @@ class Binding:
         self.binding = session.io_binding()
         self.bound: dict[str, object] = {}  # input name -> the BoundArray bound to it (the caller's or a scratch one)
         self._scratch: dict[str, BoundArray] = {}  # input name -> the binding's own copy buffer
-        self._aliases = None  # the aliases the outputs are bound for (None: outputs not bound yet)
+        self._buffers = None  # the `buffers` mapping of the last call
+        self._buffer_values: dict[str, BoundArray] = {}  # its buffers, by input name
+        self._buffer_arrays: dict[str, np.ndarray] = {}  # and their arrays
+        self._aliases = None  # the aliases the outputs are bound for (None: bind them again on the next call)
         self._sources: tuple = (None, frozenset())  # (aliases, the input names they read): made once per aliases
         self._plain_outputs: list[tuple[int, str]] = []  # (index in the graph's outputs, name): not aliased
         self._alias_outputs: list[tuple[str, str]] = []  # (output, input) sharing the input's buffer
+        self._alias_values: dict[str, np.ndarray] = {}  # aliased output -> its (long-lived) buffer, when in place
 
-    def run(self, feeds: dict, aliases: dict[str, str] | None = None):
-        """Returns ({output name: array}, seconds inside the session); aliased outputs are their input's array."""
+    def run(self, feeds: dict, aliases: dict[str, str] | None = None, buffers: dict | None = None):
+        """Returns ({output name: array}, seconds inside the session); aliased outputs are their input's array.
+
+        buffers: input name -> BoundArray, long-lived (pass the same mapping object while its buffers are the same)."""
         import onnxruntime as ort
 
         aliases = aliases or {}
-        arrays = {}
         rebind_outputs = self._aliases is not aliases
         if self._sources[0] is not aliases:
             self._sources = (aliases, frozenset(aliases.values()))
         sources = self._sources[1]
         inputs, bound, scratch_of = self.input_names, self.bound, self._scratch
+        if buffers is not self._buffers:
+            self._buffers, self._buffer_values, self._buffer_arrays = buffers, {}, {}
+            for name, value in (buffers or {}).items():
+                if name in inputs:
+                    if type(value) is not BoundArray:  # a plain array: wrapped once per mapping
+                        value = BoundArray(value)
+                    self._buffer_values[name] = value
+                    self._buffer_arrays[name] = value.array
+                    if bound.get(name) is not value:
+                        self.binding.bind_ortvalue_input(name, value.ortvalue)
+                        bound[name] = value
+                        rebind_outputs = True
+        arrays = {}
         for name, value in feeds.items():
             if name not in inputs:
                 continue
@@ -107,7 +126,7 @@ class Binding:
                 bound.pop(name, None)
                 rebind_outputs = rebind_outputs or name in sources
         if rebind_outputs:
-            self._bind_outputs(feeds, aliases, arrays)
+            self._bind_outputs({**self._buffer_values, **feeds}, aliases, {**self._buffer_arrays, **arrays})
         else:
             for _, name in self._plain_outputs:  # unallocated again: the session allocates them on every call
                 self.binding.bind_output(name, "cpu")
@@ -116,15 +135,20 @@ class Binding:
         elapsed = time.perf_counter() - start
         values = self.binding._iobinding.get_outputs()  # the raw vector: no Python wrapper per (aliased) output
         outputs = {name: values[index].numpy() for index, name in self._plain_outputs}
-        for name, source in self._alias_outputs:
-            outputs[name] = arrays[source]
+        if self._aliases is not None:  # bound in place: the aliased outputs are the long-lived buffers
+            outputs.update(self._alias_values)
+        else:
+            if self._buffer_arrays:
+                arrays = {**self._buffer_arrays, **arrays}
+            for name, source in self._alias_outputs:
+                outputs[name] = arrays[source]
         return outputs, elapsed
 
     def _bind_outputs(self, feeds: dict, aliases: dict[str, str], arrays: dict) -> None:
         """Bind every output again, in the graph's order (get_outputs follows it): aliased ones onto their input's
         buffer, the others to be allocated by the session."""
         self.binding.clear_binding_outputs()
-        self._plain_outputs, self._alias_outputs = [], []
+        self._plain_outputs, self._alias_outputs, self._alias_values = [], [], {}
         in_place = True  # every aliased input is a long-lived BoundArray: no need to bind again next call
         for index, name in enumerate(self.output_names):
             source = aliases.get(name)
@@ -134,6 +158,7 @@ class Binding:
                     value, in_place = BoundArray(arrays[source]), False
                 self.binding.bind_ortvalue_output(name, value.ortvalue)
                 self._alias_outputs.append((name, source))
+                self._alias_values[name] = value.array
             else:
                 self.binding.bind_output(name, "cpu")
                 self._plain_outputs.append((index, name))
@@ -166,8 +191,8 @@ class OnnxRuntimeBackend(Backend):
         """Wrap a buffer fed on every call (its OrtValue is made once)."""
         return BoundArray(array)
 
-    def run(self, feeds: dict[str, np.ndarray], aliases: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict, aliases: dict[str, str] | None = None, buffers: dict | None = None) -> dict:
         if self._binding is None:
             self._binding = Binding(self.session, self.output_names, self.input_names)
-        outputs, self.last_engine_s = self._binding.run(feeds, aliases)
+        outputs, self.last_engine_s = self._binding.run(feeds, aliases, buffers)
         return outputs

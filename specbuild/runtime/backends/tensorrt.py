@@ -67,8 +67,10 @@ class TensorRTBackend:
         except Exception as exc:  # noqa: BLE001 - deserialization failures (version mismatch, other GPU)
             raise SpecbuildError(f"cannot load TensorRT plan {str(self.plan_path)!r}: {exc}") from None
 
-    def run(self, feeds: dict[str, np.ndarray], aliases: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict, aliases: dict[str, str] | None = None, buffers: dict | None = None) -> dict:
         """aliases is unused: the tensorrt graph is the portable one (stacked KV cache, no in-place buffers)."""
+        if buffers:
+            feeds = {**buffers, **feeds}
         started = time.perf_counter()
         outputs = self._runner.infer(feed_dict=feeds, copy_outputs_to_host=True)
         try:

@@ -102,3 +102,24 @@ def test_large_plain_inputs_are_bound_without_a_copy(session):
         x = np.linspace(-1, 1, n, dtype=np.float32)[None] * scale
         out, _ = binding.run({"x": x, "buf": buf}, {"buf_out": "buf"})
         np.testing.assert_array_equal(out["doubled"], 2 * x)
+
+
+def test_long_lived_buffers_come_as_one_mapping_bound_while_it_is_the_same(session):
+    binding = Binding(session, OUTPUTS)
+    aliases = {"buf_out": "buf"}
+    small = BoundArray(np.zeros((1, 4), np.float32))
+    buffers = {"buf": small}
+    for _ in range(3):  # the same mapping: nothing bound again, the aliased output is still written in place
+        out, _ = binding.run({"x": np.ones((1, 2), np.float32)}, aliases, buffers)
+        assert out["buf_out"] is small.array
+    np.testing.assert_array_equal(small.array, np.full((1, 4), 3.0))
+    grown = {"buf": BoundArray(np.zeros((1, 8), np.float32))}  # a new mapping (the cache grew): bound again
+    out, _ = binding.run({"x": np.ones((1, 2), np.float32)}, aliases, grown)
+    assert out["buf_out"] is grown["buf"].array
+    np.testing.assert_array_equal(grown["buf"].array, np.ones((1, 8)))
+    np.testing.assert_array_equal(small.array, np.full((1, 4), 3.0))  # the old buffer is left alone
+    plain = {"buf": np.zeros((1, 2), np.float32)}  # a plain array is wrapped (once per mapping)
+    for _ in range(2):
+        out, _ = binding.run({"x": np.ones((1, 2), np.float32)}, aliases, plain)
+        assert out["buf_out"] is plain["buf"]
+    np.testing.assert_array_equal(plain["buf"], np.full((1, 2), 2.0))
