@@ -197,8 +197,8 @@ def test_draft_vocabulary_extension_is_exact_and_validated(tmp_path):
     drafted = set()
     real_run = engine.backend.run
 
-    def spy(feeds, aliases=None):
-        out = real_run(feeds, aliases)
+    def spy(feeds, aliases=None, buffers=None):
+        out = real_run(feeds, aliases, buffers)
         drafted.update(out["next_input_ids"][0, 1:].tolist())
         return out
 
