@@ -7,6 +7,7 @@ DEFAULT_MAX_NGRAM_SIZE = 3  # prompt lookup decoding's defaults (../shared/refer
 DEFAULT_NUM_DRAFT_TOKENS = 10
 DEFAULT_CANDIDATES = 1
 DEFAULT_DRAFT_LENGTH = "match"
+DRAFT_LENGTHS = ("match", "fixed")  # mode.drafter.draft_length / --ngram-draft-length
 
 MODE = ModeSpec(
     name="ngram",

@@ -21,12 +21,12 @@ from __future__ import annotations
 import functools
 
 from specbuild.errors import SpecbuildError
+from specbuild.plugins.ngram import DRAFT_LENGTHS
 from specbuild.runtime.drafter import Drafter, Proposal, SequenceState
 from specbuild.tree import Tree
 
 SCAN_PER_CANDIDATE = 8  # most recent occurrences measured per wanted continuation
 MAX_MATCH = 16  # context tokens compared when measuring an occurrence's match
-DRAFT_LENGTHS = ("match", "fixed")
 
 
 @functools.lru_cache(maxsize=512)

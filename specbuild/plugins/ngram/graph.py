@@ -11,8 +11,8 @@ from specbuild.plugins.ngram import (
     DEFAULT_DRAFT_LENGTH,
     DEFAULT_MAX_NGRAM_SIZE,
     DEFAULT_NUM_DRAFT_TOKENS,
+    DRAFT_LENGTHS,
 )
-from specbuild.plugins.ngram.drafter import DRAFT_LENGTHS
 from specbuild.tree import MAX_TREE_SIZE
 
 
