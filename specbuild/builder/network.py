@@ -202,10 +202,11 @@ class LlamaNetwork(nn.Module):
 
         causal_chain: the caller only ever feeds tokens at positions past..past+T-1 with a causal tree_mask (plain
         decoding), so attention takes the kernel's own causal mask (no bias; unless a layer has a sliding window).
-        attention_pad: rows attended after the new tokens (see ort_kernels); the buffers need that many spare slots.
+        attention_pad: a one-token call attends that many copies of its token after it (see ort_kernels); the buffers
+        need that many spare slots.
         Returns (final hidden, [present k_0, v_0, ...], layer inputs), the buffers with the new tokens' keys and
         values at [past_length, past_length + T) (see ort_kernels)."""
-        from specbuild.builder.ort_kernels import attention_bias, group_query_attention, skip_rms_norm
+        from specbuild.builder.ort_kernels import attention_bias, group_query_attention, padded_rows, skip_rms_norm
 
         x = self.embed_tokens(input_ids)
         capacity = kv_buffers[0].shape[2]
@@ -215,6 +216,10 @@ class LlamaNetwork(nn.Module):
             biases, position_ids = {None: None}, None
         else:
             biases = {w: attention_bias(tree_mask, position_ids, past_length, capacity, w, dtype) for w in windows}
+        rows = None
+        if attention_pad:
+            tokens = input_ids.shape[1]
+            rows, position_ids, biases = padded_rows(tokens, attention_pad, past_length, position_ids, biases)
         presents, inputs = [], {}
         pending = None  # the previous layer's MLP output, added to the residual by the next skip-norm
         for i, layer in enumerate(self.layers):
@@ -235,7 +240,7 @@ class LlamaNetwork(nn.Module):
                 biases[self.cfg.layer_window(i)],
                 self.rotary_cos,
                 self.rotary_sin,
-                pad=attention_pad,
+                rows=rows,
             )
             presents += [k, v]
             h, x = skip_rms_norm(layer.post_attention_layernorm, attn.o_proj(heads), x)

@@ -16,13 +16,17 @@ the kernel's own causal mask and positions are the same thing, without the ~25 m
 (measured 0.2 ms of a 7 ms int4 step).
 
 Attention padding (`pad` rows): the kernel computes one query row (T = 1) with a different summation than several
-(T >= 2; rows of T >= 2 calls are bitwise equal whatever T is), so a one-token decode step and a tree that verifies
-the same token disagree in the last bits. Where everything else is batch-invariant (MatMulNBits with int8
-activations) those bits flip int8 roundings and greedy output drifts. With `pad` = 1 every call attends T + 1 rows:
-the T tokens and a copy of the last one at position past + T, whose output is dropped and whose key/value land in
-the cache slot after the tokens (beyond the committed length: overwritten by the next call; the runtime keeps that
-slot allocated, `attention_pad_rows` in engine.yaml). A right-padded call (`query_seqlens` < T) does not do: it takes
-the one-row path.
+(T >= 2; rows of T >= 2 calls are bitwise equal whatever T is): a lone row's probabilities-times-values product takes
+MLAS's one-row GEMV kernel, several rows its packed GEMM. So a one-token decode step and a tree that verifies the
+same token disagree in the last bits, and where everything else is batch-invariant (MatMulNBits with int8
+activations) those bits flip int8 roundings and greedy output drifts. With `pad` = 1 a one-token call attends two
+rows: the token and a copy of it at position past + 1, whose output is dropped and whose key/value land in the cache
+slot after the token (beyond the committed length: overwritten by the next call; the runtime keeps that slot
+allocated, `attention_pad_rows` in engine.yaml). Calls of two or more tokens (prefill, trees, drafts) attend their
+rows as they are. The rows are picked by one Gather per layer from an index made once per graph (`padded_rows`):
+against appending the copy in every layer (Slice + Concat, and a pad row in every call) this saves ~10 µs per layer
+of a multi-token call on a 2-core CPU. A right-padded call (`query_seqlens` < T) does not do: it takes the one-row
+path.
 """
 
 from __future__ import annotations
@@ -65,23 +69,32 @@ def attention_bias(tree_mask, position_ids, past_length, capacity: int, window: 
     return torch.where(visible, zero, torch.full((), float("-inf"), dtype=dtype)).unsqueeze(1)
 
 
-def group_query_attention(attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos, sin, pad: int = 0):
+def padded_rows(tokens, pad: int, past_length, position_ids, biases: dict):
+    """For a call of `tokens` new tokens: (rows, position_ids, biases) for attention padded to at least pad + 1 rows
+    (see the module docstring). rows: index [R] of the attended rows, R = max(tokens, pad + 1): the tokens, then
+    copies of the last one; the pad rows sit at positions past + tokens, ... and see what the last token sees.
+    Made once per graph and shared by the layers."""
+    count = torch.sym_max(tokens, pad + 1)
+    rows = torch.arange(count).clamp(max=tokens - 1)
+    extra = count - tokens
+    if position_ids is not None:
+        after = past_length.view(-1, 1) + tokens + torch.arange(extra).view(1, extra)
+        position_ids = torch.cat([position_ids, after], dim=1)
+    biases = {w: None if b is None else b.index_select(2, rows) for w, b in biases.items()}
+    return rows, position_ids, biases
+
+
+def group_query_attention(attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos, sin, rows=None):
     """attn: the layer's network.Attention (head counts); qkv [B,T,(Hq+2Hkv)D]; k_buf/v_buf [B,Hkv,C,D].
-    position_ids and bias None: the T new tokens are a causal chain at positions past..past+T-1. pad: rows
-    attended after the T tokens (copies of the last one; see the module docstring), C >= past + T + pad.
+    position_ids and bias None: the T new tokens are a causal chain at positions past..past+T-1. rows: the attended
+    rows of a padded call, from padded_rows (which also pads position_ids and bias); C >= past + len(rows).
 
     Returns (out [B,T,Hq*D] before o_proj, present_k, present_v): the buffers with the T new rotated keys and values
-    written at [past, past + T) (and the pad rows' after them)."""
-    if pad:
+    written at [past, past + T) (and a pad row's after them)."""
+    if rows is not None:
         tokens = qkv.shape[1]
-        qkv = torch.cat([qkv, qkv.narrow(1, tokens - 1, 1).expand(-1, pad, -1)], dim=1)
-        if position_ids is not None:
-            after = past_length.view(-1, 1) + tokens + torch.arange(pad).view(1, pad)
-            position_ids = torch.cat([position_ids, after], dim=1)
-        if bias is not None:  # a pad row sees what the last token sees
-            bias = torch.cat([bias, bias.narrow(2, tokens - 1, 1).expand(-1, -1, pad, -1)], dim=2)
         out, present_k, present_v = group_query_attention(
-            attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos, sin
+            attn, qkv.index_select(1, rows), k_buf, v_buf, past_length, position_ids, bias, cos, sin
         )
         return out.narrow(1, 0, tokens), present_k, present_v
     b, t, _ = qkv.shape

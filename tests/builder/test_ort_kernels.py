@@ -1,7 +1,7 @@
 """Attention padding (ort_kernels): ONNX Runtime's GroupQueryAttention sums a lone query row differently from rows
 of a multi-row call, so a one-token step and a tree verifying the same token differ in the last bits -- enough to
-flip int8 activation roundings. Padded to T + 1 rows (a copy of the last token after it), a one-token call gives
-row for row what a longer causal call gives: this is what keeps --int8-activations speculation exact."""
+flip int8 activation roundings. Padded to two rows (a copy of the token after it), a one-token call gives what a
+longer causal call gives for that token: this is what keeps --int8-activations speculation exact."""
 
 import numpy as np
 import onnx.helper as oh
@@ -11,7 +11,7 @@ import torch
 from onnx import TensorProto
 
 from specbuild.builder.network import Attention
-from specbuild.builder.ort_kernels import _gqa_reference, group_query_attention
+from specbuild.builder.ort_kernels import _gqa_reference, group_query_attention, padded_rows
 
 HEADS, KV_HEADS, HEAD_DIM, CAPACITY, PAST = 9, 3, 64, 64, 40
 WIDTH = (HEADS + 2 * KV_HEADS) * HEAD_DIM
@@ -69,16 +69,33 @@ def test_a_padded_one_token_call_equals_the_rows_of_longer_calls(gqa):
 
 
 def test_the_torch_reference_writes_the_pad_row_like_the_kernel(gqa):
-    """_gqa_reference (what the export is validated against) attends and writes a padded call the same way."""
+    """_gqa_reference (what the export is validated against) attends and writes a padded call the same way: a
+    one-token call attends a copy of its token after it, whose key lands in the next slot."""
     attn = Attention(HEADS * HEAD_DIM, HEADS * HEAD_DIM, HEADS, KV_HEADS, HEAD_DIM, bias=False)
-    qkv = torch.randn(1, 3, WIDTH)
+    qkv = torch.randn(1, 1, WIDTH)
     k_buf, v_buf = torch.zeros(1, KV_HEADS, 16, HEAD_DIM), torch.zeros(1, KV_HEADS, 16, HEAD_DIM)
     cos, sin = torch.ones(16, HEAD_DIM // 2), torch.zeros(16, HEAD_DIM // 2)
     past = torch.tensor([4])
-    out, k, _ = group_query_attention(attn, qkv, k_buf, v_buf, past, None, None, cos, sin, pad=1)
+    rows, _, _ = padded_rows(1, 1, past, None, {None: None})
+    assert rows.tolist() == [0, 0]
+    out, k, _ = group_query_attention(attn, qkv, k_buf, v_buf, past, None, None, cos, sin, rows=rows)
     plain, k_plain, _ = _gqa_reference(attn, qkv, k_buf, v_buf, past, None, None, cos, sin)
-    assert out.shape == (1, 3, HEADS * HEAD_DIM)
+    assert out.shape == (1, 1, HEADS * HEAD_DIM)
     torch.testing.assert_close(out, plain)
-    torch.testing.assert_close(k[:, :, :7], k_plain[:, :, :7])
-    torch.testing.assert_close(k[:, :, 7], k_plain[:, :, 6])  # the pad row: the last token's key again
-    assert not k[:, :, 8:].any()
+    torch.testing.assert_close(k[:, :, :5], k_plain[:, :, :5])
+    torch.testing.assert_close(k[:, :, 5], k_plain[:, :, 4])  # the pad row: the token's key again
+    assert not k[:, :, 6:].any()
+
+
+def test_calls_of_several_tokens_are_not_padded():
+    """Prefill, trees and drafts already take the multi-row path: their rows, positions and masks stay as they are;
+    a one-token call's pad row sits after it and sees what it sees."""
+    past = torch.tensor([7])
+    positions = torch.tensor([[7, 8, 8]])
+    bias = torch.randn(1, 1, 3, 16)
+    rows, padded_positions, biases = padded_rows(3, 1, past, positions, {None: bias, 4: None})
+    assert rows.tolist() == [0, 1, 2] and torch.equal(padded_positions, positions)
+    assert torch.equal(biases[None], bias) and biases[4] is None
+    rows, padded_positions, biases = padded_rows(1, 1, past, positions[:, :1], {None: bias[:, :, :1]})
+    assert rows.tolist() == [0, 0] and padded_positions.tolist() == [[7, 8]]
+    assert torch.equal(biases[None], bias[:, :, [0, 0]])
