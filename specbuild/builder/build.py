@@ -273,6 +273,8 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
             logits = options.output_logits or quantized  # the quantization check compares logits
             padded = step_cls is FusedStepModule and pad_rows > 0  # padding is a fused-kernel (ONNX Runtime) matter
             fused = {"attention_pad": pad_rows} if padded else {}
+            if step_cls is FusedStepModule:
+                fused["chain_drafts"] = chain_drafts
             step = step_cls(net, plugin, output_logits=logits, typical=options.typical_acceptance, **fused).eval()
             onnx_path = tmp / file
             log(

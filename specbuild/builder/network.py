@@ -201,7 +201,8 @@ class LlamaNetwork(nn.Module):
         """The ONNX Runtime form of forward(): kv_buffers = [k_0, v_0, k_1, ...] each [B,Hkv,C,D], written in place.
 
         causal_chain: the caller only ever feeds tokens at positions past..past+T-1 with a causal tree_mask (plain
-        decoding), so attention takes the kernel's own causal mask (no bias; unless a layer has a sliding window).
+        decoding, chain drafts), so attention takes the kernel's own causal mask (no bias; unless a layer has a
+        sliding window).
         attention_pad: a one-token call attends that many copies of its token after it (see ort_kernels); the buffers
         need that many spare slots.
         Returns (final hidden, [present k_0, v_0, ...], layer inputs), the buffers with the new tokens' keys and

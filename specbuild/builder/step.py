@@ -126,9 +126,20 @@ class FusedStepModule(StepModule):
     the new tokens' keys/values written at [past_length, past_length + T) (the runtime binds them to one buffer).
     """
 
-    def __init__(self, net, plugin: ModePlugin, output_logits: bool = False, typical=None, attention_pad: int = 0):
+    def __init__(
+        self,
+        net,
+        plugin: ModePlugin,
+        output_logits: bool = False,
+        typical=None,
+        attention_pad: int = 0,
+        chain_drafts: bool = False,
+    ):
         super().__init__(net, plugin, output_logits=output_logits, typical=typical)
         self.attention_pad = attention_pad  # rows attended after the new tokens (ort_kernels: attention padding)
+        # every call's tokens form a causal chain at positions past..past+T-1 (plain decoding, chain drafts): the
+        # attention kernel's own causal mask and positions serve, without the mask's ~25 nodes and bias reads
+        self.causal_chain = chain_drafts or plugin.max_new_tokens_per_step() == 1
 
     def forward(
         self,
@@ -153,7 +164,7 @@ class FusedStepModule(StepModule):
             past_length,
             list(kv),
             capture_layers=self.plugin.capture_layers,
-            causal_chain=self.plugin.max_new_tokens_per_step() == 1,
+            causal_chain=self.causal_chain,
             attention_pad=self.attention_pad,
         )
         acc_tokens, num_acc, acc_nodes, drafted, logits = self.accept_and_draft(

@@ -72,6 +72,29 @@ def test_both_graphs_equal_transformers(toy, tmp_path, mode):
     assert mode == "none" or max(steps) > 1  # drafts were accepted: multi-token commits of the in-place cache
 
 
+def test_chain_drafts_attend_with_the_kernels_causal_mask(toy, tmp_path):
+    """Prompt lookup with one candidate verifies chains at consecutive positions: its ONNX Runtime graph takes the
+    attention kernel's own causal mask and positions like plain decoding (no mask nodes, no bias reads); with two
+    candidates the calls are trees and carry positions and a bias. Both reproduce transformers."""
+    model, ckpt = toy
+    ort_only = (ef.BACKEND_ONNXRUNTIME,)
+    for candidates, tree_inputs in ((1, False), (2, True)):
+        options = BuildOptions(
+            speculative_mode="ngram", num_draft_tokens=3, ngram_candidates=candidates, backends=ort_only
+        )
+        engine_dir = build_engine(ckpt, tmp_path / f"c{candidates}", options, log=quiet)
+        fused = onnx.load(str(engine_dir / ef.ENGINE_ORT_ONNX), load_external_data=False)
+        gqa = [n for n in fused.graph.node if n.op_type == "GroupQueryAttention"]
+        assert gqa and all(all(n.input[9:11]) == tree_inputs for n in gqa), candidates
+        engine = Engine(engine_dir, threads=1)
+        steps = []
+        for ids in PROMPTS:
+            result = engine.generate(input_ids=ids, max_new_tokens=30)
+            assert result.output_ids == hf_greedy(model, ids, 30), (candidates, ids)
+            steps += result.accepted_per_step
+        assert max(steps) > 1, candidates
+
+
 def test_graphs_share_one_weights_file(toy, tmp_path):
     _, ckpt = toy
     both = build_engine(ckpt, tmp_path / "both", BuildOptions(), log=quiet)
