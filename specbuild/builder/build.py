@@ -271,10 +271,10 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
                 net.use_fused_kernels(max_seq_len + pad_rows)
                 step_cls, file, kv_layout = FusedStepModule, ef.ENGINE_ORT_ONNX, ef.KV_SHARED
             logits = options.output_logits or quantized  # the quantization check compares logits
-            padded = step_cls is FusedStepModule and pad_rows > 0  # padding is a fused-kernel (ONNX Runtime) matter
-            fused = {"attention_pad": pad_rows} if padded else {}
-            if step_cls is FusedStepModule:
-                fused["chain_drafts"] = chain_drafts
+            fused_graph = step_cls is FusedStepModule
+            padded = fused_graph and pad_rows > 0  # padding is a fused-kernel (ONNX Runtime) matter
+            # the fused kernels' own settings: attention padding, and their causal mask for chain drafts
+            fused = {"attention_pad": pad_rows, "chain_drafts": chain_drafts} if fused_graph else {}
             step = step_cls(net, plugin, output_logits=logits, typical=options.typical_acceptance, **fused).eval()
             onnx_path = tmp / file
             log(

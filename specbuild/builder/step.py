@@ -136,7 +136,7 @@ class FusedStepModule(StepModule):
         chain_drafts: bool = False,
     ):
         super().__init__(net, plugin, output_logits=output_logits, typical=typical)
-        self.attention_pad = attention_pad  # rows attended after the new tokens (ort_kernels: attention padding)
+        self.attention_pad = attention_pad  # copies a one-token call attends after its token (ort_kernels: padding)
         # every call's tokens form a causal chain at positions past..past+T-1 (plain decoding, chain drafts): the
         # attention kernel's own causal mask and positions serve, without the mask's ~25 nodes and bias reads
         self.causal_chain = chain_drafts or plugin.max_new_tokens_per_step() == 1
