@@ -167,3 +167,30 @@ def test_draft_probabilities_keep_the_target_distribution():
     first = np.bincount(acc[:, 0], minlength=vocab)
     assert chisquare(first, p * batch).pvalue > 1e-3
     assert (num > 1).mean() > 0.2  # drafts were accepted, not only bonus draws
+
+
+def test_top_token_is_the_first_argmax_in_an_exported_graph(tmp_path):
+    """The exported argmax is a TopK (k = 1); ONNX Runtime must pick the first of equal maxima, as argmax does."""
+    import onnx
+    import onnxruntime as ort
+
+    from specbuild.builder.acceptance import top_token
+    from specbuild.builder.export import OPSET
+
+    class Top(torch.nn.Module):
+        def forward(self, x):
+            return top_token(x)
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 5, 4096)).astype(np.float32)
+    for row, cols in enumerate([(7, 3000), (4095, 4094), (0, 1, 2)]):
+        x[row, 1, list(cols)] = 9.0  # ties for the maximum
+    x[2, 3, :] = 1.5  # all equal
+    path = tmp_path / "top.onnx"
+    torch.onnx.export(Top(), (torch.from_numpy(x),), dynamo=True, opset_version=OPSET).save(str(path))
+    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert "TopK" in ops and "ArgMax" not in ops
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, x.argmax(-1))
+    np.testing.assert_array_equal(top_token(torch.from_numpy(x)).numpy(), x.argmax(-1))
+    assert got[0, 1] == 7 and got[1, 1] == 4094 and got[2, 1] == 0 and got[2, 3] == 0
