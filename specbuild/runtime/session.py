@@ -66,7 +66,7 @@ class Session:
         for cache in self.states.values():
             if isinstance(cache, GrowingCache):
                 cache.ensure(cache.length + size)
-        positions = (self.kv.length + proposal.offsets).astype(np.int64)[None]
+        positions = np.add(proposal.offsets, self.kv.length, dtype=np.int64)[None]
         out = self._call(proposal.tokens, positions, proposal.mask, proposal.paths, size)
         nodes = out[ef.ACCEPTED_NODES][0, : int(out[ef.NUM_ACCEPTED][0])]
         self.kv.commit(out, nodes, size)

@@ -42,6 +42,26 @@ class BoundArray:
 SCRATCH_MAX_ELEMENTS = 4096  # per-step inputs up to this size are copied into buffers bound once
 
 
+class Outputs(dict):
+    """A call's outputs by name. The aliased ones (long-lived buffers, written in place) are found on access rather
+    than copied into every call's dict: iteration lists the others only."""
+
+    __slots__ = ("aliased",)
+
+    def __init__(self, plain: dict, aliased: dict):
+        super().__init__(plain)
+        self.aliased = aliased
+
+    def __missing__(self, name):
+        return self.aliased[name]
+
+    def __contains__(self, name) -> bool:
+        return dict.__contains__(self, name) or name in self.aliased
+
+    def get(self, name, default=None):
+        return self[name] if name in self else default
+
+
 class Binding:
     """One IOBinding kept across calls, so that a decode step binds almost nothing:
 
@@ -55,10 +75,14 @@ class Binding:
     may depend on values, and a pre-allocated output of the wrong shape fails the call after in-place updates ran."""
 
     def __init__(self, session, output_names, input_names=None):
+        import onnxruntime as ort
+
         self.session = session
         self.output_names = list(output_names)
         self.input_names = set(input_names) if input_names is not None else {i.name for i in session.get_inputs()}
         self.binding = session.io_binding()
+        self._ort = ort
+        self._cpu = ort.OrtDevice.make("cpu", 0)._get_c_device()  # made once: bind_output's wrapper makes one per call
         self.bound: dict[str, object] = {}  # input name -> the BoundArray bound to it (the caller's or a scratch one)
         self._scratch: dict[str, BoundArray] = {}  # input name -> the binding's own copy buffer
         self._buffers = None  # the `buffers` mapping of the last call
@@ -74,8 +98,6 @@ class Binding:
         """Returns ({output name: array}, seconds inside the session); aliased outputs are their input's array.
 
         buffers: input name -> BoundArray, long-lived (pass the same mapping object while its buffers are the same)."""
-        import onnxruntime as ort
-
         aliases = aliases or {}
         rebind_outputs = self._aliases is not aliases
         if self._sources[0] is not aliases:
@@ -122,27 +144,25 @@ class Binding:
             else:  # bound without a copy, on every call
                 array = value if value.flags.c_contiguous else np.ascontiguousarray(value)
                 arrays[name] = array
-                self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
+                self.binding.bind_ortvalue_input(name, self._ort.OrtValue.ortvalue_from_numpy(array))
                 bound.pop(name, None)
                 rebind_outputs = rebind_outputs or name in sources
         if rebind_outputs:
             self._bind_outputs({**self._buffer_values, **feeds}, aliases, {**self._buffer_arrays, **arrays})
         else:
+            bind_output, cpu = self.binding._iobinding.bind_output, self._cpu
             for _, name in self._plain_outputs:  # unallocated again: the session allocates them on every call
-                self.binding.bind_output(name, "cpu")
+                bind_output(name, cpu)
         start = time.perf_counter()
         self.session.run_with_iobinding(self.binding)
         elapsed = time.perf_counter() - start
         values = self.binding._iobinding.get_outputs()  # the raw vector: no Python wrapper per (aliased) output
-        outputs = {name: values[index].numpy() for index, name in self._plain_outputs}
+        plain = {name: values[index].numpy() for index, name in self._plain_outputs}
         if self._aliases is not None:  # bound in place: the aliased outputs are the long-lived buffers
-            outputs.update(self._alias_values)
-        else:
-            if self._buffer_arrays:
-                arrays = {**self._buffer_arrays, **arrays}
-            for name, source in self._alias_outputs:
-                outputs[name] = arrays[source]
-        return outputs, elapsed
+            return Outputs(plain, self._alias_values), elapsed
+        if self._buffer_arrays:
+            arrays = {**self._buffer_arrays, **arrays}
+        return Outputs(plain, {name: arrays[source] for name, source in self._alias_outputs}), elapsed
 
     def _bind_outputs(self, feeds: dict, aliases: dict[str, str], arrays: dict) -> None:
         """Bind every output again, in the graph's order (get_outputs follows it): aliased ones onto their input's
@@ -160,7 +180,7 @@ class Binding:
                 self._alias_outputs.append((name, source))
                 self._alias_values[name] = value.array
             else:
-                self.binding.bind_output(name, "cpu")
+                self.binding._iobinding.bind_output(name, self._cpu)
                 self._plain_outputs.append((index, name))
         self._aliases = aliases if in_place else None
 

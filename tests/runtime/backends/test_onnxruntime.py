@@ -57,6 +57,12 @@ def test_repeated_calls_see_their_own_inputs_and_keep_earlier_outputs(session):
     assert results[0]["doubled"] is not results[1]["doubled"]
     assert results[4]["buf_out"] is buf.array  # the aliased output is the caller's buffer, written in place
     np.testing.assert_array_equal(buf.array, np.full((1, 4), 5.0))
+    # the aliased output is found by name (not copied into each call's dict): in, get, [] all see it
+    last = results[4]
+    assert "buf_out" in last and last.get("buf_out") is buf.array and last.get("missing") is None
+    assert "missing" not in last and set(last) == {"doubled", "positive"}
+    with pytest.raises(KeyError):
+        last["missing"]
 
 
 def test_shapes_changing_between_calls(session):
