@@ -234,6 +234,29 @@ def smollm2_checkpoint(smollm2_hf, tmp_path_factory) -> Path:
     return convert_checkpoint(smollm2_hf, tmp_path_factory.mktemp("smollm2_ckpt") / "ckpt", progress=False)
 
 
+@pytest.fixture(scope="session")
+def smollm2_hf_model(smollm2_hf):
+    """SmolLM2-135M-Instruct in transformers (float32, eval), loaded once per worker."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_hf, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_greedy(smollm2_hf_model):
+    """greedy(ids, n): transformers' greedy continuation on SmolLM2, generated once per (ids, n) and shared by every
+    engine the real-model tests compare with it (each costs seconds on this CPU)."""
+    cache: dict[tuple, list[int]] = {}
+
+    def greedy(ids: list[int], max_new_tokens: int) -> list[int]:
+        key = (tuple(ids), max_new_tokens)
+        if key not in cache:
+            cache[key] = hf_greedy(smollm2_hf_model, ids, max_new_tokens)
+        return list(cache[key])
+
+    return greedy
+
+
 def quiet(*_args, **_kwargs):
     pass
 

@@ -6,7 +6,7 @@ import torch
 
 from specbuild import engine_format as ef
 from specbuild.runtime.engine import Engine
-from tests.conftest import hf_greedy, quiet
+from tests.conftest import quiet
 
 pytestmark = pytest.mark.xdist_group("real")
 
@@ -30,13 +30,6 @@ def smollm2_engine(smollm2_checkpoint, tmp_path_factory):
     )
 
 
-@pytest.fixture(scope="module")
-def smollm2_hf_model(smollm2_hf):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(smollm2_hf, dtype=torch.float32).eval()
-
-
 @pytest.mark.parametrize("graph", [ef.BACKEND_ONNXRUNTIME, ef.BACKEND_TENSORRT])
 def test_logits_match_transformers(smollm2_engine, smollm2_hf_model, graph):
     """Both graphs of the engine: the fused one ONNX Runtime runs and the portable one TensorRT would compile."""
@@ -48,11 +41,11 @@ def test_logits_match_transformers(smollm2_engine, smollm2_hf_model, graph):
     assert np.abs(got - want).max() < 1e-4
 
 
-def test_greedy_ids_equal_transformers(smollm2_engine, smollm2_hf_model):
+def test_greedy_ids_equal_transformers(smollm2_engine, smollm2_greedy):
     engine = Engine(smollm2_engine)
     for prompt in PROMPTS:
         ids = engine.codec.encode(prompt)
-        want = hf_greedy(smollm2_hf_model, ids, 64)
+        want = smollm2_greedy(ids, 64)
         result = engine.generate(input_ids=ids, max_new_tokens=64)
         assert result.output_ids == want, prompt
     assert engine.manifest["validation"]["max_abs_diff"] < 1e-3

@@ -1,11 +1,10 @@
 """SmolLM2-135M-Instruct with the speculative heads shipped in the package: exact greedy ids and real acceptance."""
 
 import pytest
-import torch
 
 from specbuild.builder.default_model import shipped_heads
 from specbuild.runtime.engine import Engine
-from tests.conftest import ORT_ONLY, hf_greedy, quiet
+from tests.conftest import ORT_ONLY, quiet
 
 pytestmark = pytest.mark.xdist_group("real")
 
@@ -22,15 +21,8 @@ def test_the_package_ships_the_expected_heads():
     assert set(shipped_heads()) == SHIPPED
 
 
-@pytest.fixture(scope="module")
-def hf_model(smollm2_hf):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(smollm2_hf, dtype=torch.float32).eval()
-
-
 @pytest.mark.parametrize("mode", sorted(SHIPPED))
-def test_greedy_equals_transformers_with_shipped_heads(mode, smollm2_hf, hf_model, tmp_path):
+def test_greedy_equals_transformers_with_shipped_heads(mode, smollm2_hf, smollm2_greedy, tmp_path):
     from specbuild.builder.build import BuildOptions, build_engine
     from specbuild.builder.convert import convert_checkpoint
 
@@ -45,12 +37,12 @@ def test_greedy_equals_transformers_with_shipped_heads(mode, smollm2_hf, hf_mode
     for prompt in PROMPTS:
         ids = engine.codec.encode(prompt)
         result = engine.generate(input_ids=ids, max_new_tokens=64)
-        assert result.output_ids == hf_greedy(hf_model, ids, 64), (mode, prompt)
+        assert result.output_ids == smollm2_greedy(ids, 64), (mode, prompt)
         steps += result.accepted_per_step
     assert sum(steps) / len(steps) > 1.15  # the shipped heads really draft accepted tokens (measured τ 1.25-1.8)
 
 
-def test_ngram_greedy_equals_transformers(smollm2_checkpoint, hf_model, tmp_path):
+def test_ngram_greedy_equals_transformers(smollm2_checkpoint, smollm2_greedy, tmp_path):
     """Prompt lookup decoding needs no heads: any base model, exact greedy ids, drafts accepted on code."""
     from specbuild.builder.build import BuildOptions, build_engine
 
@@ -60,7 +52,7 @@ def test_ngram_greedy_equals_transformers(smollm2_checkpoint, hf_model, tmp_path
     for prompt in PROMPTS:
         ids = engine.codec.encode(prompt)
         result = engine.generate(input_ids=ids, max_new_tokens=64)
-        assert result.output_ids == hf_greedy(hf_model, ids, 64), prompt
+        assert result.output_ids == smollm2_greedy(ids, 64), prompt
         steps += result.accepted_per_step
     assert sum(steps) / len(steps) > 1.1
 
