@@ -22,3 +22,16 @@ class RMSNorm(nn.Module):
 def rotate_half(x):
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def stacked_linear(*parts: nn.Linear) -> nn.Linear:
+    """One Linear computing the parts' outputs side by side ([x -> a|b|...]): their weights (and biases) stacked along
+    the output axis, in the parts' dtype. Each output column is the same dot product as in its part."""
+    first = parts[0]
+    lin = nn.Linear(first.in_features, sum(p.out_features for p in parts), bias=first.bias is not None)
+    lin = lin.to(first.weight.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(torch.cat([p.weight for p in parts]))
+        if lin.bias is not None:
+            lin.bias.copy_(torch.cat([p.bias for p in parts]))
+    return lin

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specbuild.builder.layers import RMSNorm, rotate_half
+from specbuild.builder.layers import RMSNorm, rotate_half, stacked_linear
 from specbuild.builder.model_config import ModelConfig
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -72,15 +72,7 @@ class Attention(nn.Module):
 
     def packed_qkv(self):
         """The q/k/v projections as one [x -> q|k|v] Linear (ONNX Runtime's GroupQueryAttention takes packed QKV)."""
-        lin = nn.Linear(self.q_proj.in_features, self.q_proj.out_features + 2 * self.k_proj.out_features)
-        lin = lin.to(self.q_proj.weight.dtype)
-        with torch.no_grad():
-            lin.weight.copy_(torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
-            if self.q_proj.bias is not None:
-                lin.bias.copy_(torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]))
-            else:
-                lin.bias = None
-        return lin
+        return stacked_linear(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x, cos, sin, mask, past_k, past_v):
         """x [B,T,H]; cos/sin [B,1,T,D]; mask [B,1,1,T,C+T] bool; past_k/v [B,Hkv,C,D]."""
@@ -110,14 +102,7 @@ class MLP(nn.Module):
         (with int8 activations the input is also quantized once), ~4 % of the MLP's time on a one-token int4 step.
         Each output column is the same dot product as before. gate_proj/up_proj keep views of the packed weight, so
         the weights are not held twice."""
-        lin = nn.Linear(
-            self.gate_proj.in_features, 2 * self.gate_proj.out_features, bias=self.gate_proj.bias is not None
-        )
-        lin = lin.to(self.gate_proj.weight.dtype)
-        with torch.no_grad():
-            lin.weight.copy_(torch.cat([self.gate_proj.weight, self.up_proj.weight]))
-            if lin.bias is not None:
-                lin.bias.copy_(torch.cat([self.gate_proj.bias, self.up_proj.bias]))
+        lin = stacked_linear(self.gate_proj, self.up_proj)
         inter = self.gate_proj.out_features
         for i, proj in enumerate((self.gate_proj, self.up_proj)):
             proj.weight = nn.Parameter(lin.weight[i * inter : (i + 1) * inter], requires_grad=False)
