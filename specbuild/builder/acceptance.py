@@ -29,6 +29,35 @@ def at_most(x, hi: int):
     return torch.where(x > hi, torch.full_like(x, hi), x)
 
 
+def branch(pred, true_fn, false_fn, operands):
+    """`torch.cond` (an ONNX If once exported) without its torch.compile detour.
+
+    torch.cond hands every call to dynamo, which re-traces the branch functions before export traces them again:
+    ~0.7 s per If, and the acceptance graphs nest up to five (the bulk of a small model's export time). The branch
+    functions here take every tensor they read as an operand, so the export's tracer can take them directly (the
+    cond operator itself); eagerly the predicate is a concrete tensor and one branch simply runs."""
+    if not torch.compiler.is_exporting():
+        return true_fn(*operands) if bool(pred) else false_fn(*operands)
+    try:
+        from torch._higher_order_ops.cond import cond_op
+        from torch.utils import _pytree
+    except ImportError:  # a torch without the operator under this name: the public (slower) form
+        return torch.cond(pred, true_fn, false_fn, tuple(operands))
+
+    structure = []
+
+    def flat(fn):  # the operator returns a flat tuple of tensors
+        def run(*args):
+            leaves, spec = _pytree.tree_flatten(fn(*args))
+            structure.append(spec)
+            return tuple(leaves)
+
+        return run
+
+    leaves = cond_op(pred, flat(true_fn), flat(false_fn), tuple(operands))
+    return _pytree.tree_unflatten(list(leaves), structure[0])
+
+
 def top_token(logits):
     """argmax over the last axis (the first of equal maxima). The exported graph computes it as TopK with k = 1:
     ONNX Runtime's CPU TopK takes ~25 % less time than its ArgMax on a vocabulary-wide row, and ONNX TopK puts the
@@ -42,10 +71,6 @@ def _onehot_argmax(logits):
     v = logits.shape[-1]
     argmax = logits.argmax(dim=-1, keepdim=True)
     return (torch.arange(v, device=logits.device).view(1, 1, v) == argmax).float()
-
-
-def _greedy_probs(logits, temperature, top_k, top_p):
-    return _onehot_argmax(logits)
 
 
 def _plain_probs(scaled, top_k, top_p):
@@ -71,24 +96,19 @@ def _filtered_probs(scaled, top_k, top_p):
     return torch.softmax(scaled.masked_fill(scaled < threshold, float("-inf")), dim=-1)
 
 
-def _sampled_probs(logits, temperature, top_k, top_p):
+def target_probs(logits, temperature, top_k, top_p):
+    """Processed target distribution [B,W,V] (float32): temperature -> top-k -> top-p; one-hot argmax in rows at
+    temperature 0. Only the sampled branches call it (greedy verification never builds a distribution).
+
+    With top-k and top-p off, the full softmax is used; filtering works over the TOP_K_CAP most likely tokens, behind
+    a data-dependent branch (ONNX If) that skips the sort when no row filters.
+    """
+    logits = logits.float()
     b = logits.shape[0]
     scaled = logits / torch.clamp(temperature, min=ef.MIN_TEMPERATURE).view(b, 1, 1)
     filtering = ((top_k > 0) | (top_p < 1.0)).any()
-    probs = torch.cond(filtering, _filtered_probs, _plain_probs, (scaled, top_k, top_p))
+    probs = branch(filtering, _filtered_probs, _plain_probs, (scaled, top_k, top_p))
     return torch.where((temperature <= 0).view(b, 1, 1), _onehot_argmax(logits), probs)
-
-
-def target_probs(logits, temperature, top_k, top_p):
-    """Processed target distribution [B,W,V] (float32): temperature -> top-k -> top-p; one-hot argmax at T=0.
-
-    With top-k and top-p off, the full softmax is used; filtering works over the TOP_K_CAP most likely tokens.
-    Data-dependent branches (ONNX If) skip the sort when no row filters and all sampling work when every row is
-    greedy, so greedy verification of a tree costs one argmax over the vocabulary.
-    """
-    logits = logits.float()
-    sampling = (temperature > 0).any()
-    return torch.cond(sampling, _sampled_probs, _greedy_probs, (logits, temperature, top_k, top_p))
 
 
 def typical_probs(logits, temperature, epsilon, alpha):
@@ -169,7 +189,7 @@ def accept(
         rand_sample,
     )
     # one If for the whole walk: the greedy branch never touches a probability
-    return torch.cond(greedy, _accept_greedy, _accept_sampled, operands)
+    return branch(greedy, _accept_greedy, _accept_sampled, operands)
 
 
 def _accept_greedy(logits, tokens, parent, siblings_before, depth, paths, *sampling):
@@ -185,9 +205,10 @@ def _accept_greedy(logits, tokens, parent, siblings_before, depth, paths, *sampl
 def _accept_sampled(
     logits, tokens, parent, siblings_before, depth, paths, temperature, top_k, top_p, rand_accept, rand_sample
 ):
-    flags = _sampled_flags(logits, tokens, parent, siblings_before, temperature, top_k, top_p, rand_accept)
+    probs = target_probs(logits, temperature, top_k, top_p)  # [B,W,V], once for the flags and the bonus
+    flags = _sampled_flags(probs, tokens, parent, siblings_before, rand_accept)
     best_len, best_path, last_node = _walk(flags, depth, siblings_before, paths)
-    bonus = _sampled_bonus(logits, tokens, parent, last_node, temperature, top_k, top_p, rand_sample)
+    bonus = _sampled_bonus(probs, tokens, parent, last_node, rand_sample)
     return _accepted(tokens, best_len, best_path, last_node, bonus)
 
 
@@ -220,7 +241,7 @@ def accept_with_draft_probs(
     def sampled(*args):
         return _sampled_flags_q(*args, max_siblings=max_siblings)
 
-    flags_and_residual = torch.cond(greedy, _greedy_flags_q, sampled, operands)
+    flags_and_residual = branch(greedy, _greedy_flags_q, sampled, operands)
     residual = flags_and_residual[:, :, 1:]
     best_len, best_path, last_node = _walk(flags_and_residual[:, :, 0], depth, siblings_before, paths)
     b, _, v = logits.shape
@@ -269,7 +290,7 @@ def accept_root(logits, temperature, top_k, top_p, rand_sample):
     w = logits.shape[1]
     last = logits.index_select(1, torch.full((1,), w - 1, dtype=torch.int64, device=logits.device))  # a copy
     operands = (last.squeeze(1), temperature, top_k, top_p, rand_sample)
-    bonus = torch.cond((temperature <= 0).all(), _greedy_root, _sampled_root, operands)
+    bonus = branch((temperature <= 0).all(), _greedy_root, _sampled_root, operands)
     last_node = torch.zeros_like(bonus) + (w - 1)
     return bonus.unsqueeze(1), torch.ones_like(bonus), last_node.unsqueeze(1), last_node
 
@@ -290,23 +311,22 @@ def _greedy_flags(best, tokens, parent):
     return (tokens.float() == parent_argmax).float()
 
 
-def _sampled_flags(logits, tokens, parent, siblings_before, temperature, top_k, top_p, rand_accept):
-    """Node n is accepted with probability p(x_n) / (1 - p of its earlier, rejected siblings) under its parent."""
-    b, w, _ = logits.shape
-    probs = target_probs(logits, temperature, top_k, top_p)
+def _sampled_flags(probs, tokens, parent, siblings_before, rand_accept):
+    """Node n is accepted with probability p(x_n) / (1 - p of its earlier, rejected siblings) under its parent
+    (`probs` [B,W,V]: every node's target distribution)."""
+    b, w, _ = probs.shape
     tok_probs = probs.gather(2, tokens.unsqueeze(1).expand(b, w, w))  # [B,m,n] = probs[m, tokens[n]]
     p_node = (parent * tok_probs.transpose(1, 2)).sum(-1)  # [B,n]
     prior = (siblings_before * p_node.unsqueeze(1)).sum(-1)
     return (rand_accept * (1.0 - prior) < p_node).float()
 
 
-def _sampled_bonus(logits, tokens, parent, last_node, temperature, top_k, top_p, rand_sample):
+def _sampled_bonus(probs, tokens, parent, last_node, rand_sample):
     """A draw from the last accepted node's distribution with its (all rejected) children's tokens removed."""
-    b, w, v = logits.shape
-    last_logits = logits.gather(1, last_node.view(b, 1, 1).expand(b, 1, v))  # [B,1,V]
-    last_probs = target_probs(last_logits, temperature, top_k, top_p).squeeze(1)  # [B,V]
+    b, w, v = probs.shape
+    last_probs = probs.gather(1, last_node.view(b, 1, 1).expand(b, 1, v)).squeeze(1)  # [B,V]
     child_of_last = parent.gather(2, last_node.view(b, 1, 1).expand(b, w, 1)).squeeze(2)  # [B,n]
-    vocab = torch.arange(v, device=logits.device).view(1, 1, v)
+    vocab = torch.arange(v, device=probs.device).view(1, 1, v)
     child_tokens = ((tokens.unsqueeze(2) == vocab).float() * child_of_last.unsqueeze(2)).sum(1)  # [B,V]
     return _sample(last_probs * (child_tokens == 0).float(), last_probs, rand_sample)
 

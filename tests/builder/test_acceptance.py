@@ -194,3 +194,44 @@ def test_top_token_is_the_first_argmax_in_an_exported_graph(tmp_path):
     np.testing.assert_array_equal(got, x.argmax(-1))
     np.testing.assert_array_equal(top_token(torch.from_numpy(x)).numpy(), x.argmax(-1))
     assert got[0, 1] == 7 and got[1, 1] == 4094 and got[2, 1] == 0 and got[2, 3] == 0
+
+
+def test_branch_exports_one_if_and_keeps_the_outputs_structure(tmp_path):
+    """`branch` (torch.cond without the torch.compile pass): eagerly one branch runs; exported, an ONNX If whose
+    outputs come back as the branch returned them (one tensor, or a tuple)."""
+    import onnx
+    import onnxruntime as ort
+
+    from specbuild.builder.acceptance import branch
+    from specbuild.builder.export import OPSET
+
+    def twice(x, y):
+        return x * 2.0, (y + 1).sum(-1)
+
+    def negated(x, y):
+        return -x, y.sum(-1)
+
+    def largest(x, y):
+        return x.max(-1).values
+
+    def smallest(x, y):
+        return x.min(-1).values
+
+    class Branches(torch.nn.Module):
+        def forward(self, x, y):
+            pair = branch((x.sum() > 0), twice, negated, (x, y))
+            return (*pair, branch((y > 2).any(), largest, smallest, (x, y)))
+
+    x, y = torch.randn(2, 3), torch.arange(6).view(2, 3)
+    path = tmp_path / "branches.onnx"
+    torch.onnx.export(Branches(), (x, y), dynamo=True, opset_version=OPSET, input_names=["x", "y"]).save(str(path))
+    assert [n.op_type for n in onnx.load(str(path)).graph.node].count("If") == 2
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for sign, offset in ((1.0, 0), (-1.0, 0), (1.0, -5)):
+        xs, ys = sign * x.abs(), y + offset
+        want = Branches()(xs, ys)
+        got = session.run(None, {"x": xs.numpy(), "y": ys.numpy()})
+        assert len(got) == 3
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w.numpy())
+    assert torch.equal(Branches()(x.abs(), y)[0], 2.0 * x.abs())  # eager: the taken branch only
