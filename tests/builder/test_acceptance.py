@@ -187,7 +187,7 @@ def test_top_token_is_the_first_argmax_in_an_exported_graph(tmp_path):
         x[row, 1, list(cols)] = 9.0  # ties for the maximum
     x[2, 3, :] = 1.5  # all equal
     path = tmp_path / "top.onnx"
-    torch.onnx.export(Top(), (torch.from_numpy(x),), dynamo=True, opset_version=OPSET).save(str(path))
+    torch.onnx.export(Top().eval(), (torch.from_numpy(x),), dynamo=True, opset_version=OPSET).save(str(path))
     ops = {n.op_type for n in onnx.load(str(path)).graph.node}
     assert "TopK" in ops and "ArgMax" not in ops
     got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
@@ -224,7 +224,9 @@ def test_branch_exports_one_if_and_keeps_the_outputs_structure(tmp_path):
 
     x, y = torch.randn(2, 3), torch.arange(6).view(2, 3)
     path = tmp_path / "branches.onnx"
-    torch.onnx.export(Branches(), (x, y), dynamo=True, opset_version=OPSET, input_names=["x", "y"]).save(str(path))
+    torch.onnx.export(Branches().eval(), (x, y), dynamo=True, opset_version=OPSET, input_names=["x", "y"]).save(
+        str(path)
+    )
     assert [n.op_type for n in onnx.load(str(path)).graph.node].count("If") == 2
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for sign, offset in ((1.0, 0), (-1.0, 0), (1.0, -5)):
