@@ -28,8 +28,11 @@ def stacked_linear(*parts: nn.Linear) -> nn.Linear:
     """One Linear computing the parts' outputs side by side ([x -> a|b|...]): their weights (and biases) stacked along
     the output axis, in the parts' dtype. Each output column is the same dot product as in its part."""
     first = parts[0]
-    lin = nn.Linear(first.in_features, sum(p.out_features for p in parts), bias=first.bias is not None)
-    lin = lin.to(first.weight.dtype)
+    out_features = sum(p.out_features for p in parts)
+    # made without its random initialisation (overwritten below; seconds at 7B scale), directly in the parts' dtype
+    lin = nn.utils.skip_init(
+        nn.Linear, first.in_features, out_features, bias=first.bias is not None, dtype=first.weight.dtype
+    )
     with torch.no_grad():
         lin.weight.copy_(torch.cat([p.weight for p in parts]))
         if lin.bias is not None:
