@@ -42,6 +42,9 @@ MAX_TOP_K = 2048  # top-k and the top-p nucleus work over the 2048 most likely t
 TOP_P = "top_p"  # [B] float32, 1 = off
 RAND_ACCEPT = "rand_accept"  # [B,T] float32 uniform [0,1): one draw per tree node
 RAND_SAMPLE = "rand_sample"  # [B] float32 uniform [0,1): the bonus/residual draw
+# [M] bool, values unused (int8-activation ONNX Runtime graphs): every row-wise kernel of the call sees at least M
+# rows (copies of the last token pad a shorter call); M chosen at load by runtime/row_invariance.py
+MIN_ROWS = "min_rows"
 
 ACCEPTED_TOKENS = "accepted_tokens"  # [B,DP] int64
 NUM_ACCEPTED = "num_accepted"  # [B] int64 (accepted drafts + bonus)
@@ -55,5 +58,8 @@ PRESENT_KEY = "present_key_{}"
 PRESENT_VALUE = "present_value_{}"
 NEXT_INPUT_IDS = "next_input_ids"  # [B,N] int64: root (bonus) token + next draft tree
 LOGITS = "logits"  # optional [B,T,V]
+
+# Graph file metadata (ONNX metadata_props, values are strings): what a graph can do, inside the hashed file itself
+GRAPH_MAX_POSITIONS = "specbuild.max_positions"  # positions the graph can address (rotary tables / the model)
 
 STATE_PREFIX = "state_"  # mode state inputs; outputs are "next_" + input name

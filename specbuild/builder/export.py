@@ -40,8 +40,10 @@ def example_inputs(
     paths=None,
     tree_mask=None,
     temperature: float = 0.0,
+    min_rows: int = 2,
 ):
-    """Inputs for one call: a causal chain of t new tokens after `past` cached ones (batch 1), in the step's order."""
+    """Inputs for one call: a causal chain of t new tokens after `past` cached ones (batch 1), in the step's order.
+    min_rows: the step padding of a row_padding graph (needs min_rows - t spare cache slots after the tokens)."""
     cfg = step.net.cfg
     dtype = step.net.embed_tokens.weight.dtype
     g = torch.Generator().manual_seed(seed)
@@ -71,7 +73,8 @@ def example_inputs(
     )
     if isinstance(step, FusedStepModule):
         buffers = [kv[i, j].clone() for i in range(cfg.num_layers) for j in range(2)]
-        return (input_ids, position_ids, tree_mask, torch.tensor([past]), paths, *sampling, *buffers, *states)
+        padding = [torch.zeros(min_rows, dtype=torch.bool)] if step.row_padding else []
+        return (input_ids, position_ids, tree_mask, torch.tensor([past]), paths, *sampling, *padding, *buffers, *states)
     return (input_ids, position_ids, tree_mask, torch.tensor([past]), kv, paths, *sampling, *states)
 
 
@@ -93,7 +96,8 @@ def _dynamic_shapes(step: StepModule):
         states.append({i: {"B": b, "C": c}[d] for i, d in enumerate(spec.shape) if isinstance(d, str)})
     if isinstance(step, FusedStepModule):
         buffers = [{0: b, 2: c}] * (2 * len(step.net.layers))
-        return (*head, paths, *sampling, tuple(buffers + states))  # *buffers_and_states: one var-positional entry
+        padding = [{0: dim("min_rows", min=1, max=64)}] if step.row_padding else []
+        return (*head, paths, *sampling, tuple(padding + buffers + states))  # *tail: one var-positional entry
     return (*head, {2: b, 4: c}, paths, *sampling) + ((tuple(states),) if states else ())
 
 
@@ -104,7 +108,8 @@ def io_names(step: StepModule) -> tuple[list[str], list[str]]:
         layers = range(len(step.net.layers))
         past = [name.format(i) for i in layers for name in (ef.PAST_KEY, ef.PAST_VALUE)]
         present = [name.format(i) for i in layers for name in (ef.PRESENT_KEY, ef.PRESENT_VALUE)]
-        inputs = [n for n in BASE_INPUTS if n != ef.KV_CACHE] + past + states
+        padding = [ef.MIN_ROWS] if step.row_padding else []
+        inputs = [n for n in BASE_INPUTS if n != ef.KV_CACHE] + padding + past + states
         return inputs, [n for n in BASE_OUTPUTS if n != ef.NEW_KV] + present + tail
     return BASE_INPUTS + states, BASE_OUTPUTS + tail
 
@@ -190,7 +195,7 @@ def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads
     out_names = [o.name for o in sess.get_outputs()]
     aliases = aliased_outputs(names)
     worst = 0.0
-    for t, w, cap, past, temp in ((7, 1, 8, 0, 0.0), (5, 5, 16, 6, 0.8)):
+    for t, w, cap, past, temp in ((7, 1, 8, 0, 0.0), (5, 5, 16, 6, 0.8), (1, 1, 8, 4, 0.0)):  # last: a padded call
         args = example_inputs(step, t=t, w=w, capacity=cap, past=past, seed=t, temperature=temp)
         feeds = {n: (a.float() if a.dtype == torch.bfloat16 else a).numpy().copy() for n, a in zip(names, args)}
         with torch.no_grad():

@@ -208,30 +208,39 @@ class LlamaNetwork(nn.Module):
         capture_layers=(),
         causal_chain=False,
         attention_pad=0,
+        min_rows=None,
     ):
         """The ONNX Runtime form of forward(): kv_buffers = [k_0, v_0, k_1, ...] each [B,Hkv,C,D], written in place.
 
         causal_chain: the caller only ever feeds tokens at positions past..past+T-1 with a causal tree_mask (plain
         decoding, chain drafts), so attention takes the kernel's own causal mask (no bias; unless a layer has a
         sliding window).
-        attention_pad: a one-token call attends that many copies of its token after it (see ort_kernels); the buffers
-        need that many spare slots.
-        Returns (final hidden, [present k_0, v_0, ...], layer inputs), the buffers with the new tokens' keys and
-        values at [past_length, past_length + T) (see ort_kernels)."""
+        attention_pad: attention attends at least attention_pad + 1 rows (copies of the last token after it).
+        min_rows: a tensor whose length M pads the whole call to at least M rows (step padding; see ort_kernels).
+        The buffers need room for the pad rows after the tokens.
+        Returns (final hidden [B,T,H], [present k_0, v_0, ...], layer inputs [B,T,H]), the buffers with the new
+        tokens' keys and values at [past_length, past_length + T) (see ort_kernels)."""
         from specbuild.builder.ort_kernels import attention_bias, group_query_attention, padded_rows, skip_rms_norm
 
-        x = self.embed_tokens(input_ids)
+        tokens = input_ids.shape[1]
         capacity = kv_buffers[0].shape[2]
-        dtype = x.dtype
+        dtype = self.embed_tokens.weight.dtype
         windows = {self.cfg.layer_window(i) for i in range(len(self.layers))}
         if causal_chain and windows == {None}:
             biases, position_ids = {None: None}, None
         else:
             biases = {w: attention_bias(tree_mask, position_ids, past_length, capacity, w, dtype) for w in windows}
-        rows = None
+        rows = tokens
+        if min_rows is not None:  # step padding: every row-wise kernel sees at least M rows
+            rows = torch.sym_max(tokens, min_rows.shape[0])
+            index, position_ids, biases = padded_rows(tokens, rows, past_length, position_ids, biases)
+            input_ids = input_ids.index_select(1, index)
+        x = self.embed_tokens(input_ids)
+        attended = None
         if attention_pad:
-            tokens = input_ids.shape[1]
-            rows, position_ids, biases = padded_rows(tokens, attention_pad, past_length, position_ids, biases)
+            attended, position_ids, biases = padded_rows(
+                rows, torch.sym_max(rows, attention_pad + 1), past_length, position_ids, biases
+            )
         presents, inputs = [], {}
         pending = None  # the previous layer's MLP output, added to the residual by the next skip-norm
         for i, layer in enumerate(self.layers):
@@ -252,14 +261,17 @@ class LlamaNetwork(nn.Module):
                 biases[self.cfg.layer_window(i)],
                 self.rotary_cos,
                 self.rotary_sin,
-                rows=rows,
+                rows=attended,
             )
             presents += [k, v]
             h, x = skip_rms_norm(layer.post_attention_layernorm, attn.o_proj(heads), x)
             pending = layer.mlp(h)
         hidden, x = skip_rms_norm(self.norm, pending, x)
         inputs[len(self.layers)] = x
-        return hidden, presents, [inputs[i] for i in capture_layers]
+        captured = [inputs[i] for i in capture_layers]
+        if min_rows is not None:
+            hidden, captured = hidden.narrow(1, 0, tokens), [c.narrow(1, 0, tokens) for c in captured]
+        return hidden, presents, captured
 
     def forward(self, input_ids, position_ids, tree_mask, past_length, kv_cache, capture_layers=()):
         x = self.embed_tokens(input_ids)

@@ -15,18 +15,34 @@ past..past+T-1 (plain decoding: prefill, then one token per step) passes neither
 the kernel's own causal mask and positions are the same thing, without the ~25 mask nodes and the bias reads
 (measured 0.2 ms of a 7 ms int4 step).
 
-Attention padding (`pad` rows): the kernel computes one query row (T = 1) with a different summation than several
-(T >= 2; rows of T >= 2 calls are bitwise equal whatever T is): a lone row's probabilities-times-values product takes
-MLAS's one-row GEMV kernel, several rows its packed GEMM. So a one-token decode step and a tree that verifies the
-same token disagree in the last bits, and where everything else is batch-invariant (MatMulNBits with int8
-activations) those bits flip int8 roundings and greedy output drifts. With `pad` = 1 a one-token call attends two
-rows: the token and a copy of it at position past + 1, whose output is dropped and whose key/value land in the cache
-slot after the token (beyond the committed length: overwritten by the next call; the runtime keeps that slot
-allocated, `attention_pad_rows` in engine.yaml). Calls of two or more tokens (prefill, trees, drafts) attend their
-rows as they are. The rows are picked by one Gather per layer from an index made once per graph (`padded_rows`):
-against appending the copy in every layer (Slice + Concat, and a pad row in every call) this saves ~10 µs per layer
-of a multi-token call on a 2-core CPU. A right-padded call (`query_seqlens` < T) does not do: it takes the one-row
-path.
+Row padding. ONNX Runtime's CPU kernels may compute a lone row with other code than a row of a multi-row call
+(MLAS's one-row kernels against its multi-row ones), so the same token's outputs differ in the last bits between a
+one-token decode step and a call that verifies several tokens. With float activations that stays at rounding level
+(~1e-6 relative); with int8 activations (MatMulNBits accuracy level 4) those bits flip activation roundings and
+greedy output drifts, so an int8-activation speculative engine would not reproduce its own none engine. Which kernels
+do it depends on the CPU. Measured with ONNX Runtime 1.32 (1 and 2 threads; SmolLM2's shapes; in every case the
+rows of calls of two or more rows are bitwise equal whatever their number):
+
+| kernel | Intel Xeon, AVX-512 VNNI / AMX (2026-11-24) | AMD EPYC, AVX2 only (2026-11-25) |
+|---|---|---|
+| GroupQueryAttention (causal chain) | 1 row differs | 1 row differs |
+| MatMulNBits int4, block 32 (and 64, 128), level 4 | 1 row equal | 1 row differs (MLAS's M=1 kernel) |
+| MatMulNBits int4, block 16, level 4; int8 weights, level 4 | not measured | 1 row equal |
+| MatMulNBits level 1 / 2 (float activations) | not measured | 1 row differs (~1e-6) |
+| SkipSimplifiedLayerNormalization, SimplifiedLayerNormalization, QuickGelu | equal | equal |
+
+Two paddings, both copies of the call's last token after it (at positions past + T, ...; their outputs are dropped,
+their keys/values land in scratch cache slots after the committed length, overwritten by the next call; the runtime
+keeps those slots allocated):
+- attention padding (`attention_pad`, built in: `attention_pad_rows` in engine.yaml): attention always attends at
+  least pad + 1 = 2 rows. Calls of two or more tokens (prefill, trees, drafts) attend their rows as they are.
+- step padding (the `min_rows` input, runtime-chosen): every row-wise kernel of the call -- the whole network and
+  the lm_head -- sees at least M rows, M = the input's length. The runtime measures on the machine that runs the
+  engine which M makes every kernel of the engine row-invariant (runtime/row_invariance.py): 1 where MatMulNBits is
+  (no cost), 2 where it is not (AVX2: a one-token step pays for two rows).
+The rows come from one Gather on an index made once per graph (`padded_rows`): against appending the copy in every
+layer (Slice + Concat, and a pad row in every call) this saves ~10 us per layer of a multi-token call on a 2-core
+CPU. A right-padded call (`query_seqlens` < T) does not do: it takes the one-row path.
 """
 
 from __future__ import annotations
@@ -69,12 +85,10 @@ def attention_bias(tree_mask, position_ids, past_length, capacity: int, window: 
     return torch.where(visible, zero, torch.full((), float("-inf"), dtype=dtype)).unsqueeze(1)
 
 
-def padded_rows(tokens, pad: int, past_length, position_ids, biases: dict):
-    """For a call of `tokens` new tokens: (rows, position_ids, biases) for attention padded to at least pad + 1 rows
-    (see the module docstring). rows: index [R] of the attended rows, R = max(tokens, pad + 1): the tokens, then
-    copies of the last one; the pad rows sit at positions past + tokens, ... and see what the last token sees.
-    Made once per graph and shared by the layers."""
-    count = torch.sym_max(tokens, pad + 1)
+def padded_rows(tokens, count, past_length, position_ids, biases: dict):
+    """For a call of `tokens` rows padded to `count` >= tokens rows (see the module docstring): (rows,
+    position_ids, biases). rows: index [count] of the rows, the tokens then copies of the last one; the pad rows sit
+    at positions past + tokens, ... and see what the last token sees. Made once per graph and shared by the layers."""
     rows = torch.arange(count).clamp(max=tokens - 1)
     extra = count - tokens
     if position_ids is not None:

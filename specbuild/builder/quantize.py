@@ -25,11 +25,12 @@ from specbuild.errors import SpecbuildError
 
 QDQ_OPSET = 21  # blockwise DequantizeLinear and INT4 tensors
 MSFT = "com.microsoft"
-# MatMulNBits accuracy levels: 1 computes with float32 activations, 4 quantizes each activation block to int8 first
-# (ONNX Runtime GenAI's CPU choice, faster). Level 4 is not batch-invariant in practice: a token's activations differ
-# by ~1e-7 between a one-token step and a multi-token verification (attention sums in another order), and int8
-# rounding turns that into logit differences of up to ~1.6 on SmolLM2, so a speculative engine could not reproduce
-# its none engine. Level 1 keeps such differences at ~1e-4, like float32 engines: it is the default.
+# MatMulNBits accuracy levels: 1 computes with float32 activations (the default), 4 quantizes each activation block
+# to int8 first (ONNX Runtime GenAI's CPU choice, faster: `--int8-activations`). With level 4 a last-bit difference
+# between a token computed alone and among others (ort_kernels: row padding) becomes an int8 rounding difference and
+# logit differences of up to ~1.6 on SmolLM2, so such graphs pad their calls to the rows that make every kernel
+# row-invariant on the machine that runs them (runtime/row_invariance.py); level 1 keeps any such difference at
+# float rounding (~1e-6), like float32 engines.
 ACCURACY_FP32 = 1
 ACCURACY_INT8 = 4
 

@@ -71,14 +71,21 @@ class StepModule(nn.Module):
         return tuple(outs)
 
     def accept_and_draft(
-        self, hidden, captured, input_ids, position_ids, tree_mask, past_length, paths, sampling, states
+        self, hidden, captured, input_ids, position_ids, tree_mask, past_length, paths, sampling, states, min_rows=None
     ):
-        """Verification of the new tokens' tree, acceptance and the mode's drafting of the next tree (both graphs)."""
+        """Verification of the new tokens' tree, acceptance and the mode's drafting of the next tree (both graphs).
+
+        min_rows: as in the network's forward_fused, the lm_head sees at least M rows (copies of the window's last)."""
         temperature, top_k, top_p, rand_accept, rand_sample = sampling
         t = input_ids.shape[1]
         w = rand_accept.shape[1]
         off = t - w
-        logits = self.net.lm_head(hidden.narrow(1, off, w))
+        window = hidden.narrow(1, off, w)
+        if min_rows is None:
+            logits = self.net.lm_head(window)
+        else:
+            rows = torch.arange(torch.sym_max(w, min_rows.shape[0])).clamp(max=w - 1)
+            logits = self.net.lm_head(window.index_select(1, rows)).narrow(1, 0, w)
         if self.root_only:
             acc_tokens, num_acc, acc_nodes_w, last_w = accept_root(logits, temperature, top_k, top_p, rand_sample)
         else:
@@ -121,9 +128,10 @@ class FusedStepModule(StepModule):
     """The step graph for ONNX Runtime: the same acceptance and drafting over the network's fused form.
 
     forward(input_ids, position_ids, tree_mask, past_length, paths, temperature, top_k, top_p, rand_accept,
-    rand_sample, past_key_0, past_value_0, ..., *states) -> (accepted_tokens, num_accepted, accepted_nodes,
-    present_key_0, present_value_0, ..., *plugin outputs, [logits]). Each present buffer is its past buffer with
-    the new tokens' keys/values written at [past_length, past_length + T) (the runtime binds them to one buffer).
+    rand_sample, [min_rows], past_key_0, past_value_0, ..., *states) -> (accepted_tokens, num_accepted,
+    accepted_nodes, present_key_0, present_value_0, ..., *plugin outputs, [logits]). Each present buffer is its past
+    buffer with the new tokens' keys/values written at [past_length, past_length + T) (the runtime binds them to one
+    buffer). min_rows (row_padding graphs): its length M pads every call to at least M rows (ort_kernels).
     """
 
     def __init__(
@@ -134,9 +142,11 @@ class FusedStepModule(StepModule):
         typical=None,
         attention_pad: int = 0,
         chain_drafts: bool = False,
+        row_padding: bool = False,
     ):
         super().__init__(net, plugin, output_logits=output_logits, typical=typical)
         self.attention_pad = attention_pad  # copies a one-token call attends after its token (ort_kernels: padding)
+        self.row_padding = row_padding  # a min_rows input: the runtime pads every call to at least M rows
         # every call's tokens form a causal chain at positions past..past+T-1 (plain decoding, chain drafts): the
         # attention kernel's own causal mask and positions serve, without the mask's ~25 nodes and bias reads
         self.causal_chain = chain_drafts or plugin.max_new_tokens_per_step() == 1
@@ -155,6 +165,9 @@ class FusedStepModule(StepModule):
         rand_sample,
         *buffers_and_states,
     ):
+        min_rows = None
+        if self.row_padding:
+            min_rows, buffers_and_states = buffers_and_states[0], buffers_and_states[1:]
         n_kv = 2 * len(self.net.layers)
         kv, states = buffers_and_states[:n_kv], buffers_and_states[n_kv:]
         hidden, presents, captured = self.net.forward_fused(
@@ -166,10 +179,11 @@ class FusedStepModule(StepModule):
             capture_layers=self.plugin.capture_layers,
             causal_chain=self.causal_chain,
             attention_pad=self.attention_pad,
+            min_rows=min_rows,
         )
         acc_tokens, num_acc, acc_nodes, drafted, logits = self.accept_and_draft(
             hidden, captured, input_ids, position_ids, tree_mask, past_length, paths,
-            (temperature, top_k, top_p, rand_accept, rand_sample), states,
+            (temperature, top_k, top_p, rand_accept, rand_sample), states, min_rows,
         )  # fmt: skip
         outs = [acc_tokens, num_acc, acc_nodes, *presents, *drafted.values()]
         if self.output_logits:

@@ -17,9 +17,9 @@ HEADS, KV_HEADS, HEAD_DIM, CAPACITY, PAST = 9, 3, 64, 64, 40
 WIDTH = (HEADS + 2 * KV_HEADS) * HEAD_DIM
 
 
-@pytest.fixture(scope="module")
-def gqa():
-    """The GroupQueryAttention node the fused graph emits for a causal chain (no bias, no position ids)."""
+def gqa_session():
+    """call(qkv, pad): the GroupQueryAttention node the fused graph emits for a causal chain (no bias, no position
+    ids) on qkv [1,T,W] after PAST cached positions."""
     inputs = ["qkv", "", "", "past_k", "past_v", "seqlens_k", "total", "cos", "sin", "", ""] + [""] * 5 + ["q_lens"]
     node = oh.make_node(
         "GroupQueryAttention", inputs, ["out", "present_k", "present_v"], domain="com.microsoft",
@@ -57,7 +57,12 @@ def gqa():
         }  # fmt: skip
         return session.run(["out"], feeds)[0][:, :t]
 
-    return call, rng
+    return call
+
+
+@pytest.fixture(scope="module")
+def gqa():
+    return gqa_session(), np.random.default_rng(1)
 
 
 def test_a_padded_one_token_call_equals_the_rows_of_longer_calls(gqa):
@@ -76,7 +81,7 @@ def test_the_torch_reference_writes_the_pad_row_like_the_kernel(gqa):
     k_buf, v_buf = torch.zeros(1, KV_HEADS, 16, HEAD_DIM), torch.zeros(1, KV_HEADS, 16, HEAD_DIM)
     cos, sin = torch.ones(16, HEAD_DIM // 2), torch.zeros(16, HEAD_DIM // 2)
     past = torch.tensor([4])
-    rows, _, _ = padded_rows(1, 1, past, None, {None: None})
+    rows, _, _ = padded_rows(1, 2, past, None, {None: None})
     assert rows.tolist() == [0, 0]
     out, k, _ = group_query_attention(attn, qkv, k_buf, v_buf, past, None, None, cos, sin, rows=rows)
     plain, k_plain, _ = _gqa_reference(attn, qkv, k_buf, v_buf, past, None, None, cos, sin)
@@ -93,9 +98,9 @@ def test_calls_of_several_tokens_are_not_padded():
     past = torch.tensor([7])
     positions = torch.tensor([[7, 8, 8]])
     bias = torch.randn(1, 1, 3, 16)
-    rows, padded_positions, biases = padded_rows(3, 1, past, positions, {None: bias, 4: None})
+    rows, padded_positions, biases = padded_rows(3, 3, past, positions, {None: bias, 4: None})
     assert rows.tolist() == [0, 1, 2] and torch.equal(padded_positions, positions)
     assert torch.equal(biases[None], bias) and biases[4] is None
-    rows, padded_positions, biases = padded_rows(1, 1, past, positions[:, :1], {None: bias[:, :, :1]})
+    rows, padded_positions, biases = padded_rows(1, 2, past, positions[:, :1], {None: bias[:, :, :1]})
     assert rows.tolist() == [0, 0] and padded_positions.tolist() == [[7, 8]]
     assert torch.equal(biases[None], bias[:, :, [0, 0]])
