@@ -247,8 +247,10 @@ def run_benchmark(
     sweep: bool = False,
     log: Callable[[str], None] = print,
     ort_genai_dirs: list[str | Path] = (),
+    allow_lossy: bool = False,
 ) -> dict[str, Any]:
     from specbuild.runtime.engine import Engine
+    from specbuild.runtime.row_invariance import cpu_description
 
     if not engine_dirs:
         raise SpecbuildError("give at least one --engine-dir")
@@ -257,7 +259,7 @@ def run_benchmark(
     prompts = {name: load_prompt_set(name, num_prompts) for name in prompt_sets}
     engines, labels, used = [], [], set()
     for d in engine_dirs:
-        eng = Engine(d, threads=threads)
+        eng = Engine(d, threads=threads, allow_lossy=allow_lossy)
         engines.append(eng)
         labels.append(_label(Path(d), eng.manifest["speculative_mode"], used))
     plain = [get_mode(e.manifest["speculative_mode"]).baseline for e in engines]
@@ -289,6 +291,7 @@ def run_benchmark(
             "threads": threads,
             "hf_model_dir": str(hf_model_dir) if hf_model_dir else None,
             "ort_genai_dirs": [str(d) for d in ort_genai_dirs],
+            "cpu": cpu_description(),  # speed and exactness are properties of this machine
         },
         "engines": [
             {
@@ -297,7 +300,8 @@ def run_benchmark(
                 "mode": e.manifest["speculative_mode"],
                 "dtype": e.manifest["dtype"],
                 "max_seq_len": e.max_seq_len,
-                "lossless": e.manifest.get("lossless", True),
+                "lossless": e.lossless,  # on this machine (engine.yaml's claim, checked at load)
+                "exactness": e.exactness.to_dict(),
             }
             for lab, e in zip(labels, engines)
         ],
@@ -384,7 +388,7 @@ def render(report: dict[str, Any], console=None) -> None:
     for name, res in report["results"].items():
         table = Table(
             title=f"{name}: {settings['num_prompts']} prompts, greedy, max {settings['max_new_tokens']} new tokens "
-            f"(baseline {report['baseline'] or '-'})",
+            f"(baseline {report['baseline'] or '-'}) on {settings.get('cpu', 'this CPU')}",
             title_justify="left",
         )
         cols = ["engine", "tok/s", "decode tok/s", "TTFT ms", "τ", "speed-up", "η", "vs fastest other"]
@@ -419,6 +423,11 @@ def render(report: dict[str, Any], console=None) -> None:
                 f"{r['matches_baseline']}/{r['prompts']}" if "matches_baseline" in r else "-",
             )
         console.print(table)
+    for engine in report.get("engines", []):
+        exact = engine.get("exactness") or {}
+        if exact.get("min_rows", 1) > 1 or not engine.get("lossless", True):
+            console.print(f"{escape(engine['label'])}: {'lossless' if engine['lossless'] else 'LOSSY'}, "
+                          f"{escape(exact.get('verified', ''))}")  # fmt: skip
     sweep = report.get("context_sweep")
     if sweep:
         if "skipped" in sweep:

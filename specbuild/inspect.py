@@ -1,8 +1,10 @@
 """`specbuild inspect PATH`: describe a canonical checkpoint or an engine directory as a dict, and render it with rich.
 
-Reads only metadata (config.yaml / engine.yaml and safetensors headers); never loads weights or an ONNX session.
+Reads only metadata (config.yaml / engine.yaml and safetensors headers); never loads weights or an engine session.
 Loading an engine's manifest checks the recorded file sizes; `verify=True` (`inspect --verify`) also reads every
-engine file and checks its sha256 against engine.yaml.
+engine file and checks its sha256 against engine.yaml. For an engine whose exactness depends on the CPU (int8
+activations), `this_machine` says what holds here: the row-invariance probe's verdict (runtime/exactness.py), kept
+in the user cache after its first measurement.
 """
 
 from __future__ import annotations
@@ -107,12 +109,16 @@ def _files(path: Path) -> dict[str, int]:
 
 
 def describe_engine(path: Path, verify: bool = False) -> dict[str, Any]:
+    from specbuild.runtime import exactness
+    from specbuild.runtime.backends.factory import select_graph
     from specbuild.runtime.integrity import verify_hashes
     from specbuild.runtime.manifest import load_manifest
 
     man = load_manifest(path)  # schema + recorded sizes
     checksums = man["checksums"]
     verified = dict(verify_hashes(path, checksums)) if verify else None
+    graph = select_graph(man, ef.BACKEND_ONNXRUNTIME, path)
+    here = exactness.decide(path, man, graph, ef.BACKEND_ONNXRUNTIME, None, allow_lossy=True)
     tree = man.get("tree") or {}
     tree_info = {"dynamic": True} if tree.get("dynamic") else {"size": tree.get("size"), "depth": tree.get("depth")}
     files = _files(path)
@@ -124,6 +130,8 @@ def describe_engine(path: Path, verify: bool = False) -> dict[str, Any]:
         "speculative_mode": man.get("speculative_mode"),
         "dtype": man.get("dtype"),
         "lossless": man.get("lossless", True),
+        "lossy_reason": man.get("lossy_reason"),
+        "this_machine": here.to_dict(),  # ONNX Runtime on this CPU
         "typical_acceptance": man.get("typical_acceptance"),
         "model": man.get("model"),
         "limits": man.get("limits"),
@@ -199,7 +207,11 @@ def render(info: dict[str, Any], console=None) -> None:
         rows = [
             ("mode", info["speculative_mode"]),
             ("dtype", info["dtype"]),
-            ("lossless", "yes" if info["lossless"] else f"NO (typical acceptance {info['typical_acceptance']})"),
+            ("lossless (build)", "yes" if info["lossless"] else f"NO ({info.get('lossy_reason')})"),
+            (
+                "on this machine",
+                f"{'lossless' if info['this_machine']['lossless'] else 'LOSSY'}: {info['this_machine']['verified']}",
+            ),
             ("limits", ", ".join(f"{k} {v}" for k, v in limits.items())),
             ("tree", "dynamic" if tree.get("dynamic") else f"{tree['size']} nodes, depth {tree['depth']}"),
             ("states", ", ".join(s["name"] for s in info["states"]) or "(none)"),

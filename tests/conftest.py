@@ -6,8 +6,11 @@ tensor matters: a loader or network bug changes the output instead of hiding in 
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # one thread per xdist worker: two workers on two cores, no oversubscription (ORT reads SPECBUILD_THREADS)
     os.environ.setdefault("SPECBUILD_THREADS", "1")
     torch.set_num_threads(1)
+
+
+# the user cache (row-invariance verdicts, verified file hashes) of this test process only: nothing is read from or
+# left in the user's ~/.cache; tests that need a cold or warm cache set it themselves
+if "SPECBUILD_CACHE_DIR" not in os.environ:
+    os.environ["SPECBUILD_CACHE_DIR"] = tempfile.mkdtemp(prefix="specbuild-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["SPECBUILD_CACHE_DIR"], True)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -317,3 +327,20 @@ def write_char_tokenizer(hf: Path, vocab_offset: int = 0, decoder: bool = True) 
         },
     }
     (hf / "tokenizer.json").write_text(json.dumps(tokenizer))
+
+
+@pytest.fixture(scope="session")
+def int8_engines(tiny_checkpoints, tmp_path_factory) -> dict[str, Path]:
+    """int4 weights with int8 activations on a tiny model: `none` (with logits) and `ngram` (chains of <= 3 drafts).
+    Tests using it run in xdist_group("quantize")."""
+    from specbuild.builder.build import BuildOptions, build_engine
+
+    root = tmp_path_factory.mktemp("int8_engines")
+    ckpt = tiny_checkpoints["llama_gqa_llama3rope"]
+    common = dict(backends=ORT_ONLY, weights="int4", int8_activations=True, max_seq_len=128)
+    return {
+        "none": build_engine(ckpt, root / "none", BuildOptions(output_logits=True, **common), log=quiet),
+        "ngram": build_engine(
+            ckpt, root / "ngram", BuildOptions(speculative_mode="ngram", num_draft_tokens=3, **common), log=quiet
+        ),
+    }

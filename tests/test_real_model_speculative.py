@@ -3,6 +3,7 @@
 import pytest
 
 from specbuild.builder.default_model import shipped_heads
+from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine
 from tests.conftest import ORT_ONLY, quiet
 
@@ -59,14 +60,23 @@ def test_ngram_greedy_equals_transformers(smollm2_checkpoint, smollm2_greedy, tm
 
 def test_int8_activation_ngram_equals_its_none_engine(smollm2_checkpoint, tmp_path):
     """int4 weights with int8 activations (what ONNX Runtime GenAI runs): prompt lookup reproduces the none engine
-    of the same build token for token. Without attention padding it did not (1/20 and 3/20 prompts on 2026-11-24)."""
+    of the same build token for token on this CPU, or is refused as lossless here. Without attention padding it did
+    not (1/20 and 3/20 prompts on AVX-512, 2026-11-24); without step padding neither on AVX2 (2/10, 2026-11-25).
+    Measured: an AVX-512 CPU needs no step padding, an AVX2-only one pads every call to two rows."""
     from specbuild.builder.build import BuildOptions, build_engine
 
     common = dict(backends=ORT_ONLY, weights="int4", int8_activations=True, max_seq_len=512)
     none = Engine(build_engine(smollm2_checkpoint, tmp_path / "none", BuildOptions(**common), log=quiet))
     options = BuildOptions(speculative_mode="ngram", num_draft_tokens=3, **common)
-    ngram = Engine(build_engine(smollm2_checkpoint, tmp_path / "ngram", options, log=quiet))
-    assert ngram.manifest["lossless"] is True
+    ngram_dir = build_engine(smollm2_checkpoint, tmp_path / "ngram", options, log=quiet)
+    try:
+        ngram = Engine(ngram_dir)
+    except SpecbuildError as exc:  # no exact path on this CPU: refused in one line, runs only labelled lossy
+        assert "--allow-lossy" in str(exc) and "\n" not in str(exc)
+        assert not Engine(ngram_dir, allow_lossy=True).lossless
+        return
+    assert ngram.manifest["lossless"] is True and ngram.lossless
+    assert ngram.min_rows == none.min_rows == ngram.exactness.probe.min_rows
     steps = []
     for prompt in PROMPTS:
         ids = none.codec.encode(prompt)

@@ -43,7 +43,7 @@ class _BuildOptions:
     backends: tuple[str, ...] = ef.BACKENDS  # one graph per backend: onnxruntime (fused kernels), tensorrt (portable)
     weights: str | None = None  # fp32, fp16, int8, int4 (default: fp16 for a float16 checkpoint, else fp32)
     weights_block_size: int = 32  # int4/int8: weights per quantization block along K
-    int8_activations: bool = False  # int4/int8: quantize activations to int8 too (faster; attention padded)
+    int8_activations: bool = False  # int4/int8: quantize activations to int8 too (faster; calls padded, ort_kernels)
     tensorrt: bool = False
     fp16_plan: bool = False
     overwrite: bool = False
@@ -252,8 +252,9 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
     chain_drafts = settings.get("chain_drafts", tree is not None and tree.is_chain)
     tolerance = options.validate_tolerance or (1e-3 if engine_dtype == "float32" else 5e-2)
     quantized = weights in ("int4", "int8")
-    # int8 activations make every op but attention batch-invariant: pad attention to >= 2 rows so that it is too
-    # (ort_kernels), and speculation stays exact against the none engine of the same precision
+    # int8 activations turn last-bit row differences into other tokens (ort_kernels: row padding): attention is
+    # padded to >= 2 rows (it needs it on every CPU measured), and the graph takes a min_rows input with which the
+    # runtime pads whole calls where the probe finds other kernels need it (runtime/row_invariance.py)
     pad_rows = 1 if options.int8_activations else 0
     prompt_ids = _sample_prompt(ckpt, cfg)
     graphs = []
@@ -273,8 +274,9 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
             logits = options.output_logits or quantized  # the quantization check compares logits
             fused_graph = step_cls is FusedStepModule
             padded = fused_graph and pad_rows > 0  # padding is a fused-kernel (ONNX Runtime) matter
-            # the fused kernels' own settings: attention padding, and their causal mask for chain drafts
-            fused = {"attention_pad": pad_rows, "chain_drafts": chain_drafts} if fused_graph else {}
+            # the fused kernels' own settings: attention padding, step padding chosen at load (a min_rows input), and
+            # their causal mask for chain drafts
+            fused = dict(attention_pad=pad_rows, row_padding=padded, chain_drafts=chain_drafts) if fused_graph else {}
             step = step_cls(net, plugin, output_logits=logits, typical=options.typical_acceptance, **fused).eval()
             onnx_path = tmp / file
             log(
@@ -311,6 +313,9 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
                 import onnx
 
                 assert_tensorrt_clean(onnx.load(str(onnx_path), load_external_data=False))
+            # what the graph can address, kept inside the (hashed) graph file: the runtime checks engine.yaml against it
+            positions = max_seq_len + pad_rows if fused_graph else cfg.max_position_embeddings
+            _record_metadata(onnx_path, {ef.GRAPH_MAX_POSITIONS: positions})
             if padded:
                 entry["attention_pad_rows"] = pad_rows
             graphs.append(
@@ -339,6 +344,10 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
             "checkpoint_dtype": ckpt.dtype,
             "lossless": _lossy_reason(options, chain_drafts) is None,
             "lossy_reason": _lossy_reason(options, chain_drafts),
+            # int8 activations: exact only where the kernels are row-invariant (with padding), checked at every load
+            "lossless_condition": "row-invariant kernels on the running CPU, probed at load"
+            if options.int8_activations and _lossy_reason(options, chain_drafts) is None
+            else None,
             "typical_acceptance": list(options.typical_acceptance) if options.typical_acceptance else None,
             "model": {
                 "architecture": cfg.architecture,
@@ -444,6 +453,16 @@ def _lossy_reason(options: BuildOptions, chain_drafts: bool) -> str | None:
             "stay exact)"
         )
     return None
+
+
+def _record_metadata(onnx_path: Path, entries: dict) -> None:
+    """Add key/value entries to the graph file's metadata (ONNX Runtime reads them back without parsing the graph)."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    props = {p.key: p.value for p in model.metadata_props} | {k: str(v) for k, v in entries.items()}
+    onnx.helper.set_model_props(model, props)
+    onnx.save(model, str(onnx_path))
 
 
 def _drop_output(onnx_path: Path, name: str) -> None:

@@ -20,6 +20,10 @@ from specbuild.plugins.registry import baseline_mode, head_modes, mode_names, mo
 DTYPE_CHOICES = ("float32", "float16", "bfloat16")
 BACKEND_CHOICES = ("onnxruntime", "tensorrt")
 DEMO_PROMPT = "Write a Python function that returns the n-th Fibonacci number."
+ALLOW_LOSSY_HELP = (
+    "Run a speculative engine that cannot reproduce its none engine on this CPU (int8 activations on kernels that "
+    "no padding makes row-invariant) labelled lossy, instead of refusing it."
+)
 
 
 def _stderr_console():
@@ -269,7 +273,7 @@ def generate_and_print(engine, prompt, input_ids, max_new_tokens, sampling, chat
         chat=chat,
     )
     if as_json:
-        click.echo(json.dumps(result.to_dict()))
+        click.echo(json.dumps({**result.to_dict(), "exactness": engine.exactness.to_dict()}))
     else:
         if has_tokenizer:
             sys.stdout.write("\n")
@@ -298,6 +302,7 @@ def generate_and_print(engine, prompt, input_ids, max_new_tokens, sampling, chat
     "ONNX Runtime.",
 )
 @click.option("--threads", type=int, help="Intra-op threads for ONNX Runtime.")
+@click.option("--allow-lossy", is_flag=True, help=ALLOW_LOSSY_HELP)
 @handle_errors
 def run(
     engine_dir,
@@ -313,6 +318,7 @@ def run(
     backend,
     graph,
     threads,
+    allow_lossy,
 ):
     """Generate from an engine directory."""
     from specbuild.runtime.engine import Engine, SamplingParams
@@ -327,7 +333,9 @@ def run(
     _check_choice("--backend", backend, BACKEND_CHOICES)
     _check_choice("--graph", graph, BACKEND_CHOICES)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    engine = Engine(engine_dir, backend=backend, threads=threads, graph=graph)
+    engine = Engine(engine_dir, backend=backend, threads=threads, graph=graph, allow_lossy=allow_lossy)
+    if not engine.lossless and engine.manifest.get("lossless", True):
+        click.echo(f"warning: this run is LOSSY (--allow-lossy), {engine.exactness.verified}", err=True)
     generate_and_print(engine, prompt, ids, max_new_tokens, sampling, chat, as_json)
 
 
@@ -457,9 +465,19 @@ def demo(work_dir, prompt, max_new_tokens, speculative_mode, threads):
 @click.option("--threads", type=int, help="Threads for ONNX Runtime (and torch with --hf-model-dir).")
 @click.option("--context-sweep", is_flag=True, help="Host/engine ms per step at ~64 vs ~1024 context tokens.")
 @click.option("--json-out", type=click.Path(path_type=Path), help="Write all numbers to this JSON file.")
+@click.option("--allow-lossy", is_flag=True, help=ALLOW_LOSSY_HELP)
 @handle_errors
 def bench(
-    engine_dirs, prompts, num_prompts, max_new_tokens, hf_model_dir, ort_genai_dirs, threads, context_sweep, json_out
+    engine_dirs,
+    prompts,
+    num_prompts,
+    max_new_tokens,
+    hf_model_dir,
+    ort_genai_dirs,
+    threads,
+    context_sweep,
+    json_out,
+    allow_lossy,
 ):
     """Benchmark engines (interleaved per prompt) on HumanEval / MT-Bench prompts, greedy."""
     from specbuild.benchmark import render, run_benchmark
@@ -482,6 +500,7 @@ def bench(
             sweep=context_sweep,
             log=lambda msg: status.update(f"benchmarking: {msg}"),
             ort_genai_dirs=list(ort_genai_dirs),
+            allow_lossy=allow_lossy,
         )
     render(report)
     if json_out:

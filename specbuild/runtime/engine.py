@@ -11,6 +11,7 @@ import numbers
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +19,10 @@ import numpy as np
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.registry import get_mode, load_object
+from specbuild.runtime import exactness
 from specbuild.runtime.backends.factory import create_backend, default_backend, select_graph
 from specbuild.runtime.drafter import Proposal, SequenceState
+from specbuild.runtime.integrity import verify_once
 from specbuild.runtime.kv_cache import SharedKV, StackedKV
 from specbuild.runtime.manifest import load_manifest
 from specbuild.runtime.session import NUMPY_DTYPES, Session
@@ -122,37 +125,40 @@ def _check_threads(threads):
 class Engine:
     """A loaded engine directory. `Engine("engine/").generate(prompt="...")`."""
 
-    def __init__(self, engine_dir, backend: str | None = None, threads: int | None = None, graph: str | None = None):
+    def __init__(
+        self,
+        engine_dir,
+        backend: str | None = None,
+        threads: int | None = None,
+        graph: str | None = None,
+        allow_lossy: bool = False,
+    ):
         """backend: onnxruntime or tensorrt (default: tensorrt when the engine has a plan). graph: the backend whose
         graph to run (default: the backend's own; `Engine(d, graph="tensorrt")` runs the portable graph on ONNX
-        Runtime, e.g. to check it against the fused one)."""
+        Runtime, e.g. to check it against the fused one). allow_lossy: run a speculative engine that cannot be exact
+        on this CPU, labelled lossy (`exactness`), instead of refusing it."""
         threads = _check_threads(threads)
         self.path = Path(engine_dir)
         self.manifest = load_manifest(self.path)  # validated; recorded file sizes checked
         backend = backend or default_backend(self.manifest)
         self.graph = select_graph(self.manifest, graph or backend, self.path)
-        try:
-            self.backend = create_backend(self.path, self.manifest, backend, threads, graph=self.graph)
-        except SpecbuildError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a damaged graph/weights file: ORT raises its own types
-            onnx_file = self.path / self.graph["file"]
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            raise SpecbuildError(
-                f"{onnx_file}: cannot load the engine graph ({reason}); the engine is damaged, rebuild it"
-            ) from None
+        self.backend = self._load_backend(backend, threads)
+        # the graph writes attention_pad_rows scratch rows after each call's tokens: the cache keeps room for them
+        self.attention_pad = int(self.graph.get("attention_pad_rows", 0))
+        self.exactness = exactness.decide(self.path, self.manifest, self.graph, backend, threads, allow_lossy)
+        self.min_rows = self.exactness.min_rows  # every call is padded to this many rows (row-invariant kernels)
+        self.scratch_rows = max(self.attention_pad, self.min_rows - 1)
         model = self.manifest["model"]
         self.eos_ids = set(model.get("eos_token_ids") or [])
         self.max_seq_len = int(self.manifest["limits"]["max_seq_len"])
+        self._check_limits()
         self.kv_dtype = NUMPY_DTYPES["float16" if self.manifest["dtype"] == "float16" else "float32"]
-        # the graph writes attention_pad_rows scratch rows after each call's tokens: the cache keeps room for them
-        self.attention_pad = int(self.graph.get("attention_pad_rows", 0))
         dims = (
             model["num_layers"],
             model["num_kv_heads"],
             model["head_dim"],
             self.kv_dtype,
-            self.max_seq_len + self.attention_pad,
+            self.max_seq_len + self.scratch_rows,
         )
         if self.graph["kv_cache"] == ef.KV_SHARED:
             bind = getattr(self.backend, "bind", None)
@@ -165,6 +171,43 @@ class Engine:
         self.state_specs = self.manifest.get("states") or []
         self.output_names = {o["name"] for o in self.graph["io"]["outputs"]}
         self._codec = None
+
+    def _load_backend(self, backend: str, threads: int | None):
+        """The backend session, while the engine files' hashes are checked beside it (once per file identity)."""
+        with ThreadPoolExecutor(1) as pool:
+            hashing = pool.submit(verify_once, self.path, self.manifest["checksums"])
+            try:
+                loaded = create_backend(self.path, self.manifest, backend, threads, graph=self.graph)
+            except SpecbuildError:
+                hashing.result()  # a damaged file explains a failed load best
+                raise
+            except Exception as exc:  # noqa: BLE001 - a damaged graph/weights file: ORT raises its own types
+                hashing.result()
+                onnx_file = self.path / self.graph["file"]
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                raise SpecbuildError(
+                    f"{onnx_file}: cannot load the engine graph ({reason}); the engine is damaged, rebuild it"
+                ) from None
+            hashing.result()
+        return loaded
+
+    def _check_limits(self) -> None:
+        """engine.yaml's limits against what the graph file (hashed) says it can do."""
+        recorded = self.backend.graph_metadata().get(ef.GRAPH_MAX_POSITIONS)
+        if recorded is None:
+            return  # built before graphs recorded it, or a TensorRT plan (its profile bounds the shapes)
+        limit = int(recorded) - self.scratch_rows  # the scratch rows of padded calls sit after the last position
+        if self.max_seq_len > limit:
+            raise SpecbuildError(
+                f"{self.path / ef.ENGINE_MANIFEST}: limits.max_seq_len {self.max_seq_len} exceeds the {limit} "
+                f"positions the graph {self.graph['file']} was built for; set it back (<= {limit}) or rebuild the "
+                f"engine with a larger --max-seq-len"
+            )
+
+    @property
+    def lossless(self) -> bool:
+        """What this engine promises on this machine (engine.yaml's lossless, confirmed or withdrawn at load)."""
+        return self.exactness.lossless
 
     @property
     def codec(self):

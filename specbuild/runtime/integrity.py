@@ -1,9 +1,11 @@
 """Engine file records: the size and sha256 of every file of an engine directory, kept in engine.yaml.
 
 `record_files` runs at the end of `specbuild build`, after every file is written. Loading an engine checks the
-sizes (one stat per file: catches truncated, missing and swapped-size files); `specbuild inspect --verify` also
-checks the sha256 hashes (reads every byte: catches same-size replacements). hashlib only: the runtime never
-imports torch or the builder.
+sizes (one stat per file: catches truncated, missing and swapped-size files) and, once per file identity (path,
+device, inode, size, modification and change times), the sha256 hashes (`verify_once`: catches same-size
+replacements; the verified identities are kept in the user cache, so an unchanged engine is hashed once per
+machine; the engine loads its graph meanwhile). `specbuild inspect --verify` hashes every file again. hashlib only:
+the runtime never imports torch or the builder.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from pathlib import Path
 
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
+from specbuild.runtime import user_cache
 
 HASH_ALGORITHM = "sha256"
+VERIFIED_CACHE = "verified-files"
 _CHUNK = 1 << 20
 
 
@@ -55,6 +59,34 @@ def check_sizes(engine_dir, records: dict[str, dict]) -> None:
                 f"{path}: {size} bytes, but engine.yaml records {record['size']}; the file is truncated or "
                 f"was replaced, rebuild the engine"
             )
+
+
+def _identity(path: Path, sha256: str) -> str:
+    """What changes whenever the file may have: its real path, device, inode, size, mtime and ctime (ctime cannot be
+    set back by a user), with the hash it must have."""
+    st = path.stat()
+    return f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{sha256}"
+
+
+def verify_once(engine_dir, records: dict[str, dict]) -> int:
+    """Check the sha256 of every recorded file not verified before with the same identity (see _identity); raise
+    one SpecbuildError at the first mismatch. Returns the bytes hashed (0 when every file was verified before)."""
+    engine_dir = Path(engine_dir)
+    hashed = 0
+    for name, record in records.items():
+        path = engine_dir / name
+        identity = _identity(path, record[HASH_ALGORITHM])
+        if user_cache.get(VERIFIED_CACHE, identity):
+            continue
+        digest = file_sha256(path)
+        hashed += record["size"]
+        if digest != record[HASH_ALGORITHM]:
+            raise SpecbuildError(
+                f"{path}: sha256 {digest[:16]}... differs from the {record[HASH_ALGORITHM][:16]}... recorded in "
+                f"engine.yaml (same size: the file was overwritten or damaged); rebuild the engine or restore the file"
+            )
+        user_cache.put(VERIFIED_CACHE, identity, True)
+    return hashed
 
 
 def verify_hashes(engine_dir, records: dict[str, dict]) -> Iterator[tuple[str, str]]:

@@ -24,7 +24,7 @@ class Session:
         self.engine = engine
         self.sampling = sampling
         self.rng = rng
-        pad = engine.attention_pad  # scratch rows the graph writes after each call's tokens
+        pad = engine.scratch_rows  # scratch rows the graph writes after each call's tokens
         self.pad = pad
         expected_tokens += pad
         capacity = min(engine.max_seq_len + pad, max(MIN_CAPACITY, 1 << (expected_tokens - 1).bit_length()))
@@ -34,6 +34,7 @@ class Session:
             ef.TEMPERATURE: np.array([sampling.temperature], dtype=np.float32),
             ef.TOP_K: np.array([sampling.top_k], dtype=np.int64),
             ef.TOP_P: np.array([sampling.top_p], dtype=np.float32),
+            ef.MIN_ROWS: np.zeros(engine.min_rows, dtype=np.bool_),  # read by step-padded graphs only
         }
         self.engine_s = 0.0  # time inside the engine, all calls
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from specbuild.errors import SpecbuildError
+from specbuild.runtime import row_invariance
 from specbuild.runtime import session as session_module
 from specbuild.runtime.engine import Engine, SamplingParams
 from tests.conftest import TINY_SHAPES, hf_greedy, tiny_hf_model
@@ -113,3 +114,10 @@ def test_smallest_temperature_samples_and_bad_threads_or_lengths_are_refused(tin
         engine.generate(input_ids=[1, 5, 9], max_new_tokens=0)
     with pytest.raises(SpecbuildError, match="--threads"):
         Engine(tiny_engines["qwen2_bias"], threads=0)
+
+
+def test_float_activation_engines_are_not_probed(tiny_engines, monkeypatch):
+    """Float activations: rows differ at float rounding only; nothing to measure, no padding (runtime/exactness)."""
+    monkeypatch.setattr(row_invariance, "probe_model", lambda *a, **k: pytest.fail("probed a float-activation engine"))
+    engine = Engine(next(iter(tiny_engines.values())), threads=1)
+    assert engine.lossless and engine.min_rows == 1 and "float activations" in engine.exactness.verified

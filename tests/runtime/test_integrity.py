@@ -1,5 +1,6 @@
-"""Engine file integrity: loading checks the recorded sizes, `inspect --verify` the sha256 hashes; a damaged engine
-file is one `error:` line naming it, never a traceback and never silent garbage with exit 0."""
+"""Engine file integrity: loading checks the recorded sizes and, once per file identity, the sha256 hashes;
+`inspect --verify` checks the hashes again. A damaged engine file is one `error:` line naming it, never a traceback
+and never silent garbage with exit 0."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import yaml
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine
-from specbuild.runtime.integrity import record_files
+from specbuild.runtime.integrity import record_files, verify_once
 from tests.cli.test_cli import assert_one_line_error, invoke
 
 pytestmark = pytest.mark.xdist_group("tiny")
@@ -53,14 +54,63 @@ def test_verify_passes_on_an_intact_engine(tiny_engines):
     assert json.loads(invoke("inspect", engine, "--json").stdout)["verified"] is None
 
 
-def test_same_size_replaced_weights_load_but_fail_verify(tiny_engines, tmp_path):
+def random_bytes(path, seed: int = 0):
+    """What the issue tried: the file replaced by random bytes of the same size."""
+    import numpy as np
+
+    path.write_bytes(np.random.default_rng(seed).integers(0, 256, path.stat().st_size, dtype=np.uint8).tobytes())
+
+
+@pytest.mark.parametrize("damage", [flip_bytes, random_bytes])
+def test_same_size_replaced_weights_are_refused_on_load(tiny_engines, tmp_path, damage):
     engine = copy_engine(tiny_engines, tmp_path)
-    flip_bytes(engine / ef.ENGINE_WEIGHTS, offset=1000)
-    # sizes match: loading (a stat per file) cannot tell; --verify reads the bytes
-    Engine(engine, threads=1)
-    assert invoke("inspect", engine).exit_code == 0
-    res = invoke("inspect", engine, "--verify")
+    damage(engine / ef.ENGINE_WEIGHTS)
+    with pytest.raises(SpecbuildError, match="weights.bin: sha256 .* differs"):
+        Engine(engine, threads=1)
+    assert_one_line_error(run_ids(engine), str(engine / ef.ENGINE_WEIGHTS), "sha256", "rebuild")
+    assert invoke("inspect", engine).exit_code == 0  # describes it (reads metadata only) ...
+    res = invoke("inspect", engine, "--verify")  # ... and --verify names the damage
     assert_one_line_error(res, str(engine / ef.ENGINE_WEIGHTS), "sha256", "rebuild")
+
+
+def test_hashes_are_checked_once_per_file_identity(tiny_engines, tmp_path, monkeypatch):
+    """An unchanged engine is hashed on its first load only; a file written again (new mtime/ctime) is hashed again,
+    and damage done after a verified load is still caught; with the cache off, every load hashes."""
+    monkeypatch.setenv("SPECBUILD_CACHE_DIR", str(tmp_path / "cache"))
+    engine = copy_engine(tiny_engines, tmp_path)
+    records = yaml.safe_load((engine / ef.ENGINE_MANIFEST).read_text())["checksums"]
+    total = sum(r["size"] for r in records.values())
+    assert verify_once(engine, records) == total
+    assert verify_once(engine, records) == 0
+    Engine(engine, threads=1)  # loads with the kept verification
+    data = (engine / ef.ENGINE_WEIGHTS).read_bytes()
+    (engine / ef.ENGINE_WEIGHTS).write_bytes(data)  # same bytes, a new identity: hashed again, and fine
+    assert verify_once(engine, records) == records[ef.ENGINE_WEIGHTS]["size"]
+    flip_bytes(engine / ef.ENGINE_WEIGHTS, offset=1000)
+    with pytest.raises(SpecbuildError, match="sha256"):
+        Engine(engine, threads=1)
+    monkeypatch.setenv("SPECBUILD_CACHE_DIR", "off")
+    (engine / ef.ENGINE_WEIGHTS).write_bytes(data)
+    assert verify_once(engine, records) == total == verify_once(engine, records)
+
+
+def test_raised_max_seq_len_is_refused_on_load(tiny_engines, tmp_path):
+    """limits.max_seq_len raised past what the graph was built for: one line at load, not an ONNX Runtime traceback
+    in the middle of generation."""
+    engine = copy_engine(tiny_engines, tmp_path)
+    manifest = yaml.safe_load((engine / ef.ENGINE_MANIFEST).read_text())
+    built = manifest["limits"]["max_seq_len"]
+    manifest["limits"]["max_seq_len"] = built * 4
+    (engine / ef.ENGINE_MANIFEST).write_text(yaml.safe_dump(manifest, sort_keys=False))
+    assert_one_line_error(run_ids(engine), "limits.max_seq_len", str(built * 4), f"<= {built}")
+    manifest["limits"]["max_seq_len"] = built // 2  # lowering it is the user's right
+    (engine / ef.ENGINE_MANIFEST).write_text(yaml.safe_dump(manifest, sort_keys=False))
+    assert Engine(engine, threads=1).max_seq_len == built // 2
+    for graph in ("onnxruntime", "tensorrt"):  # the portable graph: the model's max_position_embeddings
+        manifest["limits"]["max_seq_len"] = 10**6
+        (engine / ef.ENGINE_MANIFEST).write_text(yaml.safe_dump(manifest, sort_keys=False))
+        with pytest.raises(SpecbuildError, match="limits.max_seq_len 1000000 exceeds"):
+            Engine(engine, threads=1, graph=graph)
 
 
 @pytest.mark.parametrize("name", [ef.ENGINE_WEIGHTS, ef.ENGINE_ORT_ONNX, ef.ENGINE_ONNX])
@@ -119,8 +169,12 @@ def test_tokenizer_deleted_or_damaged(engine_with_tokenizer):
     assert res.exit_code == 0, res.output
     assert invoke("inspect", engine, "--verify").exit_code == 0
     flip_bytes(engine / ef.TOKENIZER_FILE, count=8)  # same size, not JSON any more
-    assert_one_line_error(invoke(*args), str(engine / ef.TOKENIZER_FILE), "cannot read the tokenizer")
+    assert_one_line_error(invoke(*args), str(engine / ef.TOKENIZER_FILE), "sha256")
     assert_one_line_error(invoke("inspect", engine, "--verify"), str(engine / ef.TOKENIZER_FILE), "sha256")
+    manifest = yaml.safe_load((engine / ef.ENGINE_MANIFEST).read_text())
+    manifest["checksums"] = record_files(engine)  # recorded over the damage: the tokenizer itself fails, one line
+    (engine / ef.ENGINE_MANIFEST).write_text(yaml.safe_dump(manifest, sort_keys=False))
+    assert_one_line_error(invoke(*args), str(engine / ef.TOKENIZER_FILE), "cannot read the tokenizer")
     (engine / ef.TOKENIZER_FILE).unlink()
     assert_one_line_error(invoke(*args), str(engine / ef.TOKENIZER_FILE), "missing")
 

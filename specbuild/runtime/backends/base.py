@@ -13,3 +13,7 @@ class Backend:
         as long as its buffers are the same, so that a backend may keep them bound. aliases: output name -> input
         name whose buffer the graph updates in place (bound, not copied)."""
         raise NotImplementedError
+
+    def graph_metadata(self) -> dict[str, str]:
+        """Key/value entries the build recorded inside the graph file (none where the backend cannot read them)."""
+        return {}

@@ -11,12 +11,17 @@ import numpy as np
 from specbuild.runtime.backends.base import Backend
 
 
+def resolved_threads(threads: int | None = None) -> int:
+    """Intra-op threads a session gets: `threads`, else SPECBUILD_THREADS, else 0 (ONNX Runtime's default)."""
+    return threads or int(os.environ.get("SPECBUILD_THREADS", "0") or 0)
+
+
 def session_options(threads: int | None = None, accuracy_level: int = 1):
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    threads = threads or int(os.environ.get("SPECBUILD_THREADS", "0") or 0)
+    threads = resolved_threads(threads)
     if threads:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
@@ -205,6 +210,10 @@ class OnnxRuntimeBackend(Backend):
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.input_names = {i.name for i in self.session.get_inputs()}
         self._binding = None
+
+    def graph_metadata(self) -> dict[str, str]:
+        """The graph file's metadata entries (what the build recorded inside it, e.g. the positions it addresses)."""
+        return dict(self.session.get_modelmeta().custom_metadata_map)
 
     @staticmethod
     def bind(array: np.ndarray) -> BoundArray:

@@ -80,6 +80,9 @@ class TensorRTBackend:
         # The runner reuses its host buffers between calls: hand back copies.
         return {name: np.array(value, copy=True) for name, value in outputs.items()}
 
+    def graph_metadata(self) -> dict[str, str]:
+        return {}  # a plan carries no ONNX metadata; its optimization profile bounds the shapes
+
     def close(self) -> None:
         runner = getattr(self, "_runner", None)
         if runner is not None and runner.is_active:
