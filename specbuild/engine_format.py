@@ -59,6 +59,11 @@ PRESENT_VALUE = "present_value_{}"
 NEXT_INPUT_IDS = "next_input_ids"  # [B,N] int64: root (bonus) token + next draft tree
 LOGITS = "logits"  # optional [B,T,V]
 
+# MatMulNBits accuracy levels of quantized graphs (engine.yaml graphs[].quantization.accuracy_level): float32
+# activations, or activations quantized to int8 inside the kernel (--int8-activations)
+ACCURACY_FLOAT32 = 1
+ACCURACY_INT8 = 4
+
 # Graph file metadata (ONNX metadata_props, values are strings): what a graph can do, inside the hashed file itself
 GRAPH_MAX_POSITIONS = "specbuild.max_positions"  # positions the graph can address (rotary tables / the model)
 

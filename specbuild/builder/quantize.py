@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
 
 QDQ_OPSET = 21  # blockwise DequantizeLinear and INT4 tensors
@@ -31,8 +32,8 @@ MSFT = "com.microsoft"
 # logit differences of up to ~1.6 on SmolLM2, so such graphs pad their calls to the rows that make every kernel
 # row-invariant on the machine that runs them (runtime/row_invariance.py); level 1 keeps any such difference at
 # float rounding (~1e-6), like float32 engines.
-ACCURACY_FP32 = 1
-ACCURACY_INT8 = 4
+ACCURACY_FP32 = ef.ACCURACY_FLOAT32
+ACCURACY_INT8 = ef.ACCURACY_INT8
 
 
 def quantize_graph(

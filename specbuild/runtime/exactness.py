@@ -21,8 +21,6 @@ from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.registry import baseline_mode
 
-ACCURACY_INT8 = 4  # MatMulNBits accuracy level of int8 activations (engine.yaml graphs[].quantization)
-
 
 @dataclasses.dataclass
 class Exactness:
@@ -42,7 +40,7 @@ class Exactness:
 
 
 def int8_activations(graph: dict) -> bool:
-    return int((graph.get("quantization") or {}).get("accuracy_level", 1)) == ACCURACY_INT8
+    return int((graph.get("quantization") or {}).get("accuracy_level", 1)) == ef.ACCURACY_INT8
 
 
 def decide(
@@ -66,7 +64,7 @@ def decide(
     limit = pad + 1 if paddable else 1  # scratch cache slots after the tokens bound the padding
     graph_file = Path(engine_dir) / graph["file"]
     sha = manifest["checksums"][graph["file"]]["sha256"]
-    probe = check_graph(graph_file, sha, resolved_threads(threads), ACCURACY_INT8, pad, limit)
+    probe = check_graph(graph_file, sha, resolved_threads(threads), ef.ACCURACY_INT8, pad, limit)
     source = "kept from an earlier load" if probe.cached else f"measured in {probe.seconds:.2f} s"
     if probe.min_rows is not None:
         padding = "no padding" if probe.min_rows == 1 else f"every call padded to {probe.min_rows} rows"

@@ -78,15 +78,21 @@ def verify_once(engine_dir, records: dict[str, dict]) -> int:
         identity = _identity(path, record[HASH_ALGORITHM])
         if user_cache.get(VERIFIED_CACHE, identity):
             continue
-        digest = file_sha256(path)
+        _check_hash(path, record)
         hashed += record["size"]
-        if digest != record[HASH_ALGORITHM]:
-            raise SpecbuildError(
-                f"{path}: sha256 {digest[:16]}... differs from the {record[HASH_ALGORITHM][:16]}... recorded in "
-                f"engine.yaml (same size: the file was overwritten or damaged); rebuild the engine or restore the file"
-            )
         user_cache.put(VERIFIED_CACHE, identity, True)
     return hashed
+
+
+def _check_hash(path: Path, record: dict) -> str:
+    """The file's sha256, or one SpecbuildError when it is not the recorded one."""
+    digest = file_sha256(path)
+    if digest != record[HASH_ALGORITHM]:
+        raise SpecbuildError(
+            f"{path}: sha256 {digest[:16]}... differs from the {record[HASH_ALGORITHM][:16]}... recorded in "
+            f"engine.yaml; the file was modified, rebuild the engine"
+        )
+    return digest
 
 
 def verify_hashes(engine_dir, records: dict[str, dict]) -> Iterator[tuple[str, str]]:
@@ -94,11 +100,4 @@ def verify_hashes(engine_dir, records: dict[str, dict]) -> Iterator[tuple[str, s
     engine_dir = Path(engine_dir)
     check_sizes(engine_dir, records)
     for name, record in records.items():
-        path = engine_dir / name
-        digest = file_sha256(path)
-        if digest != record[HASH_ALGORITHM]:
-            raise SpecbuildError(
-                f"{path}: sha256 {digest[:16]}... differs from the {record[HASH_ALGORITHM][:16]}... recorded in "
-                f"engine.yaml; the file was modified, rebuild the engine"
-            )
-        yield name, digest
+        yield name, _check_hash(engine_dir / name, record)

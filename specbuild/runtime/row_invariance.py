@@ -46,11 +46,6 @@ class Verdict:
     cached: bool = False
     min_rows: int | None = None  # set by check_graph: the step padding for exactness (None: no exact path)
 
-    @property
-    def differing(self) -> list[str]:
-        """Kernels whose one-row results differ from multi-row ones, or that vary with the row count."""
-        return [name for name, rows in self.kernels.items() if rows != 1]
-
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -366,25 +361,23 @@ def probe_model(model, threads: int | None, accuracy_level: int) -> Verdict:
     return Verdict(results, cpu_description(), round(time.perf_counter() - started, 3))
 
 
+def _step_rows(name: str, rows: int | None, attention_pad: int) -> int | None:
+    """The step padding a kernel needs: its rows_from, except for attention within the graph's attention padding."""
+    attention = name.startswith("GroupQueryAttention")
+    return 1 if attention and rows is not None and rows <= attention_pad + 1 else rows
+
+
 def blocking(kernels: dict[str, int | None], attention_pad: int, max_min_rows: int) -> list[str]:
-    """The kernels no step padding up to max_min_rows makes exact (attention is padded to attention_pad + 1 rows
-    inside the graph already)."""
-    out = []
-    for name, rows in kernels.items():
-        if name.startswith("GroupQueryAttention") and rows is not None and rows <= max(attention_pad + 1, max_min_rows):
-            continue
-        if rows is None or rows > max_min_rows:
-            out.append(name)
-    return out
+    """The kernels no step padding up to max_min_rows makes exact."""
+    needs = {name: _step_rows(name, rows, attention_pad) for name, rows in kernels.items()}
+    return [name for name, rows in needs.items() if rows is None or rows > max_min_rows]
 
 
 def engine_min_rows(kernels: dict[str, int | None], attention_pad: int, max_min_rows: int) -> int | None:
-    """The step padding that makes every kernel exact: the largest rows_from among the kernels attention padding
-    does not cover; None when some kernel has no exact row count within max_min_rows."""
+    """The step padding that makes every kernel exact; None when some kernel needs more than max_min_rows."""
     if blocking(kernels, attention_pad, max_min_rows):
         return None
-    needs = [r for n, r in kernels.items() if not (n.startswith("GroupQueryAttention") and r <= attention_pad + 1)]
-    return max(needs, default=1)
+    return max((_step_rows(name, rows, attention_pad) for name, rows in kernels.items()), default=1)
 
 
 def check_graph(

@@ -30,7 +30,7 @@ class Session:
         capacity = min(engine.max_seq_len + pad, max(MIN_CAPACITY, 1 << (expected_tokens - 1).bit_length()))
         self.kv = engine.new_kv(capacity)
         self.states = self._new_states(capacity)
-        self._sampling_feeds = {  # the same every call
+        self._constant_feeds = {  # the same every call
             ef.TEMPERATURE: np.array([sampling.temperature], dtype=np.float32),
             ef.TOP_K: np.array([sampling.top_k], dtype=np.int64),
             ef.TOP_P: np.array([sampling.top_p], dtype=np.float32),
@@ -83,7 +83,7 @@ class Session:
             ef.TREE_MASK: tree_mask,
             ef.PAST_LENGTH: np.array([self.kv.length], dtype=np.int64),
             ef.PATHS: paths,
-            **self._sampling_feeds,
+            **self._constant_feeds,
             ef.RAND_ACCEPT: rng.random((1, window), dtype=np.float32),
             ef.RAND_SAMPLE: rng.random(1, dtype=np.float32),
         }
