@@ -29,7 +29,7 @@ setup(
     ],
     extras_require={
         "trt": ["tensorrt"],
-        "bench": ["matplotlib"],
+        "bench": ["matplotlib", "openvino-genai"],
         "dev": ["pytest", "pytest-xdist", "hypothesis", "scipy", "ruff", "onnxruntime-genai>=0.18", "matplotlib"],
     },
     entry_points={"console_scripts": ["specbuild=specbuild.cli.main:cli"]},

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.registry import get_mode
 from specbuild.prompts import is_chat, load_prompt_set
@@ -206,6 +208,49 @@ class OrtGenAITimer:
         return Sample(out, steps, accepted, total, ttft or total, decode_engine_s=0.0)
 
 
+class OpenVINOTimer:
+    """OpenVINO GenAI's LLMPipeline (what an Intel/AMD CPU user would also run) on the same ids: greedy, or with its
+    prompt lookup (`num_assistant_tokens` 5, `max_ngram_size` 3, its documented example). Needs the `openvino-genai`
+    package and an OpenVINO model directory made by optimum-intel (`optimum-cli export openvino --model HF_DIR --task
+    text-generation-with-past --weight-format int4 --group-size 64 DIR`; see ../shared/reference/cpu-baselines.md)."""
+
+    PROMPT_LOOKUP = {"num_assistant_tokens": 5, "max_ngram_size": 3}
+
+    def __init__(self, model_dir, threads: int | None, prompt_lookup: bool = False):
+        model_dir = Path(model_dir)
+        if not (model_dir / "openvino_model.xml").is_file():
+            raise SpecbuildError(f"{model_dir}: not an OpenVINO model directory (no openvino_model.xml)")
+        try:
+            import openvino as ov
+            import openvino_genai as ov_genai
+        except ImportError:
+            missing = "--openvino-model needs the openvino-genai package (pip install openvino-genai)"
+            raise SpecbuildError(missing) from None
+        self.ov, self.ov_genai, self.ngram = ov, ov_genai, prompt_lookup
+        properties = {"INFERENCE_NUM_THREADS": threads} if threads else {}
+        if prompt_lookup:
+            properties["prompt_lookup"] = True
+        try:
+            self.pipe = ov_genai.LLMPipeline(str(model_dir), "CPU", **properties)
+        except Exception as exc:  # noqa: BLE001 - OpenVINO raises RuntimeError for unreadable models
+            raise SpecbuildError(f"{model_dir}: OpenVINO GenAI cannot load it ({exc})") from None
+        self.label = f"OpenVINO GenAI {model_dir.name}" + (" prompt lookup" if prompt_lookup else "")
+
+    def sample(self, ids: list[int], max_new_tokens: int) -> Sample:
+        config = self.ov_genai.GenerationConfig()
+        config.max_new_tokens, config.do_sample = max_new_tokens, False
+        if self.ngram:
+            config.num_assistant_tokens = self.PROMPT_LOOKUP["num_assistant_tokens"]
+            config.max_ngram_size = self.PROMPT_LOOKUP["max_ngram_size"]
+        inputs = self.ov.Tensor(np.array([ids], dtype=np.int64))
+        start = time.perf_counter()
+        result = self.pipe.generate(inputs, config)
+        total = time.perf_counter() - start
+        out = [int(t) for t in result.tokens[0]][:max_new_tokens]
+        ttft = float(result.perf_metrics.get_ttft().mean) / 1000.0  # ms
+        return Sample(out, 0, 0, total, min(ttft, total) if ttft > 0 else total, decode_engine_s=0.0)
+
+
 def _label(path: Path, mode: str, used: set[str]) -> str:
     label = f"{path.name} ({mode})"
     while label in used:
@@ -248,6 +293,7 @@ def run_benchmark(
     log: Callable[[str], None] = print,
     ort_genai_dirs: list[str | Path] = (),
     allow_lossy: bool = False,
+    openvino_dirs: list[str | Path] = (),
 ) -> dict[str, Any]:
     from specbuild.runtime.engine import Engine
     from specbuild.runtime.row_invariance import cpu_description
@@ -276,6 +322,7 @@ def run_benchmark(
         model = HFTimer.load(hf_model_dir, threads)
         peers += [HFTimer(model, engines[0].eos_ids, n) for n in (None, HFTimer.PROMPT_LOOKUP_TOKENS)]
     peers += [OrtGenAITimer(d, threads, ngram) for d in ort_genai_dirs for ngram in (False, True)]
+    peers += [OpenVINOTimer(d, threads, lookup) for d in openvino_dirs for lookup in (False, True)]
     log("warming up")
     warm = codec.encode(WARMUP_PROMPT)
     for eng in engines:
@@ -291,6 +338,7 @@ def run_benchmark(
             "threads": threads,
             "hf_model_dir": str(hf_model_dir) if hf_model_dir else None,
             "ort_genai_dirs": [str(d) for d in ort_genai_dirs],
+            "openvino_dirs": [str(d) for d in openvino_dirs],
             "cpu": cpu_description(),  # speed and exactness are properties of this machine
         },
         "engines": [

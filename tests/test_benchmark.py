@@ -117,3 +117,51 @@ def test_the_plot_shows_every_row_of_every_prompt_set(tmp_path):
     assert [label for label, _, _ in rows_of(report["results"]["summarize"])] == [*rows, *peers]
     png = write_plot(report, tmp_path / "bench.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_openvino_peer_rows_ask_for_greedy_and_prompt_lookup(tmp_path, monkeypatch):
+    """`--openvino-model` adds OpenVINO GenAI's LLMPipeline, greedy and with prompt lookup, fed the same ids; a
+    directory without an OpenVINO model or a missing package is one line. (Its export needs optimum-intel, which
+    needs another transformers than this project's: the pipeline itself is replaced by a recording stand-in here,
+    and the real one is measured in the README's benchmark runs.)"""
+    import sys
+    import types
+
+    import numpy as np
+
+    from specbuild.benchmark import OpenVINOTimer
+    from specbuild.errors import SpecbuildError
+
+    with pytest.raises(SpecbuildError, match="not an OpenVINO model directory"):
+        OpenVINOTimer(tmp_path, threads=1)
+    (tmp_path / "openvino_model.xml").write_text("<net/>")
+    calls = []
+
+    class Pipeline:
+        def __init__(self, path, device, **properties):
+            calls.append(("load", path, device, properties))
+
+        def generate(self, inputs, config):
+            assert inputs.dtype == np.int64
+            calls.append(("generate", inputs.ids, dict(vars(config))))
+            metrics = types.SimpleNamespace(get_ttft=lambda: types.SimpleNamespace(mean=5.0))
+            return types.SimpleNamespace(tokens=[[7, 8, 9, 10]], perf_metrics=metrics)
+
+    genai = types.ModuleType("openvino_genai")
+    genai.LLMPipeline, genai.GenerationConfig = Pipeline, types.SimpleNamespace
+    ov = types.ModuleType("openvino")
+    ov.Tensor = lambda array: types.SimpleNamespace(ids=array.tolist(), dtype=array.dtype)
+    monkeypatch.setitem(sys.modules, "openvino_genai", genai)
+    monkeypatch.setitem(sys.modules, "openvino", ov)
+    for lookup in (False, True):
+        timer = OpenVINOTimer(tmp_path, threads=2, prompt_lookup=lookup)
+        sample = timer.sample([1, 5, 9], 3)
+        assert sample.output_ids == [7, 8, 9] and sample.ttft_s <= sample.total_s
+        assert timer.ngram == lookup and ("prompt lookup" in timer.label) == lookup
+    (_, _, _, greedy_props), (_, ids, greedy), (_, _, _, lookup_props), (_, _, lookup) = calls
+    assert greedy_props == {"INFERENCE_NUM_THREADS": 2} and lookup_props == {**greedy_props, "prompt_lookup": True}
+    assert ids == [[1, 5, 9]] and greedy == {"max_new_tokens": 3, "do_sample": False}
+    assert lookup == {**greedy, "num_assistant_tokens": 5, "max_ngram_size": 3}
+    monkeypatch.setitem(sys.modules, "openvino_genai", None)  # not installed
+    with pytest.raises(SpecbuildError, match="pip install openvino-genai"):
+        OpenVINOTimer(tmp_path, threads=1)

@@ -462,6 +462,14 @@ def demo(work_dir, prompt, max_new_tokens, speculative_mode, threads):
     help="Also time ONNX Runtime GenAI on this model directory (greedy and its n-gram speculation); needs the "
     "onnxruntime-genai package.",
 )
+@click.option(
+    "--openvino-model",
+    "openvino_dirs",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Also time OpenVINO GenAI on this model directory (greedy and its prompt lookup); needs the openvino-genai "
+    "package.",
+)
 @click.option("--threads", type=int, help="Threads for ONNX Runtime (and torch with --hf-model-dir).")
 @click.option("--context-sweep", is_flag=True, help="Host/engine ms per step at ~64 vs ~1024 context tokens.")
 @click.option("--json-out", type=click.Path(path_type=Path), help="Write all numbers to this JSON file.")
@@ -474,6 +482,7 @@ def bench(
     max_new_tokens,
     hf_model_dir,
     ort_genai_dirs,
+    openvino_dirs,
     threads,
     context_sweep,
     json_out,
@@ -501,6 +510,7 @@ def bench(
             log=lambda msg: status.update(f"benchmarking: {msg}"),
             ort_genai_dirs=list(ort_genai_dirs),
             allow_lossy=allow_lossy,
+            openvino_dirs=list(openvino_dirs),
         )
     render(report)
     if json_out:
