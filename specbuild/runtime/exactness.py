@@ -64,7 +64,8 @@ def decide(
     limit = pad + 1 if paddable else 1  # scratch cache slots after the tokens bound the padding
     graph_file = Path(engine_dir) / graph["file"]
     sha = manifest["checksums"][graph["file"]]["sha256"]
-    probe = check_graph(graph_file, sha, resolved_threads(threads), ef.ACCURACY_INT8, pad, limit)
+    rows = int(manifest["limits"]["max_new_tokens_per_step"]) + pad  # the most rows one call holds
+    probe = check_graph(graph_file, sha, resolved_threads(threads), ef.ACCURACY_INT8, pad, limit, rows)
     source = "kept from an earlier load" if probe.cached else f"measured in {probe.seconds:.2f} s"
     if probe.min_rows is not None:
         padding = "no padding" if probe.min_rows == 1 else f"every call padded to {probe.min_rows} rows"

@@ -6,7 +6,8 @@ difference (builder/ort_kernels.py says which kernels differ on which CPUs). Tha
 measured where the engine runs. The probe rebuilds every kernel configuration the graph holds -- block-quantized
 MatMul (which ONNX Runtime fuses into MatMulNBits, as in the engine), MatMulNBits, float MatMul, GroupQueryAttention
 with the node's own inputs, the norms and the SiLU -- with random weights of the same shapes, runs each on calls of
-1..MAX_PROBE_ROWS rows under the engine's own session settings, and compares the bits row by row.
+1..R rows (R: MAX_PROBE_ROWS, or the most rows one of the engine's calls holds) under the engine's own session
+settings, and compares the bits row by row.
 
 Per kernel the result is `rows_from`: the smallest M such that every call of M or more rows gives each row the bits
 of the longest call (1: invariant; None: calls of several rows disagree, no padding makes it exact). The engine pads
@@ -29,7 +30,7 @@ import numpy as np
 
 from specbuild.runtime import user_cache
 
-MAX_PROBE_ROWS = 16  # rows of the longest probed call (a root and 15 chain drafts)
+MAX_PROBE_ROWS = 16  # rows of the longest probed call at least (a root and 15 chain drafts)
 PASTS = (3, 45)  # cached positions before an attention call's rows
 CACHE_NAME = "row-invariance"
 PROBE_VERSION = 1  # in the cache key: a change to what the probe measures invalidates the kept verdicts
@@ -114,17 +115,17 @@ def _random_initializer(helper, name: str, like, rng):
     return helper.make_tensor(name, kind, list(like.dims), raw, raw=True)
 
 
-def _rows_of(seed: int, width: int, dtype=np.float32) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((1, MAX_PROBE_ROWS, width)).astype(dtype)
+def _rows_of(seed: int, width: int, max_rows: int, dtype=np.float32) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((1, max_rows, width)).astype(dtype)
 
 
 class _Collector:
     """Collects the kernel configurations of an engine graph (onnx.ModelProto; external data not needed)."""
 
-    def __init__(self, model):
+    def __init__(self, model, max_rows: int = MAX_PROBE_ROWS):
         from onnx import TensorProto, helper
 
-        self.h, self.tp = helper, TensorProto
+        self.h, self.tp, self.max_rows = helper, TensorProto, max_rows
         graph = model.graph
         self.inits = {i.name: i for i in graph.initializer}
         self.producer = {o: n for n in graph.node for o in n.output}
@@ -147,7 +148,7 @@ class _Collector:
     def _row_kernel(self, name: str, width: int, nodes_for: Callable[[str], list], inits: list, dtype: int) -> None:
         """A kernel reading one [1, rows, width] input `p+x` and writing `p+y`."""
         p = f"k{len(self.kernels)}_"
-        data = _rows_of(len(self.kernels), width, np.float16 if dtype == self.tp.FLOAT16 else np.float32)
+        data = _rows_of(len(self.kernels), width, self.max_rows, np.float16 if dtype == self.tp.FLOAT16 else np.float32)
         for t in inits:
             t.name = p + t.name
         self.kernels[name] = Kernel(
@@ -225,7 +226,10 @@ class _Collector:
             h.make_node("Sigmoid", [p + "x"], [p + "sig"]),
             h.make_node("Mul", [p + "x", p + "sig"], [p + "silu"]),
         ]  # fmt: skip
-        x, s = _rows_of(len(self.kernels), width), _rows_of(len(self.kernels) + 1000, width)
+        x, s = (
+            _rows_of(len(self.kernels), width, self.max_rows),
+            _rows_of(len(self.kernels) + 1000, width, self.max_rows),
+        )
         gamma = _random_initializer(h, p + "g", gamma, self.rng)
         inputs = [h.make_tensor_value_info(n, self.tp.FLOAT, [1, "rows", width]) for n in (p + "x", p + "s")]
         self.kernels[name] = Kernel(
@@ -253,7 +257,7 @@ class _Collector:
         if name in self.kernels:
             return
         p = f"k{len(self.kernels)}_"
-        capacity = max(PASTS) + MAX_PROBE_ROWS + 1
+        capacity = max(PASTS) + self.max_rows + 1
         width = (heads + 2 * kv_heads) * head_dim
         angles = np.random.default_rng(7).uniform(0, 6.3, size=(capacity, head_dim // 2)).astype(np.float32)
         inits = [
@@ -272,7 +276,7 @@ class _Collector:
         nodes = [h.make_node("GroupQueryAttention", node_inputs, [p + "o", p + "k", p + "v"], domain="com.microsoft",
                              **attrs)]  # fmt: skip
         rng = np.random.default_rng(11)
-        qkv = rng.standard_normal((1, MAX_PROBE_ROWS, width)).astype(np.float32)
+        qkv = rng.standard_normal((1, self.max_rows, width)).astype(np.float32)
         cache = rng.standard_normal((2, 1, kv_heads, capacity, head_dim)).astype(np.float32)
 
         def feeds(rows: int, past: int) -> dict:
@@ -313,12 +317,12 @@ def _session(kernels: list[Kernel], opsets, ir_version: int, threads, accuracy_l
 
 
 def _rows_from(kernel: Kernel, calls: dict[int, dict], past: int) -> int | None:
-    """The smallest M such that every call of M..MAX_PROBE_ROWS rows gives each row the bits of the longest call;
+    """The smallest M such that every call of M rows or more gives each row the bits of the longest call;
     None when a call of several rows already disagrees with it."""
 
     def agrees(rows: int) -> bool:
         for name, axis in kernel.outputs.items():
-            got, want = calls[rows][name], calls[MAX_PROBE_ROWS][name]
+            got, want = calls[rows][name], calls[longest][name]
             if axis == "slots":
                 got, want = got[:, :, past : past + rows], want[:, :, past : past + rows]
             else:
@@ -327,18 +331,19 @@ def _rows_from(kernel: Kernel, calls: dict[int, dict], past: int) -> int | None:
                 return False
         return True
 
-    rows_from = MAX_PROBE_ROWS
+    longest = rows_from = max(calls)
     while rows_from > 1 and agrees(rows_from - 1):
         rows_from -= 1
-    return None if rows_from == MAX_PROBE_ROWS else rows_from
+    return None if rows_from == longest else rows_from
 
 
-def probe_model(model, threads: int | None, accuracy_level: int) -> Verdict:
-    """Measure every kernel configuration of `model` (an engine graph's onnx.ModelProto) on this machine."""
+def probe_model(model, threads: int | None, accuracy_level: int, max_rows: int = MAX_PROBE_ROWS) -> Verdict:
+    """Measure every kernel configuration of `model` (an engine graph's onnx.ModelProto) on this machine, on calls
+    of 1..max_rows rows."""
     from onnx import helper
 
     started = time.perf_counter()
-    kernels = list(_Collector(model).kernels.values())
+    kernels = list(_Collector(model, max_rows).kernels.values())
     opsets = [helper.make_opsetid(o.domain, o.version) for o in model.opset_import]
     if not any(o.domain == "com.microsoft" for o in opsets):
         opsets.append(helper.make_opsetid("com.microsoft", 1))
@@ -351,7 +356,7 @@ def probe_model(model, threads: int | None, accuracy_level: int) -> Verdict:
         names = [name for k in group for name in k.outputs]
         for past in pasts:
             calls = {}
-            for rows in range(1, MAX_PROBE_ROWS + 1):
+            for rows in range(1, max_rows + 1):
                 feeds = {name: value for k in group for name, value in k.feeds(rows, past).items()}
                 calls[rows] = dict(zip(names, session.run(names, feeds)))
             for kernel in group:
@@ -387,11 +392,14 @@ def check_graph(
     accuracy_level: int,
     attention_pad: int,
     max_min_rows: int,
+    max_rows: int = MAX_PROBE_ROWS,
 ) -> Verdict:
-    """The verdict for an engine graph on this machine: kept in the user cache, else measured (and kept)."""
+    """The verdict for an engine graph on this machine: kept in the user cache, else measured (and kept). max_rows:
+    the most rows an engine call may hold (at least MAX_PROBE_ROWS are probed)."""
     import onnxruntime as ort
 
-    key = f"{PROBE_VERSION}|{graph_sha256}|{cpu_key()}|{ort.__version__}|{threads or 0}|{accuracy_level}"
+    max_rows = max(max_rows, MAX_PROBE_ROWS)
+    key = f"{PROBE_VERSION}|{graph_sha256}|{cpu_key()}|{ort.__version__}|{threads or 0}|{accuracy_level}|{max_rows}"
     kept = user_cache.get(CACHE_NAME, key)
     if isinstance(kept, dict) and isinstance(kept.get("kernels"), dict):
         kernels = {str(k): v if type(v) is int else None for k, v in kept["kernels"].items()}
@@ -399,7 +407,8 @@ def check_graph(
     else:
         import onnx
 
-        verdict = probe_model(onnx.load(str(graph_file), load_external_data=False), threads, accuracy_level)
+        model = onnx.load(str(graph_file), load_external_data=False)
+        verdict = probe_model(model, threads, accuracy_level, max_rows)
         user_cache.put(CACHE_NAME, key, {"kernels": verdict.kernels, "cpu": verdict.cpu, "seconds": verdict.seconds})
     verdict.min_rows = engine_min_rows(verdict.kernels, attention_pad, max_min_rows)
     return verdict

@@ -31,7 +31,7 @@ def force_probe(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECBUILD_CACHE_DIR", str(tmp_path / "cache"))
 
     def force(rows_from):
-        def probe(model, threads, accuracy_level):
+        def probe(model, threads, accuracy_level, max_rows=ri.MAX_PROBE_ROWS):
             kernels = {name: (2 if name.startswith("GroupQueryAttention") else rows_from)
                        for name in ri._Collector(model).kernels}  # fmt: skip
             return ri.Verdict(kernels, "forced CPU (test)", 0.001)
@@ -113,6 +113,27 @@ def test_no_exact_path_refuses_speculation_in_one_line(int8_engines, force_probe
     assert none.lossless and none.min_rows == 1 and "plain decoding" in none.exactness.verified
     info = json.loads(invoke("inspect", int8_engines["ngram"], "--json").stdout)
     assert info["lossless"] is True and info["this_machine"]["lossless"] is False
+
+
+def test_the_probe_covers_the_longest_call_of_the_engine(int8_engines, monkeypatch, tmp_path):
+    """An engine whose calls hold more rows than the probe's default measures calls that long."""
+    import yaml
+
+    from specbuild.runtime import exactness
+
+    monkeypatch.setenv("SPECBUILD_CACHE_DIR", str(tmp_path / "cache"))
+    seen = []
+    real = ri.probe_model
+    monkeypatch.setattr(
+        ri, "probe_model", lambda model, t, a, max_rows: seen.append(max_rows) or real(model, t, a, max_rows)
+    )
+    engine_dir = int8_engines["ngram"]
+    manifest = yaml.safe_load((engine_dir / ef.ENGINE_MANIFEST).read_text())
+    graph = manifest["graphs"][0]
+    exactness.decide(engine_dir, manifest, graph, ef.BACKEND_ONNXRUNTIME, 1, allow_lossy=True)
+    manifest["limits"]["max_new_tokens_per_step"] = 25  # e.g. 24 drafts
+    exactness.decide(engine_dir, manifest, graph, ef.BACKEND_ONNXRUNTIME, 1, allow_lossy=True)
+    assert seen == [ri.MAX_PROBE_ROWS, 26]  # 25 tokens and the attention pad row
 
 
 def test_forced_probe_needing_more_rows_than_the_graph_pads(int8_engines, force_probe):

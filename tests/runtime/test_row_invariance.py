@@ -145,6 +145,8 @@ def test_the_verdict_is_kept_per_graph_cpu_and_threads(tmp_path, monkeypatch):
     assert len(probes) == 1
     ri.check_graph(graph, "a" * 64, 2, 4, attention_pad=1, max_min_rows=2)  # other thread count: measured again
     ri.check_graph(graph, "b" * 64, 1, 4, attention_pad=1, max_min_rows=2)  # another graph file
-    assert probes == [(1, 4), (2, 4), (1, 4)]
+    longer = ri.check_graph(graph, "a" * 64, 1, 4, attention_pad=1, max_min_rows=2, max_rows=21)  # longer calls
+    assert probes == [(1, 4, 16), (2, 4, 16), (1, 4, 16), (1, 4, 21)]
+    assert longer.kernels == first.kernels  # same verdicts, measured on calls of up to 21 rows
     monkeypatch.setenv("SPECBUILD_CACHE_DIR", "off")
     assert not ri.check_graph(graph, "a" * 64, 1, 4, attention_pad=1, max_min_rows=2).cached
