@@ -57,6 +57,11 @@ PAST_VALUE = "past_value_{}"
 PRESENT_KEY = "present_key_{}"
 PRESENT_VALUE = "present_value_{}"
 NEXT_INPUT_IDS = "next_input_ids"  # [B,N] int64: root (bonus) token + next draft tree
+# dynamic trees (the graph drafts the tree's shape too): the next call's tree, as Proposal takes it
+NEXT_TREE_MASK = "next_tree_mask"  # [B,N,N] bool
+NEXT_POSITION_OFFSETS = "next_position_offsets"  # [B,N] int64 (depth of each node)
+NEXT_PATHS = "next_paths"  # [B,NP,DP] int64, -1 padded
+NEXT_NUM_TOKENS = "next_num_tokens"  # [B] int64: how many of the N next tokens are real (the rest is padding)
 LOGITS = "logits"  # optional [B,T,V]
 
 # MatMulNBits accuracy levels of quantized graphs (engine.yaml graphs[].quantization.accuracy_level): float32
@@ -67,4 +72,9 @@ ACCURACY_INT8 = 4
 # Graph file metadata (ONNX metadata_props, values are strings): what a graph can do, inside the hashed file itself
 GRAPH_MAX_POSITIONS = "specbuild.max_positions"  # positions the graph can address (rotary tables / the model)
 
-STATE_PREFIX = "state_"  # mode state inputs; outputs are "next_" + input name
+# Mode state (plugins' StateSpec): input "state_<name>"; the output is either the whole next value
+# "next_state_<name>" or, for a state that grows like the KV cache (grow_axis), the rows of this call's T new tokens
+# "new_state_<name>", of which the runtime appends the accepted nodes' rows.
+STATE_PREFIX = "state_"
+NEXT_STATE_PREFIX = "next_state_"
+NEW_STATE_PREFIX = "new_state_"

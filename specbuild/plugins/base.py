@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from specbuild import engine_format as ef
 from specbuild.tree import Tree
 
 
@@ -68,7 +69,7 @@ class ModePlugin(nn.Module):
 
     def draft(self, ctx: DraftContext) -> dict[str, torch.Tensor]:
         """Return at least `next_input_ids` [B,N]: the root (bonus) token then the draft nodes."""
-        return {"next_input_ids": ctx.bonus.unsqueeze(1)}
+        return {ef.NEXT_INPUT_IDS: ctx.bonus.unsqueeze(1)}
 
     def manifest(self) -> dict[str, Any]:
         return {}

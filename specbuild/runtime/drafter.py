@@ -89,4 +89,4 @@ class GraphDrafter(Drafter):
         if self.static_tree is not None:
             tree = self.static_tree
             return Proposal(tokens, tree.ancestor_mask[None], tree.depths, tree.paths[None])
-        return Proposal(tokens, out["next_tree_mask"], out["next_position_offsets"][0], out["next_paths"])
+        return Proposal(tokens, out[ef.NEXT_TREE_MASK], out[ef.NEXT_POSITION_OFFSETS][0], out[ef.NEXT_PATHS])

@@ -111,6 +111,6 @@ class Session:
     def _update_states(self, out: dict, nodes: np.ndarray | None) -> None:
         for name, cache in self.states.items():
             if isinstance(cache, GrowingCache):
-                cache.commit(out["new_state_" + name], nodes)
+                cache.commit(out[ef.NEW_STATE_PREFIX + name], nodes)
             else:
-                self.states[name] = out["next_state_" + name]
+                self.states[name] = out[ef.NEXT_STATE_PREFIX + name]

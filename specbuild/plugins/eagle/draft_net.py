@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specbuild import engine_format as ef
 from specbuild.builder.network import Attention, RMSNorm
 
 
@@ -303,7 +304,12 @@ def expand_dynamic(draft: DraftNet, ctx, h_all, draft_kv, new_kv, top_k: int, de
     valid = d_range.view(1, 1, depth + 1) <= depths.unsqueeze(2)
     paths = torch.where(valid, path_node, torch.full_like(path_node, -1))
     next_ids = torch.cat([ctx.bonus.unsqueeze(1), tokens], dim=1)
-    return {"next_input_ids": next_ids, "next_tree_mask": mask, "next_position_offsets": depths, "next_paths": paths}
+    return {
+        ef.NEXT_INPUT_IDS: next_ids,
+        ef.NEXT_TREE_MASK: mask,
+        ef.NEXT_POSITION_OFFSETS: depths,
+        ef.NEXT_PATHS: paths,
+    }
 
 
 def expand_static(draft: DraftNet, ctx, h_all, draft_kv, new_kv, tree):
@@ -349,4 +355,4 @@ def expand_static(draft: DraftNet, ctx, h_all, draft_kv, new_kv, tree):
         exp_nodes += run_nodes
     drafts = [tokens[i] for i in range(1, tree.size)]
     next_ids = torch.stack([ctx.bonus] + drafts, dim=1) if drafts else ctx.bonus.unsqueeze(1)
-    return {"next_input_ids": next_ids}
+    return {ef.NEXT_INPUT_IDS: next_ids}

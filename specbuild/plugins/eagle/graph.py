@@ -6,6 +6,7 @@ at the accepted nodes like the base cache); expansion happens inside the graph a
 
 from __future__ import annotations
 
+from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.base import DraftContext, ModePlugin, StateSpec
 from specbuild.plugins.eagle.draft_net import DraftNet, commit_pass, expand_dynamic, expand_static
@@ -15,6 +16,7 @@ from specbuild.tree import MAX_TOP_K, MAX_TREE_SIZE, Tree, parse_tree
 PUBLISHED_DEFAULTS = {"eagle_top_k": 10, "eagle_depth": 5, "eagle_total_tokens": 60}
 # The graph unrolls one draft pass per level: published trees use depth 5-8; export time grows with depth.
 MAX_DEPTH = 16
+DRAFT_KV = "draft_kv"  # the draft network's KV cache, a state that grows with the base cache
 
 
 class EaglePlugin(ModePlugin):
@@ -102,7 +104,7 @@ class EaglePlugin(ModePlugin):
         c = self.drafter.c
         return [
             StateSpec(
-                "draft_kv",
+                DRAFT_KV,
                 (self.drafter.num_layers, 2, "B", c["num_kv_heads"], "C", c["head_dim"]),
                 "float32",
                 0.0,
@@ -111,13 +113,13 @@ class EaglePlugin(ModePlugin):
         ]
 
     def draft(self, ctx: DraftContext) -> dict:
-        draft_kv = ctx.states["draft_kv"]
+        draft_kv = ctx.states[DRAFT_KV]
         h_all, new_kv = commit_pass(self.drafter, ctx, draft_kv)
         if self._tree is not None:
             out = expand_static(self.drafter, ctx, h_all, draft_kv, new_kv, self._tree)
         else:
             out = expand_dynamic(self.drafter, ctx, h_all, draft_kv, new_kv, self.top_k, self.depth, self.total_tokens)
-        out["new_state_draft_kv"] = new_kv
+        out[ef.NEW_STATE_PREFIX + DRAFT_KV] = new_kv
         return out
 
     def manifest(self) -> dict:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import yaml
 
+from specbuild import engine_format as ef
 from specbuild.training import distill
 from specbuild.training.distill import FEATURE_KEYS, capture_layers
 
@@ -564,7 +565,7 @@ def simulate_tau(draft, net, seqs: list[dict], top_k: int, depth: int, total_tok
             out = expand_dynamic(
                 draft, ctx, h[:, a : a + 1], kv[..., :a, :], kv[..., a : a + 1, :], top_k, depth, total_tokens
             )
-            ids, paths = out["next_input_ids"][0].tolist(), out["next_paths"][0].tolist()
+            ids, paths = out[ef.NEXT_INPUT_IDS][0].tolist(), out[ef.NEXT_PATHS][0].tolist()
             best = 0
             for path in paths:
                 nodes = [i for i in path if i >= 0][1:]

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specbuild import engine_format as ef
 from specbuild.builder.checkpoint import read_json, recorded_defaults
 from specbuild.builder.weights_io import load_hf_weights, load_tensor_file
 from specbuild.errors import SpecbuildError
@@ -221,7 +222,7 @@ class MedusaPlugin(ModePlugin):
         last = ctx.hidden.gather(1, ctx.last_node.view(b, 1, 1).expand(b, 1, hsize)).squeeze(1)  # [B,H]
         k = self._tree.max_top_k
         if self._tree.depth == 0:
-            return {"next_input_ids": ctx.bonus.unsqueeze(1)}
+            return {ef.NEXT_INPUT_IDS: ctx.bonus.unsqueeze(1)}
         candidates = []
         for head in range(self._tree.depth):
             if self.draft_lm_head is not None:  # proposals from the draft vocabulary's rows of the base lm_head
@@ -232,7 +233,7 @@ class MedusaPlugin(ModePlugin):
                 candidates.append(torch.topk(logits.float(), k=k, dim=-1).indices)
         flat = torch.cat(candidates, dim=1)  # [B, depth*k]
         drafts = flat.index_select(1, self.gather_index)
-        return {"next_input_ids": torch.cat([ctx.bonus.unsqueeze(1), drafts], dim=1)}
+        return {ef.NEXT_INPUT_IDS: torch.cat([ctx.bonus.unsqueeze(1), drafts], dim=1)}
 
     def manifest(self) -> dict:
         return {

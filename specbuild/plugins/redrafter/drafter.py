@@ -3,18 +3,17 @@ fixed size); the proposal is its first `next_num_tokens` nodes, so duplicated be
 
 from __future__ import annotations
 
+from specbuild import engine_format as ef
 from specbuild.runtime.drafter import GraphDrafter, Proposal, SequenceState
-
-NUM_TOKENS = "next_num_tokens"
 
 
 class RedrafterDrafter(GraphDrafter):
     def propose(self, seq: SequenceState) -> Proposal:
         out = seq.outputs
-        n = int(out[NUM_TOKENS][0])
+        n = int(out[ef.NEXT_NUM_TOKENS][0])
         return Proposal(
-            out["next_input_ids"][:, :n],
-            out["next_tree_mask"][:, :n, :n],
-            out["next_position_offsets"][0, :n],
-            out["next_paths"],
+            out[ef.NEXT_INPUT_IDS][:, :n],
+            out[ef.NEXT_TREE_MASK][:, :n, :n],
+            out[ef.NEXT_POSITION_OFFSETS][0, :n],
+            out[ef.NEXT_PATHS],
         )

@@ -8,6 +8,7 @@ padded to 1 + beams x draft length nodes; the runtime's drafter verifies the fir
 
 from __future__ import annotations
 
+from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.base import DraftContext, ModePlugin
 from specbuild.plugins.redrafter import DEFAULT_DRAFT_LEN, DEFAULT_NUM_BEAMS, TOP_K_WARP
@@ -85,11 +86,11 @@ class RedrafterPlugin(ModePlugin):
         beams = beam_search(self.drafter, context, ctx.bonus, ctx.net.embed_tokens, self.num_beams, self.draft_len)
         tree = beams_to_tree(beams)
         return {
-            "next_input_ids": tree["tokens"],
-            "next_tree_mask": tree["mask"],
-            "next_position_offsets": tree["offsets"],
-            "next_paths": tree["paths"],
-            "next_num_tokens": tree["count"],
+            ef.NEXT_INPUT_IDS: tree["tokens"],
+            ef.NEXT_TREE_MASK: tree["mask"],
+            ef.NEXT_POSITION_OFFSETS: tree["offsets"],
+            ef.NEXT_PATHS: tree["paths"],
+            ef.NEXT_NUM_TOKENS: tree["count"],
         }
 
     def manifest(self) -> dict:
