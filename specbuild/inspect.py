@@ -110,6 +110,7 @@ def _files(path: Path) -> dict[str, int]:
 
 def describe_engine(path: Path, verify: bool = False) -> dict[str, Any]:
     from specbuild.runtime import exactness
+    from specbuild.runtime.backends.base import resolve_threads
     from specbuild.runtime.backends.factory import select_graph
     from specbuild.runtime.integrity import verify_hashes
     from specbuild.runtime.manifest import load_manifest
@@ -118,7 +119,7 @@ def describe_engine(path: Path, verify: bool = False) -> dict[str, Any]:
     checksums = man["checksums"]
     verified = dict(verify_hashes(path, checksums)) if verify else None
     graph = select_graph(man, ef.BACKEND_ONNXRUNTIME, path)
-    here = exactness.decide(path, man, graph, ef.BACKEND_ONNXRUNTIME, None, allow_lossy=True)
+    here = exactness.decide(path, man, graph, ef.BACKEND_ONNXRUNTIME, resolve_threads(), allow_lossy=True)
     tree = man.get("tree") or {}
     tree_info = {"dynamic": True} if tree.get("dynamic") else {"size": tree.get("size"), "depth": tree.get("depth")}
     files = _files(path)

@@ -254,14 +254,12 @@ def generate_and_print(engine, prompt, input_ids, max_new_tokens, sampling, chat
     stream = None
     if not as_json and has_tokenizer:
         step = engine.codec.stream()
-        printed = [0]
 
-        def stream(ids):
-            for tok in ids[printed[0] :]:
+        def stream(new_ids):
+            for tok in new_ids:
                 piece = step(tok)
                 if piece:
                     sys.stdout.write(piece)
-            printed[0] = len(ids)
             sys.stdout.flush()
 
     result = engine.generate(

@@ -1,9 +1,13 @@
 """What the generation loop asks of a mode: a drafter proposes the tree the next engine call verifies.
 
 The loop is propose -> verify/accept (one engine call) -> commit, for every mode:
-- `Drafter.propose(seq)` returns a `Proposal`: the tokens to verify (the root -- the last emitted token, not yet in
-  the KV cache -- then the drafts) and their tree (ancestor mask, position offsets, root-to-leaf paths);
-- `Drafter.observe(seq)` is told after every call (prefill included) that `seq.tokens` grew by the accepted tokens.
+- every call (prefill included) is decoded once, by the session, into a `StepResult`: the accepted tokens, the
+  accepted nodes and the graph's raw outputs; the loop, the drafter and streaming all read that one result;
+- `Drafter.propose(step)` returns a `Proposal` after `step`: the tokens to verify (the root -- the last accepted
+  token, not yet in the KV cache -- then the drafts) and their tree (ancestor mask, position offsets, root-to-leaf
+  paths).
+A drafter class reads and checks its settings in engine.yaml once, when the engine loads (`read_settings`); each
+sequence gets its own drafter, built from those settings and its prompt.
 
 Modes whose step graph drafts the next tree (Medusa, EAGLE) use GraphDrafter, which reads the graph's outputs;
 host-drafted modes (n-gram) compute proposals themselves. Drafters are numpy only.
@@ -12,6 +16,8 @@ host-drafted modes (n-gram) compute proposals themselves. Drafters are numpy onl
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -19,14 +25,15 @@ from specbuild import engine_format as ef
 from specbuild.tree import Tree
 
 
-@dataclasses.dataclass
-class SequenceState:
-    """One sequence being generated: its tokens (prompt, then every emitted token; the last one is the root of the
-    next tree and not in the KV cache yet) and the outputs of its last engine call."""
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """One engine call, decoded once. tokens: the accepted tokens (accepted drafts + the bonus token; the last one is
+    the next tree's root). nodes: which of the call's new tokens they are, in order (None after prefill: all of
+    them). outputs: the graph's raw outputs by name (the next draft for graph drafters, logits)."""
 
     tokens: list[int]
-    outputs: dict
-    prompt_length: int
+    nodes: np.ndarray | None
+    outputs: Mapping[str, np.ndarray]
 
 
 @dataclasses.dataclass
@@ -60,33 +67,36 @@ class Proposal:
 
 
 class Drafter:
-    """The interface; `manifest` is the engine's engine.yaml (the mode's settings are under `mode`)."""
+    """One sequence's drafter. `read_settings` reads the mode's part of engine.yaml once per engine (under `mode`)."""
 
-    def __init__(self, manifest: dict, source: str = "engine.yaml"):
-        self.manifest = manifest
+    @classmethod
+    def read_settings(cls, manifest: dict, source: str = "engine.yaml") -> Any:
+        """The drafting settings, read and checked once when the engine loads (SpecbuildError naming the field)."""
+        return None
 
-    def propose(self, seq: SequenceState) -> Proposal:
+    def __init__(self, settings: Any, prompt: Sequence[int]):
+        self.settings = settings
+
+    def propose(self, step: StepResult) -> Proposal:
+        """The next call's tree, after `step` (the last call, prefill included) accepted `step.tokens`."""
         raise NotImplementedError
-
-    def observe(self, seq: SequenceState) -> None:
-        """`seq.tokens` grew by the tokens the last call accepted (after prefill: the prompt and the first token)."""
 
 
 class GraphDrafter(Drafter):
     """The step graph drafts: its outputs hold the next call's tokens, and either the engine's static tree applies
-    or the graph outputs the tree too (dynamic trees). Plain decoding is the one-node case."""
+    (the settings) or the graph outputs the tree too (dynamic trees). Plain decoding is the one-node case."""
 
-    def __init__(self, manifest: dict, source: str = "engine.yaml"):
-        super().__init__(manifest, source)
+    @classmethod
+    def read_settings(cls, manifest: dict, source: str = "engine.yaml") -> Tree | None:
+        """The static tree (None: dynamic, the graph outputs it)."""
         tree = manifest["tree"]
-        self.static_tree = None
-        if not tree.get("dynamic"):
-            self.static_tree = Tree.from_choices(tree["choices"], source=f"{source}: field tree.choices")
+        if tree.get("dynamic"):
+            return None
+        return Tree.from_choices(tree["choices"], source=f"{source}: field tree.choices")
 
-    def propose(self, seq: SequenceState) -> Proposal:
-        out = seq.outputs
-        tokens = out[ef.NEXT_INPUT_IDS]
-        if self.static_tree is not None:
-            tree = self.static_tree
-            return Proposal(tokens, tree.ancestor_mask[None], tree.depths, tree.paths[None])
-        return Proposal(tokens, out[ef.NEXT_TREE_MASK], out[ef.NEXT_POSITION_OFFSETS][0], out[ef.NEXT_PATHS])
+    def propose(self, step: StepResult) -> Proposal:
+        out, tree = step.outputs, self.settings
+        if tree is not None:
+            return Proposal(out[ef.NEXT_INPUT_IDS], tree.ancestor_mask[None], tree.depths, tree.paths[None])
+        offsets = out[ef.NEXT_POSITION_OFFSETS][0]
+        return Proposal(out[ef.NEXT_INPUT_IDS], out[ef.NEXT_TREE_MASK], offsets, out[ef.NEXT_PATHS])

@@ -1,14 +1,15 @@
-"""The generation loop: feed the step graph's outputs back in, commit accepted KV, stop on EOS or length.
+"""A loaded engine (graphs, manifest, tokenizer, the KV/state layout, the drafter's settings) and the generation
+loop over one Session: prefill, then step until EOS or a length limit, emitting each step's accepted tokens.
 
-Per step the host does O(accepted tokens) work: it copies the accepted nodes' new KV into the cache and
-builds the next call's small inputs; the cache itself is bound to the engine without a copy.
+Per step the host does O(accepted tokens) work: the session commits the accepted nodes' KV and builds the next
+call's small inputs (the cache itself is bound to the backend without a copy); the loop appends the accepted tokens
+and streams just those.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import numbers
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,12 +21,12 @@ from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.registry import get_mode, load_object
 from specbuild.runtime import exactness
+from specbuild.runtime.backends.base import resolve_threads
 from specbuild.runtime.backends.factory import create_backend, default_backend, select_graph
-from specbuild.runtime.drafter import Proposal, SequenceState
 from specbuild.runtime.integrity import verify_once
-from specbuild.runtime.kv_cache import SharedKV, StackedKV
+from specbuild.runtime.layout import Layout
 from specbuild.runtime.manifest import load_manifest
-from specbuild.runtime.session import NUMPY_DTYPES, Session
+from specbuild.runtime.session import Session
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -110,18 +111,6 @@ class GenerationResult:
         return out
 
 
-def _check_threads(threads):
-    """None (ONNX Runtime's default, or SPECBUILD_THREADS) or an integer >= 1."""
-    if threads is None:
-        env = os.environ.get("SPECBUILD_THREADS", "").strip()
-        if env and not env.isdigit():
-            raise SpecbuildError(f"SPECBUILD_THREADS must be an integer >= 0 (0 = default), got {env!r}")
-        return None
-    if not _is_integer(threads) or threads < 1:
-        raise SpecbuildError(f"--threads must be an integer >= 1, got {threads!r}")
-    return int(threads)
-
-
 class Engine:
     """A loaded engine directory. `Engine("engine/").generate(prompt="...")`."""
 
@@ -137,40 +126,31 @@ class Engine:
         graph to run (default: the backend's own; `Engine(d, graph="tensorrt")` runs the portable graph on ONNX
         Runtime, e.g. to check it against the fused one). allow_lossy: run a speculative engine that cannot be exact
         on this CPU, labelled lossy (`exactness`), instead of refusing it."""
-        threads = _check_threads(threads)
+        threads = resolve_threads(threads)
         self.path = Path(engine_dir)
         self.manifest = load_manifest(self.path)  # validated; recorded file sizes checked
         backend = backend or default_backend(self.manifest)
         self.graph = select_graph(self.manifest, graph or backend, self.path)
         self.backend = self._load_backend(backend, threads)
-        # the graph writes attention_pad_rows scratch rows after each call's tokens: the cache keeps room for them
-        self.attention_pad = int(self.graph.get("attention_pad_rows", 0))
         self.exactness = exactness.decide(self.path, self.manifest, self.graph, backend, threads, allow_lossy)
-        self.min_rows = self.exactness.min_rows  # every call is padded to this many rows (row-invariant kernels)
-        self.scratch_rows = max(self.attention_pad, self.min_rows - 1)
-        model = self.manifest["model"]
-        self.eos_ids = set(model.get("eos_token_ids") or [])
-        self.max_seq_len = int(self.manifest["limits"]["max_seq_len"])
+        self.layout = Layout.read(self.manifest, self.graph, self.exactness.min_rows)
         self._check_limits()
-        self.kv_dtype = NUMPY_DTYPES["float16" if self.manifest["dtype"] == "float16" else "float32"]
-        dims = (
-            model["num_layers"],
-            model["num_kv_heads"],
-            model["head_dim"],
-            self.kv_dtype,
-            self.max_seq_len + self.scratch_rows,
-        )
-        if self.graph["kv_cache"] == ef.KV_SHARED:
-            bind = getattr(self.backend, "bind", None)
-            self.new_kv = lambda capacity: SharedKV(*dims, capacity, bind=bind)
-        else:
-            self.new_kv = lambda capacity: StackedKV(*dims, capacity)
+        self.eos_ids = set(self.manifest["model"].get("eos_token_ids") or [])
         mode = get_mode(self.manifest["speculative_mode"], option=f"{self.path / ef.ENGINE_MANIFEST}: speculative_mode")
         self.drafter_class = load_object(mode.drafter)
-        self.drafter_class(self.manifest, str(self.path / ef.ENGINE_MANIFEST))  # a bad tree/settings fail at load
-        self.state_specs = self.manifest.get("states") or []
+        # read and checked once: a bad tree or drafter setting fails at load; each sequence's drafter is built from it
+        self.drafter_settings = self.drafter_class.read_settings(self.manifest, str(self.path / ef.ENGINE_MANIFEST))
         self.output_names = {o["name"] for o in self.graph["io"]["outputs"]}
         self._codec = None
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.layout.max_seq_len
+
+    @property
+    def min_rows(self) -> int:
+        """Rows every call is padded to (row-invariant kernels; 1 = no padding)."""
+        return self.layout.min_rows
 
     def _load_backend(self, backend: str, threads: int | None):
         """The backend session, while the engine files' hashes are checked beside it (once per file identity)."""
@@ -196,7 +176,7 @@ class Engine:
         recorded = self.backend.graph_metadata().get(ef.GRAPH_MAX_POSITIONS)
         if recorded is None:
             return  # built before graphs recorded it, or a TensorRT plan (its profile bounds the shapes)
-        limit = int(recorded) - self.scratch_rows  # the scratch rows of padded calls sit after the last position
+        limit = int(recorded) - self.layout.scratch_rows  # the scratch rows of padded calls sit after the last position
         if self.max_seq_len > limit:
             raise SpecbuildError(
                 f"{self.path / ef.ENGINE_MANIFEST}: limits.max_seq_len {self.max_seq_len} exceeds the {limit} "
@@ -232,6 +212,11 @@ class Engine:
         return self.codec.encode(text)
 
     # ------------------------------------------------------------------ generation
+    def new_session(self, prompt: list[int], sampling: SamplingParams) -> Session:
+        """A session for one sequence, with its own drafter (built from the settings read at load)."""
+        drafter = self.drafter_class(self.drafter_settings, prompt)
+        return Session(self.layout, self.backend, sampling, len(prompt) + self.layout.step_tokens, drafter)
+
     def generate(
         self,
         prompt: str | None = None,
@@ -242,9 +227,46 @@ class Engine:
         chat: bool = False,
         decode_text: bool = True,
     ) -> GenerationResult:
+        """stream: called after every engine call with the tokens that call added to the output (never empty)."""
         sampling = sampling or SamplingParams()
         if not _is_integer(max_new_tokens) or max_new_tokens < 1:
             raise SpecbuildError(f"--max-new-tokens must be an integer >= 1, got {max_new_tokens!r}")
+        ids = self._prompt_ids(prompt, input_ids, chat)
+        start = time.perf_counter()
+        session = self.new_session(ids, sampling)
+        step = session.prefill(ids)
+        prefill_engine_s = session.engine_s
+        generated: list[int] = []
+        accepted_per_step: list[int] = []
+        stop_reason = _emit(step.tokens, generated, self.eos_ids, max_new_tokens, stream)
+        ttft = time.perf_counter() - start
+        while stop_reason is None:
+            step = session.step()  # one engine call: propose, verify, commit the accepted KV
+            if step is None:
+                stop_reason = "max_seq_len"
+                break
+            accepted_per_step.append(len(step.tokens))
+            stop_reason = _emit(step.tokens, generated, self.eos_ids, max_new_tokens, stream)
+        total = time.perf_counter() - start
+        text = None
+        if decode_text and self.manifest["files"].get("tokenizer"):
+            text = self.codec.decode(generated)
+        return GenerationResult(
+            output_ids=generated,
+            text=text,
+            prompt_tokens=len(ids),
+            steps=len(accepted_per_step),
+            accepted_per_step=accepted_per_step,
+            stop_reason=stop_reason,
+            ttft_s=ttft,
+            total_s=total,
+            engine_s=session.engine_s,
+            host_s=total - session.engine_s,
+            prefill_engine_s=prefill_engine_s,
+        )
+
+    def _prompt_ids(self, prompt: str | None, input_ids: list[int] | None, chat: bool) -> list[int]:
+        """The prompt's token ids, checked against the vocabulary and max_seq_len."""
         if input_ids is None:
             if prompt is None:
                 raise SpecbuildError("give a prompt or input ids")
@@ -261,70 +283,29 @@ class Engine:
                 f"prompt has {len(ids)} tokens but the engine's max_seq_len is {self.max_seq_len}; "
                 f"rebuild with a larger --max-seq-len or shorten the prompt"
             )
-        start = time.perf_counter()
-        t = len(ids)
-        step_tokens = int(self.manifest["limits"].get("max_new_tokens_per_step", 1))
-        session = Session(self, t + step_tokens, sampling, np.random.default_rng(sampling.seed))
-        out = session.prefill(ids)
-        prefill_engine_s = session.engine_s
-        drafter = self.drafter_class(self.manifest, str(self.path / ef.ENGINE_MANIFEST))
-        seq = SequenceState(tokens=list(ids), outputs=out, prompt_length=t)
-        generated: list[int] = []
-        accepted_per_step: list[int] = []
-
-        def emit(tokens) -> str | None:
-            """Append accepted tokens to the output; the reason to stop, if any."""
-            for tok in tokens:
-                generated.append(int(tok))
-                if int(tok) in self.eos_ids:
-                    return "eos"
-                if len(generated) >= max_new_tokens:
-                    return "max_new_tokens"
-            return None
-
-        def accept(out) -> str | None:
-            accepted = out[ef.ACCEPTED_TOKENS][0, : int(out[ef.NUM_ACCEPTED][0])]
-            stop = emit(accepted)
-            seq.outputs = out
-            seq.tokens.extend(int(x) for x in accepted)
-            drafter.observe(seq)
-            if stream:
-                stream(generated[:])
-            return stop
-
-        stop_reason = accept(out)
-        ttft = time.perf_counter() - start
-        while stop_reason is None:
-            proposal: Proposal = drafter.propose(seq)
-            if not session.fits(proposal.size):  # near the end of the cache: verify the root alone
-                if not session.fits(1):
-                    stop_reason = "max_seq_len"
-                    break
-                proposal = proposal.root_only()
-            out = session.verify(proposal)  # one engine call: verify, accept, commit the accepted KV
-            accepted_per_step.append(int(out[ef.NUM_ACCEPTED][0]))
-            stop_reason = accept(out)
-        total = time.perf_counter() - start
-        text = None
-        if decode_text and self.manifest["files"].get("tokenizer"):
-            text = self.codec.decode(generated)
-        return GenerationResult(
-            output_ids=generated,
-            text=text,
-            prompt_tokens=t,
-            steps=len(accepted_per_step),
-            accepted_per_step=accepted_per_step,
-            stop_reason=stop_reason,
-            ttft_s=ttft,
-            total_s=total,
-            engine_s=session.engine_s,
-            host_s=total - session.engine_s,
-            prefill_engine_s=prefill_engine_s,
-        )
+        return ids
 
     def prefill_logits(self, input_ids: list[int]) -> np.ndarray:
         """Logits [T,V] of every prompt position (needs an engine built with --output-logits)."""
         if ef.LOGITS not in self.output_names:
             raise SpecbuildError(f"{self.path}: engine was built without --output-logits")
-        session = Session(self, len(input_ids), SamplingParams(), np.random.default_rng(0))
-        return session.prefill(input_ids, window=len(input_ids))[ef.LOGITS][0]
+        session = Session(self.layout, self.backend, SamplingParams(), len(input_ids))
+        return session.prefill(input_ids, window=len(input_ids)).outputs[ef.LOGITS][0]
+
+
+def _emit(accepted: list[int], generated: list[int], eos_ids, max_new_tokens: int, stream) -> str | None:
+    """Append a step's accepted tokens to `generated` (up to the first EOS or the length limit) and stream the ones
+    appended; the reason to stop, if any."""
+    stop, count = None, len(accepted)
+    for i, token in enumerate(accepted):
+        if token in eos_ids:
+            stop, count = "eos", i + 1
+            break
+        if len(generated) + i + 1 >= max_new_tokens:
+            stop, count = "max_new_tokens", i + 1
+            break
+    new = accepted[:count]
+    generated.extend(new)
+    if stream:
+        stream(new)
+    return stop

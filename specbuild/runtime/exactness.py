@@ -43,11 +43,9 @@ def int8_activations(graph: dict) -> bool:
     return int((graph.get("quantization") or {}).get("accuracy_level", 1)) == ef.ACCURACY_INT8
 
 
-def decide(
-    engine_dir: Path, manifest: dict, graph: dict, backend: str, threads: int | None, allow_lossy: bool
-) -> Exactness:
+def decide(engine_dir: Path, manifest: dict, graph: dict, backend: str, threads: int, allow_lossy: bool) -> Exactness:
     """The Exactness of this engine on this machine (see the module docstring); raises SpecbuildError when a
-    speculative engine cannot be exact here and allow_lossy is false."""
+    speculative engine cannot be exact here and allow_lossy is false. threads: resolved (resolve_threads)."""
     promised = bool(manifest.get("lossless", True))
     if backend != ef.BACKEND_ONNXRUNTIME or not int8_activations(graph):
         verified = "float activations: rows agree to float rounding, nothing to measure on this CPU"
@@ -56,7 +54,6 @@ def decide(
         return Exactness(promised, 1, verified)
     if not promised:
         return Exactness(False, 1, f"labelled lossy by the build ({manifest.get('lossy_reason')})")
-    from specbuild.runtime.backends.onnxruntime import resolved_threads
     from specbuild.runtime.row_invariance import blocking, check_graph, engine_min_rows
 
     pad = int(graph.get("attention_pad_rows", 0))
@@ -65,7 +62,7 @@ def decide(
     graph_file = Path(engine_dir) / graph["file"]
     sha = manifest["checksums"][graph["file"]]["sha256"]
     rows = int(manifest["limits"]["max_new_tokens_per_step"]) + pad  # the most rows one call holds
-    probe = check_graph(graph_file, sha, resolved_threads(threads), ef.ACCURACY_INT8, pad, limit, rows)
+    probe = check_graph(graph_file, sha, threads, ef.ACCURACY_INT8, pad, limit, rows)
     source = "kept from an earlier load" if probe.cached else f"measured in {probe.seconds:.2f} s"
     if probe.min_rows is not None:
         padding = "no padding" if probe.min_rows == 1 else f"every call padded to {probe.min_rows} rows"

@@ -1,7 +1,8 @@
 """Runtime-owned caches: capacity doubles when full (amortised O(1)); commits copy only accepted entries.
 
 StackedKV and SharedKV hold the base model's KV cache for the two graph layouts (engine_format KV_STACKED / KV_SHARED)
-behind one interface: feeds(), aliases (output -> input sharing a buffer), ensure(), commit()."""
+behind one interface: feeds(), aliases (output -> input sharing a buffer), ensure(), commit(); `new_kv_cache` makes
+the one a Layout names."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ import numpy as np
 from specbuild import engine_format as ef
 
 MIN_CAPACITY = 256
+
+
+def new_kv_cache(layout, capacity: int, bind=None) -> StackedKV | SharedKV:
+    """An empty cache for `layout` (runtime/layout.py). bind: wraps a shared buffer for the backend (Backend.bind)."""
+    dims = (layout.num_layers, layout.kv_heads, layout.head_dim, layout.kv_dtype, layout.max_capacity, capacity)
+    return SharedKV(*dims, bind=bind) if layout.shared_kv else StackedKV(*dims)
 
 
 class GrowingCache:

@@ -2,6 +2,7 @@
 
 `SCHEMA` declares every field the runtime, `inspect` and `bench` read, with its type and range; a missing or
 malformed field is one SpecbuildError naming its path (`engine/engine.yaml: field limits.max_seq_len is missing`).
+A mode's drafter declares the fields it reads under `mode` the same way and checks them with `check_fields`.
 Fields the schema does not name are ignored (room for additions). After the schema, the recorded file sizes are
 checked (see runtime/integrity.py): a truncated, missing or resized engine file is refused before any session.
 """
@@ -34,6 +35,15 @@ class Check:
     test: Callable[[Any], bool]
     optional: bool = False  # may be absent
     nullable: bool = False  # may be null
+
+
+@dataclasses.dataclass(frozen=True)
+class Fields:
+    """A mapping whose keys follow `schema` (a plain dict schema, when it may be absent or null)."""
+
+    schema: dict
+    optional: bool = False
+    nullable: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +113,11 @@ CHOICES = Check(
 )
 SHA256 = Check("64 hex digits", lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) is not None)
 IO_ITEM = {"name": text(), "dtype": text(), "shape": SHAPE}
+ACCURACY_LEVEL = Check(
+    f"{ef.ACCURACY_FLOAT32} (float32 activations) or {ef.ACCURACY_INT8} (int8 activations)",
+    lambda v: _is_int(v) and v in (ef.ACCURACY_FLOAT32, ef.ACCURACY_INT8),
+    optional=True,
+)
 
 # Every field read by the runtime (engine.py, backends), inspect.py and benchmark.py. `format` and
 # `format_version` are checked first, by load_manifest itself.
@@ -111,6 +126,7 @@ SCHEMA: dict[str, Any] = {
     "speculative_mode": Check("a non-empty string", lambda v: isinstance(v, str) and bool(v)),
     "dtype": one_of(ENGINE_DTYPES),
     "lossless": flag(optional=True),
+    "lossy_reason": text(optional=True, nullable=True),
     "typical_acceptance": Check(
         "a list of two numbers (EPS, ALPHA)",
         lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_number, v)),
@@ -157,6 +173,11 @@ SCHEMA: dict[str, Any] = {
             "kv_cache": one_of((ef.KV_STACKED, ef.KV_SHARED)),
             "weights": one_of(ef.WEIGHTS),
             "attention_pad_rows": integer(0, optional=True),
+            "quantization": Fields(  # quantized graphs: MatMulNBits' activations, as the build validated them
+                {"accuracy_level": ACCURACY_LEVEL},
+                optional=True,
+                nullable=True,
+            ),
             "io": {"inputs": ListOf(IO_ITEM), "outputs": ListOf(IO_ITEM)},
         },
         min_len=1,
@@ -199,6 +220,9 @@ def _validate(value, schema, path: str) -> None:
                     raise _Invalid(f"field {sub_path} is missing")
                 continue
             _validate(value[key], sub, sub_path)
+    elif isinstance(schema, Fields):
+        if value is not None or not schema.nullable:
+            _validate(value, schema.schema, path)
     elif isinstance(schema, ListOf):
         if value is None and schema.nullable:
             return
@@ -250,6 +274,14 @@ def _check_semantics(manifest: dict) -> None:
         name = manifest["files"].get(key)
         if name and name not in records:
             raise _Invalid(f"field files.{key} names {name}, which field checksums does not record")
+
+
+def check_fields(manifest: dict, schema: dict, file) -> None:
+    """Check the fields a part of the runtime declares beyond SCHEMA (e.g. a drafter's settings under `mode`)."""
+    try:
+        _validate(manifest, schema, "")
+    except _Invalid as exc:
+        raise SpecbuildError(f"{file}: {exc}") from None
 
 
 def validate_manifest(manifest: Any, file) -> dict:

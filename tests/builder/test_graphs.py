@@ -125,11 +125,11 @@ def test_kv_buffer_is_written_in_place_and_compacted(toy, tmp_path):
     caches = {}
     for graph in (ef.BACKEND_ONNXRUNTIME, ef.BACKEND_TENSORRT):
         engine = Engine(engine_dir, threads=1, graph=graph)
-        make = engine.new_kv
-        engine.new_kv = lambda capacity, make=make, graph=graph: caches.setdefault(graph, make(capacity))
+        make = engine.new_session
+        engine.new_session = lambda *args, make=make, graph=graph: caches.setdefault(graph, make(*args))
         result = engine.generate(input_ids=PROMPTS[1], max_new_tokens=20)
         assert max(result.accepted_per_step) > 1
-    shared, stacked = caches[ef.BACKEND_ONNXRUNTIME], caches[ef.BACKEND_TENSORRT]
+    shared, stacked = caches[ef.BACKEND_ONNXRUNTIME].kv, caches[ef.BACKEND_TENSORRT].kv
     assert shared.length == stacked.length == len(PROMPTS[1]) + len(result.output_ids) - 1
     n = shared.length
     assert np.abs(shared.cache.data[..., :n, :] - stacked.cache.data[..., :n, :]).max() < 1e-4

@@ -253,4 +253,4 @@ def test_backend_without_tensorrt_gives_clear_error(tmp_path):
     from specbuild.runtime.backends.tensorrt import TensorRTBackend
 
     with pytest.raises(SpecbuildError, match=r"TensorRT Python package \(pip install specbuild\[trt\]\)"):
-        TensorRTBackend(tmp_path, {"files": {"plan": "model.plan"}})
+        TensorRTBackend(tmp_path, {"files": {"plan": "model.plan"}}, {})

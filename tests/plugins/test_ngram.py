@@ -7,7 +7,6 @@ import pytest
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.ngram.drafter import NgramDrafter
-from specbuild.runtime.drafter import SequenceState
 from specbuild.runtime.engine import Engine, SamplingParams
 from tests.conftest import ORT_ONLY, TINY_SHAPES, hf_greedy, quiet
 from tests.plugins.distribution_check import chi_square_pvalue, exact_distribution
@@ -22,13 +21,13 @@ def drafter(max_n=3, num_draft=4, candidates=1, draft_length=None):
     settings = {"max_ngram_size": max_n, "num_draft_tokens": num_draft, "candidates": candidates}
     if draft_length is not None:
         settings["draft_length"] = draft_length
-    return NgramDrafter({"mode": {"drafter": settings}})
+    return NgramDrafter(NgramDrafter.read_settings({"mode": {"drafter": settings}}), [])
 
 
 def observed(d, tokens):
-    seq = SequenceState(tokens=list(tokens), outputs={}, prompt_length=len(tokens))
-    d.observe(seq)
-    return seq
+    """The drafter after the sequence grew to `tokens` (a continuation of what it saw)."""
+    d.observe(tokens[len(d.tokens) :])
+    return d
 
 
 def test_lookup_continues_the_longest_suffix_ngram():
@@ -36,7 +35,7 @@ def test_lookup_continues_the_longest_suffix_ngram():
     # suffix (7, 8) occurs at 1 and 5; the 3-gram (6, 7, 8) only at 4 -> the longest match wins
     seq = observed(d, [1, 7, 8, 2, 6, 7, 8, 9, 6, 7, 8])
     assert d.continuations(seq.tokens) == [[9, 6, 7]]
-    proposal = d.propose(seq)
+    proposal = d.draft()
     assert proposal.tokens.tolist() == [[8, 9, 6, 7]]
     assert proposal.offsets.tolist() == [0, 1, 2, 3]
     assert proposal.paths.tolist() == [[[0, 1, 2, 3]]]
@@ -47,7 +46,7 @@ def test_no_match_proposes_the_root_alone_and_partial_continuations_are_kept():
     d = drafter(max_n=2, num_draft=5)
     seq = observed(d, [1, 2, 3])
     assert d.continuations(seq.tokens) == []
-    assert d.propose(seq).tokens.tolist() == [[3]]
+    assert d.draft().tokens.tolist() == [[3]]
     seq = observed(d, [1, 2, 3, 2])  # 2 occurred once before, followed by 3, 2 (two tokens only)
     assert d.continuations(seq.tokens) == [[3, 2]]
 
@@ -71,7 +70,7 @@ def test_match_drafts_as_many_tokens_as_the_context_matched():
     # (3, 4, 5) recurs: the match runs back over 2 -> 4 tokens (2, 3, 4, 5): four drafts after it
     assert d.matches(seq.tokens)[0] == (4, 5)
     assert d.continuations(seq.tokens) == [[6, 7, 8, 9]]
-    assert d.propose(seq).tokens.tolist() == [[5, 6, 7, 8, 9]]
+    assert d.draft().tokens.tolist() == [[5, 6, 7, 8, 9]]
     fixed = drafter(max_n=3, num_draft=6, draft_length="fixed")
     assert fixed.continuations(observed(fixed, tokens).tokens) == [[6, 7, 8, 9, 0, 5]]
     short = drafter(max_n=3, num_draft=6, draft_length="match")
@@ -86,13 +85,17 @@ def test_engines_without_a_draft_length_draft_the_fixed_number_and_bad_values_ar
     assert d.continuations(observed(d, [4, 9, 1, 4]).tokens) == [[9, 1, 4]]
     with pytest.raises(SpecbuildError, match="mode.drafter.draft_length must be one of match, fixed, got 'long'"):
         drafter(draft_length="long")
+    with pytest.raises(SpecbuildError, match="field mode.drafter.max_ngram_size must be an integer >= 1, got 0"):
+        drafter(max_n=0)
+    with pytest.raises(SpecbuildError, match="field mode.drafter.candidates must be an integer >= 1, got '2'"):
+        drafter(candidates="2")
 
 
 def test_candidates_merge_by_shared_prefix_into_one_tree():
     d = drafter(max_n=1, num_draft=3, candidates=3)
     seq = observed(d, [5, 1, 2, 5, 1, 3, 5, 4, 4, 5])
     assert d.continuations(seq.tokens) == [[4, 4, 5], [1, 3, 5], [1, 2, 5]]  # equal matches: most recent first
-    p = d.propose(seq)
+    p = d.draft()
     tokens = p.tokens[0].tolist()
     assert tokens[0] == 5 and sorted(tokens[1:]) == sorted([1, 2, 5, 3, 5, 4, 4, 5])  # (1) shared: 8 drafts
     assert p.size == 9
@@ -104,10 +107,9 @@ def test_candidates_merge_by_shared_prefix_into_one_tree():
 
 def test_the_index_grows_by_the_new_tokens_only():
     d = drafter()
-    seq = observed(d, list(range(50)))
+    observed(d, list(range(50)))
     before = sum(len(v) for v in d._starts.values())
-    seq.tokens += [7, 8]
-    d.observe(seq)
+    d.observe([7, 8])
     assert sum(len(v) for v in d._starts.values()) - before == 2 * 3  # two tokens, n-grams of 1..3 ending there
 
 
@@ -132,8 +134,13 @@ def test_greedy_equals_base_model(toy_ngram, shape):
     assert engine.manifest["lossless"] is True
     accepted = []
     for ids in PROMPTS:
-        result = engine.generate(input_ids=ids, max_new_tokens=40)
+        chunks = []
+        result = engine.generate(input_ids=ids, max_new_tokens=40, stream=chunks.append)
         assert result.output_ids == hf_greedy(model, ids, 40)
+        # streaming hands over each call's new tokens only: the first token, then each step's accepted tokens
+        assert sum(chunks, []) == result.output_ids
+        assert [len(c) for c in chunks[1:-1]] == result.accepted_per_step[:-1]
+        assert 1 <= len(chunks[-1]) <= result.accepted_per_step[-1]  # the last step is cut at max_new_tokens
         accepted += result.accepted_per_step
     assert np.mean(accepted) > 1.2  # drafts really get accepted
 

@@ -5,6 +5,7 @@ covers all of them, whatever its own CPU does; the real branch of this machine r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -78,18 +79,18 @@ def test_forced_exact_paths_pad_every_engine_alike(int8_engines, force_probe, ro
 
 def step_logits(engine, ids, proposal_tokens):
     """Logits of one verification call of a chain of proposal_tokens (root first) after prefilling ids."""
-    session = Session(engine, len(ids) + 8, SamplingParams(), np.random.default_rng(0))
+    session = Session(engine.layout, engine.backend, SamplingParams(), len(ids) + 8)
     session.prefill(ids)
     size = len(proposal_tokens)
     tree = Tree.from_choices([[0] * d for d in range(1, size)])
-    return session.verify(Proposal.from_tree(proposal_tokens, tree))[ef.LOGITS][0]
+    return session.verify(Proposal.from_tree(proposal_tokens, tree)).outputs[ef.LOGITS][0]
 
 
 def test_a_padded_one_token_call_gives_the_bits_of_a_longer_call(int8_engines):
     """The graph's step padding: at min_rows 2 a one-token call's logits equal, bit for bit, the first row of a call
     verifying that token and a draft after it (the whole network and the lm_head ran on two rows in both)."""
     engine = Engine(int8_engines["none"], threads=1)
-    engine.min_rows, engine.scratch_rows = 2, 1
+    engine.layout = dataclasses.replace(engine.layout, min_rows=2, scratch_rows=1)
     for ids in PROMPTS:
         one = step_logits(engine, ids[:-1], [ids[-1]])
         two = step_logits(engine, ids[:-1], [ids[-1], 7])

@@ -172,6 +172,13 @@ MALFORMED = [
     (("validation",), {"max_abs_diff": "small"}, "field validation must be a mapping with numbers"),
     (("chat_template",), 5, "field chat_template must be a string"),
     (("mode",), [1], "field mode must be a mapping"),
+    (("lossy_reason",), 3, "field lossy_reason must be a string"),
+    (("graphs", 0, "quantization"), [4], "field graphs[0].quantization must be a mapping"),
+    (
+        ("graphs", 0, "quantization"),
+        {"bits": 4, "accuracy_level": "4"},
+        "field graphs[0].quantization.accuracy_level must be 1 (float32 activations) or 4 (int8 activations)",
+    ),
 ]
 
 
@@ -198,3 +205,16 @@ def test_unknown_fields_are_ignored_and_dynamic_trees_need_no_choices(tiny_engin
     manifest["added_by_a_later_version"] = {"x": 1}
     manifest["tree"] = {"dynamic": True}
     assert validate_manifest(manifest, "engine.yaml") is manifest
+
+
+def test_bad_accuracy_level_is_named_at_load_not_reported_as_damage(tiny_engines, tmp_path):
+    """The runtime reads graphs[].quantization.accuracy_level to load the graph: a bad value names the field."""
+    from specbuild.runtime.engine import Engine
+
+    engine = copy_engine(tiny_engines, tmp_path)
+    manifest = read_manifest(engine)
+    manifest["graphs"][0]["quantization"] = {"bits": 4, "accuracy_level": 2}
+    write_manifest(engine, manifest)
+    with pytest.raises(SpecbuildError, match=r"field graphs\[0\]\.quantization\.accuracy_level must be 1") as err:
+        Engine(engine, threads=1)
+    assert "damaged" not in str(err.value) and "\n" not in str(err.value)

@@ -18,11 +18,13 @@ The n-gram index grows by the accepted tokens only, so a step costs O(accepted t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Sequence
 
-from specbuild.errors import SpecbuildError
 from specbuild.plugins.ngram import DRAFT_LENGTHS
-from specbuild.runtime.drafter import Drafter, Proposal, SequenceState
+from specbuild.runtime.drafter import Drafter, Proposal, StepResult
+from specbuild.runtime.manifest import check_fields, integer, one_of
 from specbuild.tree import Tree
 
 SCAN_PER_CANDIDATE = 8  # most recent occurrences measured per wanted continuation
@@ -34,28 +36,56 @@ def _tree(choices: tuple) -> Tree:
     return Tree.from_choices(list(choices))
 
 
-class NgramDrafter(Drafter):
-    def __init__(self, manifest: dict, source: str = "engine.yaml"):
-        super().__init__(manifest, source)
-        settings = manifest["mode"]["drafter"]
-        self.max_n = int(settings["max_ngram_size"])
-        self.num_draft = int(settings["num_draft_tokens"])
-        self.candidates = int(settings["candidates"])
-        self.draft_length = settings.get("draft_length", "fixed")
-        if self.draft_length not in DRAFT_LENGTHS:
-            raise SpecbuildError(
-                f"{source}: field mode.drafter.draft_length must be one of {', '.join(DRAFT_LENGTHS)}, "
-                f"got {self.draft_length!r}"
-            )
-        self._starts: dict[tuple, list[int]] = {}  # n-gram -> start positions, in increasing order
-        self._indexed = 0  # tokens whose n-grams (ending there) are in the index
+@dataclasses.dataclass(frozen=True)
+class NgramSettings:
+    """engine.yaml `mode.drafter` (NgramDrafter.SCHEMA)."""
 
-    def observe(self, seq: SequenceState) -> None:
-        tokens, starts = seq.tokens, self._starts
-        for end in range(self._indexed, len(tokens)):
+    max_n: int  # max_ngram_size
+    num_draft: int  # num_draft_tokens
+    candidates: int
+    draft_length: str  # one of DRAFT_LENGTHS; engines written before the key existed draft a fixed number
+
+
+class NgramDrafter(Drafter):
+    # the engine.yaml fields it reads (checked like runtime/manifest.py's SCHEMA; engines written before
+    # draft_length existed draft a fixed number)
+    SCHEMA = {
+        "mode": {
+            "drafter": {
+                "max_ngram_size": integer(1),
+                "num_draft_tokens": integer(1),
+                "candidates": integer(1),
+                "draft_length": one_of(DRAFT_LENGTHS, optional=True),
+            }
+        }
+    }
+
+    @classmethod
+    def read_settings(cls, manifest: dict, source: str = "engine.yaml") -> NgramSettings:
+        check_fields(manifest, cls.SCHEMA, source)
+        settings = manifest["mode"]["drafter"]
+        sizes = (settings[key] for key in ("max_ngram_size", "num_draft_tokens", "candidates"))
+        return NgramSettings(*sizes, settings.get("draft_length", "fixed"))
+
+    def __init__(self, settings: NgramSettings, prompt: Sequence[int]):
+        super().__init__(settings, prompt)
+        self.max_n, self.num_draft = settings.max_n, settings.num_draft
+        self.candidates, self.draft_length = settings.candidates, settings.draft_length
+        self.tokens: list[int] = []  # the sequence so far: the prompt, then every accepted token
+        self._starts: dict[tuple, list[int]] = {}  # n-gram -> start positions, in increasing order
+        self.observe(prompt)
+
+    def observe(self, accepted: Sequence[int]) -> None:
+        """The sequence grew by `accepted`: index the n-grams ending at the new tokens (O(new tokens))."""
+        tokens, starts, begin = self.tokens, self._starts, len(self.tokens)
+        tokens.extend(accepted)
+        for end in range(begin, len(tokens)):
             for n in range(1, min(self.max_n, end + 1) + 1):
                 starts.setdefault(tuple(tokens[end - n + 1 : end + 1]), []).append(end - n + 1)
-        self._indexed = len(tokens)
+
+    def propose(self, step: StepResult) -> Proposal:
+        self.observe(step.tokens)
+        return self.draft()
 
     def matches(self, tokens: list[int]) -> list[tuple[int, int]]:
         """(match length, where the continuation begins) for the most recent earlier occurrences of the longest
@@ -96,9 +126,10 @@ class NgramDrafter(Drafter):
                     break
         return found
 
-    def propose(self, seq: SequenceState) -> Proposal:
-        root = seq.tokens[-1]
-        found = self.continuations(seq.tokens)
+    def draft(self) -> Proposal:
+        """The tree of the continuations of the sequence so far, rooted at its last token."""
+        root = self.tokens[-1]
+        found = self.continuations(self.tokens)
         if len(found) <= 1:
             drafts = found[0] if found else []
             return Proposal.from_tree([root, *drafts], _tree(tuple((0,) * d for d in range(1, len(drafts) + 1))))

@@ -4,12 +4,12 @@ fixed size); the proposal is its first `next_num_tokens` nodes, so duplicated be
 from __future__ import annotations
 
 from specbuild import engine_format as ef
-from specbuild.runtime.drafter import GraphDrafter, Proposal, SequenceState
+from specbuild.runtime.drafter import GraphDrafter, Proposal, StepResult
 
 
 class RedrafterDrafter(GraphDrafter):
-    def propose(self, seq: SequenceState) -> Proposal:
-        out = seq.outputs
+    def propose(self, step: StepResult) -> Proposal:
+        out = step.outputs
         n = int(out[ef.NEXT_NUM_TOKENS][0])
         return Proposal(
             out[ef.NEXT_INPUT_IDS][:, :n],

@@ -33,17 +33,23 @@ def select_graph(manifest: dict, backend: str, engine_dir: Path) -> dict:
     return graph
 
 
-def create_backend(
-    engine_dir: Path, manifest: dict, backend: str | None = None, threads: int | None = None, graph: dict | None = None
-) -> Backend:
-    backend = backend or default_backend(manifest)
-    graph = graph or select_graph(manifest, backend, Path(engine_dir))
+def backend_class(backend: str) -> type[Backend]:
+    """The class of `backend`, imported now (TensorRT's only when asked for)."""
     if backend == ef.BACKEND_ONNXRUNTIME:
         from specbuild.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
-        return OnnxRuntimeBackend(engine_dir, graph, threads=threads)
+        return OnnxRuntimeBackend
     if backend == ef.BACKEND_TENSORRT:
         from specbuild.runtime.backends.tensorrt import TensorRTBackend
 
-        return TensorRTBackend(engine_dir, manifest)
-    raise SpecbuildError(f"unknown backend {backend!r}; choose onnxruntime or tensorrt")
+        return TensorRTBackend
+    raise SpecbuildError(f"unknown backend {backend!r}; choose {' or '.join(ef.BACKENDS)}")
+
+
+def create_backend(
+    engine_dir: Path, manifest: dict, backend: str | None = None, threads: int = 0, graph: dict | None = None
+) -> Backend:
+    """threads: resolved (base.resolve_threads; 0 = the backend's default)."""
+    backend = backend or default_backend(manifest)
+    graph = graph or select_graph(manifest, backend, Path(engine_dir))
+    return backend_class(backend)(Path(engine_dir), manifest, graph, threads)

@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 
+from specbuild import engine_format as ef
 from specbuild.runtime.backends.base import Backend
 
 
-def resolved_threads(threads: int | None = None) -> int:
-    """Intra-op threads a session gets: `threads`, else SPECBUILD_THREADS, else 0 (ONNX Runtime's default)."""
-    return threads or int(os.environ.get("SPECBUILD_THREADS", "0") or 0)
-
-
-def session_options(threads: int | None = None, accuracy_level: int = 1):
+def session_options(threads: int = 0, accuracy_level: int = 1):
+    """threads: intra-op threads, resolved (base.resolve_threads; 0 = ONNX Runtime's default)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    threads = resolved_threads(threads)
     if threads:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
@@ -198,12 +193,12 @@ def run_bound(session, feeds: dict, output_names, aliases: dict[str, str] | None
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
-    def __init__(self, engine_dir: Path, graph: dict, threads: int | None = None):
+    def __init__(self, engine_dir: Path, manifest: dict, graph: dict, threads: int = 0):
         import onnxruntime as ort
 
-        self._ort = ort
-        path = Path(engine_dir) / graph["file"]
-        level = int((graph.get("quantization") or {}).get("accuracy_level", 1))
+        super().__init__(engine_dir, manifest, graph, threads)
+        path = self.engine_dir / graph["file"]
+        level = (graph.get("quantization") or {}).get("accuracy_level", ef.ACCURACY_FLOAT32)
         self.session = ort.InferenceSession(
             str(path), session_options(threads, level), providers=["CPUExecutionProvider"]
         )
@@ -215,8 +210,7 @@ class OnnxRuntimeBackend(Backend):
         """The graph file's metadata entries (what the build recorded inside it, e.g. the positions it addresses)."""
         return dict(self.session.get_modelmeta().custom_metadata_map)
 
-    @staticmethod
-    def bind(array: np.ndarray) -> BoundArray:
+    def bind(self, array: np.ndarray) -> BoundArray:
         """Wrap a buffer fed on every call (its OrtValue is made once)."""
         return BoundArray(array)
 

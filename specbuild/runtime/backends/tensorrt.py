@@ -1,7 +1,8 @@
 """TensorRT execution backend: runs an engine directory's ``model.plan`` through polygraphy's TrtRunner.
 
-Imports neither torch nor tensorrt at module level; constructing :class:`TensorRTBackend` on a host without
-TensorRT raises a one-line SpecbuildError. Feeds and results are host numpy arrays.
+Imports neither torch, tensorrt nor polygraphy at module level (import-safe without them); constructing
+:class:`TensorRTBackend` on a host without TensorRT raises a one-line SpecbuildError. Feeds and results are host
+numpy arrays.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 from specbuild.engine_format import ENGINE_PLAN
 from specbuild.errors import SpecbuildError
+from specbuild.runtime.backends.base import Backend
 
 TENSORRT_MISSING = (
     "the tensorrt backend needs the TensorRT Python package (pip install specbuild[trt]) on an NVIDIA GPU host"
@@ -45,18 +47,17 @@ def tensorrt_available() -> bool:
     return True
 
 
-class TensorRTBackend:
-    """Runs one step of the engine on the GPU: ``run(feeds) -> outputs``; ``last_engine_s`` times the engine."""
+class TensorRTBackend(Backend):
+    """Runs one step of the engine on the GPU: ``run(feeds) -> outputs``; ``last_engine_s`` times the engine.
+    The plan is compiled from the graph entry's portable graph; TensorRT picks its own threads."""
 
     name = "tensorrt"
 
-    def __init__(self, engine_dir: Path, manifest: dict):
+    def __init__(self, engine_dir: Path, manifest: dict, graph: dict, threads: int = 0):
         if not tensorrt_available():
             raise SpecbuildError(TENSORRT_MISSING)
-        self.engine_dir = Path(engine_dir)
-        self.manifest = manifest
+        super().__init__(engine_dir, manifest, graph, threads)
         self.plan_path = _plan_file(self.engine_dir, manifest or {})
-        self.last_engine_s = 0.0
 
         from polygraphy.backend.common import BytesFromPath
         from polygraphy.backend.trt import EngineFromBytes, TrtRunner
@@ -80,17 +81,8 @@ class TensorRTBackend:
         # The runner reuses its host buffers between calls: hand back copies.
         return {name: np.array(value, copy=True) for name, value in outputs.items()}
 
-    def graph_metadata(self) -> dict[str, str]:
-        return {}  # a plan carries no ONNX metadata; its optimization profile bounds the shapes
-
     def close(self) -> None:
         runner = getattr(self, "_runner", None)
         if runner is not None and runner.is_active:
             runner.deactivate()
         self._runner = None
-
-    def __enter__(self) -> TensorRTBackend:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

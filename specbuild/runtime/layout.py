@@ -1,0 +1,71 @@
+"""What a session needs to know of its engine, read once at load: the KV cache and mode-state layout, the lengths,
+and the rows every call is padded to. Immutable, so that many sessions (later: one batch) share one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from specbuild import engine_format as ef
+
+NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "bool": np.bool_}
+
+
+@dataclasses.dataclass(frozen=True)
+class StateLayout:
+    """One mode state (engine.yaml `states`): shape with 1 for the batch and 0 for the capacity dimension."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: type
+    fill: float
+    grow_axis: int | None  # the axis that grows like the KV cache (None: replaced whole every call)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    kv_cache: str  # ef.KV_STACKED or ef.KV_SHARED
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    kv_dtype: type
+    max_seq_len: int
+    step_tokens: int  # the most tokens one call verifies (limits.max_new_tokens_per_step)
+    min_rows: int  # every call is padded to this many rows (row-invariant kernels, runtime/exactness.py)
+    scratch_rows: int  # rows the graph writes after each call's tokens: the cache keeps room for them
+    states: tuple[StateLayout, ...]
+
+    @classmethod
+    def read(cls, manifest: dict, graph: dict, min_rows: int) -> Layout:
+        """From a validated engine.yaml, the graph entry the backend runs and the padding exactness decided."""
+        model = manifest["model"]
+        kv_dtype = NUMPY_DTYPES["float16" if manifest["dtype"] == "float16" else "float32"]
+        return cls(
+            kv_cache=graph["kv_cache"],
+            num_layers=model["num_layers"],
+            kv_heads=model["num_kv_heads"],
+            head_dim=model["head_dim"],
+            kv_dtype=kv_dtype,
+            max_seq_len=int(manifest["limits"]["max_seq_len"]),
+            step_tokens=int(manifest["limits"]["max_new_tokens_per_step"]),
+            min_rows=min_rows,
+            scratch_rows=max(int(graph.get("attention_pad_rows", 0)), min_rows - 1),
+            states=tuple(_state(spec, kv_dtype) for spec in manifest.get("states") or []),
+        )
+
+    @property
+    def max_capacity(self) -> int:
+        return self.max_seq_len + self.scratch_rows
+
+    @property
+    def shared_kv(self) -> bool:
+        return self.kv_cache == ef.KV_SHARED
+
+
+def _state(spec: dict, kv_dtype) -> StateLayout:
+    dtype = NUMPY_DTYPES[spec["dtype"]]
+    if spec["dtype"] == "float32" and kv_dtype == np.float16:
+        dtype = np.float16  # float states follow the engine's dtype
+    shape = tuple(1 if d == "B" else (0 if d == "C" else d) for d in spec["shape"])
+    return StateLayout(spec["name"], shape, dtype, spec.get("fill", 0), spec.get("grow_axis"))
