@@ -96,7 +96,7 @@ def _dynamic_shapes(step: StepModule):
         states.append({i: {"B": b, "C": c}[d] for i, d in enumerate(spec.shape) if isinstance(d, str)})
     if isinstance(step, FusedStepModule):
         buffers = [{0: b, 2: c}] * (2 * len(step.net.layers))
-        padding = [{0: dim("min_rows", min=1, max=64)}] if step.row_padding else []
+        padding = [{0: dim(ef.MIN_ROWS, min=1, max=64)}] if step.row_padding else []
         return (*head, paths, *sampling, tuple(padding + buffers + states))  # *tail: one var-positional entry
     return (*head, {2: b, 4: c}, paths, *sampling) + ((tuple(states),) if states else ())
 
