@@ -179,3 +179,24 @@ def test_invalid_sampling_value_is_one_line_error(built, option, value):
     _, engine = built
     res = invoke("run", "--engine-dir", engine, "--input-ids", "1,2", option, value)
     assert_one_line_error(res, option)
+
+
+def test_module_entry_point_knows_every_command():
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-m", "specbuild.cli.main", "train", "--help"], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+    assert "--recipe" in res.stdout
+
+
+def test_mode_and_weights_are_choices_in_help(tmp_path):
+    from specbuild import engine_format as ef
+    from specbuild.plugins.registry import mode_names
+
+    help_text = invoke("build", "--help").stdout
+    assert f"[{'|'.join(mode_names())}]" in help_text and f"[{'|'.join(ef.WEIGHTS)}]" in help_text
+    res = invoke("build", "--checkpoint-dir", tmp_path, "--output-dir", tmp_path / "e", "--weights", "int3")
+    assert_one_line_error(res, "--weights 'int3'", "int4")
