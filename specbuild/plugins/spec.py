@@ -9,7 +9,6 @@ converter (build time), the trainer (training time) and the runtime drafter (num
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 # mode families (../shared/DESIGN.md): who proposes the draft tokens
 PLAIN = "plain"  # no drafts: autoregressive decoding through the same step graph (the baseline)
@@ -24,7 +23,7 @@ class ModeOption:
 
     kind: "int", "float", "text" (a string the mode parses, e.g. a tree) or "pair" (two numbers "A,B").
     minimum: the smallest accepted value of an int option (None: no bound here; the mode checks it).
-    lossy: the option gives up exactness (documented as such in --help)."""
+    metavar: how --help shows the value (None: click's default for the kind)."""
 
     name: str
     kind: str
@@ -50,7 +49,7 @@ class ModeSpec:
     heads: str | None = None  # what `specbuild convert --<name>-dir DIR` reads (help text); None: no heads
     converter: str | None = None  # "module:function": (head_dir, model_config, base_tensors) -> (cfg, tensors)
     trainer: str | None = None  # "module:function": (recipe_path, log, device) -> metrics, recipes of `kind: <name>`
-    defaults: dict[str, Any] = dataclasses.field(default_factory=dict)  # option defaults, for --help
+    demo: bool = False  # the mode `specbuild demo` shows beside plain decoding: the fastest fp32 mode on CPU (README)
 
     def __post_init__(self):
         if self.family not in FAMILIES:

@@ -179,3 +179,38 @@ def test_invalid_sampling_value_is_one_line_error(built, option, value):
     _, engine = built
     res = invoke("run", "--engine-dir", engine, "--input-ids", "1,2", option, value)
     assert_one_line_error(res, option)
+
+
+def test_module_entry_point_knows_every_command():
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-m", "specbuild.cli.main", "train", "--help"], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+    assert "--recipe" in res.stdout
+
+
+def test_mode_and_weights_are_choices_in_help(tmp_path):
+    from specbuild import engine_format as ef
+    from specbuild.plugins.registry import mode_names
+
+    help_text = invoke("build", "--help").stdout
+    assert f"[{'|'.join(mode_names())}]" in help_text and f"[{'|'.join(ef.WEIGHTS)}]" in help_text
+    res = invoke("build", "--checkpoint-dir", tmp_path, "--output-dir", tmp_path / "e", "--weights", "int3")
+    assert_one_line_error(res, "--weights 'int3'", "int4")
+
+
+def test_demo_shows_a_speculative_mode_beside_none():
+    from types import SimpleNamespace
+
+    from specbuild.cli.main import _demo_summary, demo_mode
+    from specbuild.plugins.registry import baseline_mode, get_mode
+
+    assert not get_mode(demo_mode()).baseline
+    none = SimpleNamespace(tokens_per_s=40.0, mean_accepted_tokens=1.0, output_ids=[5, 6, 7])
+    fast = SimpleNamespace(tokens_per_s=60.0, mean_accepted_tokens=1.9, output_ids=[5, 6, 7])
+    lines = _demo_summary({baseline_mode(): none, demo_mode(): fast})
+    assert "40.0 tok/s, τ 1.00" in lines[0]
+    assert "60.0 tok/s, τ 1.90, 1.50x, same tokens as" in lines[1] and lines[1].endswith("yes")
