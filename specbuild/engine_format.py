@@ -40,7 +40,10 @@ MIN_TEMPERATURE = 1e-5  # smallest sampling temperature: the graph divides by ma
 TOP_K = "top_k"  # [B] int64, 0 = off
 MAX_TOP_K = 2048  # top-k and the top-p nucleus work over the 2048 most likely tokens (a constant-K TopK)
 TOP_P = "top_p"  # [B] float32, 1 = off
-RAND_ACCEPT = "rand_accept"  # [B,T] float32 uniform [0,1): one draw per tree node
+RAND_ACCEPT = "rand_accept"  # [B,W] float32 uniform [0,1): one draw per verified node
+# W, the dimension WINDOW of rand_accept: the graph verifies the last W of the T new tokens (they alone get logits and
+# acceptance): the whole tree in decode, the last prompt token in prefill. The runtime chooses W by this input's shape.
+WINDOW = "window"
 RAND_SAMPLE = "rand_sample"  # [B] float32 uniform [0,1): the bonus/residual draw
 # [M] bool, values unused (int8-activation ONNX Runtime graphs): every row-wise kernel of the call sees at least M
 # rows (copies of the last token pad a shorter call); M chosen at load by runtime/row_invariance.py

@@ -1,4 +1,8 @@
-"""Export the step module to ONNX (dynamo exporter, opset 18) and validate it against torch with ONNX Runtime."""
+"""Export a step module to ONNX (dynamo exporter, opset 18; int4 quantization moves a graph to 21), validate it
+against torch with ONNX Runtime, and lint it.
+
+The module's layout (builder/step.py) places the KV cache; the mode's outputs are its declaration (draft_outputs(),
+state_specs()): export reads both and never runs or inspects the module to find them."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import numpy as np
 import torch
 
 from specbuild import engine_format as ef
-from specbuild.builder.step import BASE_INPUTS, BASE_OUTPUTS, FusedStepModule, StepModule
+from specbuild.builder.step import HEAD_INPUTS, SAMPLING_INPUTS, StepModule
 from specbuild.errors import SpecbuildError
 
 OPSET = 18
@@ -64,18 +68,18 @@ def example_inputs(
             states.append(torch.zeros(shape, dtype=torch.int64))
         else:
             states.append((torch.randn(shape, generator=g) * 0.5).to(TORCH_DTYPES[spec.dtype]))
-    sampling = (
+    sampling = [
         torch.tensor([temperature], dtype=torch.float32),
         torch.tensor([0]),
         torch.tensor([1.0], dtype=torch.float32),
-        torch.rand(1, w, generator=g),
+        torch.rand(1, w, generator=g),  # its width is the window W (ef.WINDOW)
         torch.rand(1, generator=g),
+    ]
+    head = [input_ids, position_ids, tree_mask, torch.tensor([past])]
+    fixed, tail = step.arrange(
+        head, step.kv_inputs(kv), [paths], sampling, [torch.zeros(min_rows, dtype=torch.bool)], states
     )
-    if isinstance(step, FusedStepModule):
-        buffers = [kv[i, j].clone() for i in range(cfg.num_layers) for j in range(2)]
-        padding = [torch.zeros(min_rows, dtype=torch.bool)] if step.row_padding else []
-        return (input_ids, position_ids, tree_mask, torch.tensor([past]), paths, *sampling, *padding, *buffers, *states)
-    return (input_ids, position_ids, tree_mask, torch.tensor([past]), kv, paths, *sampling, *states)
+    return (*fixed, *tail)
 
 
 def _dynamic_shapes(step: StepModule):
@@ -85,33 +89,25 @@ def _dynamic_shapes(step: StepModule):
     b = 1
     t = dim("new_tokens", min=1, max=65536)
     c = dim("capacity", min=1, max=1 << 20)
-    w = dim("window", min=1, max=4096)
+    w = dim(ef.WINDOW, min=1, max=4096)
     n_paths = dim("num_paths", min=1, max=4096)
     depth = dim("path_len", min=1, max=256)
-    head = ({0: b, 1: t}, {0: b, 1: t}, {0: b, 1: t, 2: t}, {0: b})
-    sampling = ({0: b}, {0: b}, {0: b}, {0: b, 1: w}, {0: b})
+    head = [{0: b, 1: t}, {0: b, 1: t}, {0: b, 1: t, 2: t}, {0: b}]
+    sampling = [{0: b}, {0: b}, {0: b}, {0: b, 1: w}, {0: b}]
     paths = {0: b, 1: n_paths, 2: depth}
-    states = []
-    for spec in step.plugin.state_specs():
-        states.append({i: {"B": b, "C": c}[d] for i, d in enumerate(spec.shape) if isinstance(d, str)})
-    if isinstance(step, FusedStepModule):
-        buffers = [{0: b, 2: c}] * (2 * len(step.net.layers))
-        padding = [{0: dim(ef.MIN_ROWS, min=1, max=64)}] if step.row_padding else []
-        return (*head, paths, *sampling, tuple(padding + buffers + states))  # *tail: one var-positional entry
-    return (*head, {2: b, 4: c}, paths, *sampling) + ((tuple(states),) if states else ())
+    states = [
+        {i: {"B": b, "C": c}[d] for i, d in enumerate(s.shape) if isinstance(d, str)} for s in step.plugin.state_specs()
+    ]
+    min_rows = [{0: dim(ef.MIN_ROWS, min=1, max=64)}]
+    fixed, tail = step.arrange(head, step.kv_dims(b, c), [paths], sampling, min_rows, states)
+    return (*fixed, tuple(tail)) if tail else tuple(fixed)  # the var-positional inputs: one entry
 
 
 def io_names(step: StepModule) -> tuple[list[str], list[str]]:
+    """(input names, output names) of the step graph, in order."""
     states = [ef.STATE_PREFIX + n for n in step.state_names]
-    tail = step.draft_output_names + ([ef.LOGITS] if step.output_logits else [])
-    if isinstance(step, FusedStepModule):
-        layers = range(len(step.net.layers))
-        past = [name.format(i) for i in layers for name in (ef.PAST_KEY, ef.PAST_VALUE)]
-        present = [name.format(i) for i in layers for name in (ef.PRESENT_KEY, ef.PRESENT_VALUE)]
-        padding = [ef.MIN_ROWS] if step.row_padding else []
-        inputs = [n for n in BASE_INPUTS if n != ef.KV_CACHE] + padding + past + states
-        return inputs, [n for n in BASE_OUTPUTS if n != ef.NEW_KV] + present + tail
-    return BASE_INPUTS + states, BASE_OUTPUTS + tail
+    fixed, tail = step.arrange(HEAD_INPUTS, step.kv_input_names(), [ef.PATHS], SAMPLING_INPUTS, [ef.MIN_ROWS], states)
+    return fixed + tail, step.output_names()
 
 
 def aliased_outputs(input_names: list[str]) -> dict[str, str]:
@@ -128,8 +124,6 @@ def aliased_outputs(input_names: list[str]) -> dict[str, str]:
 def export_step(step: StepModule, onnx_path: Path) -> tuple[list[str], list[str]]:
     """Export to `onnx_path` (+ external data file). Returns (input names, output names)."""
     args = example_inputs(step, t=6, w=4, capacity=10, past=3)  # room for a pad row
-    with torch.no_grad():
-        step(*args)  # records the plugin's output names
     inputs, outputs = io_names(step)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     try:
@@ -147,8 +141,6 @@ def export_step(step: StepModule, onnx_path: Path) -> tuple[list[str], list[str]
                 optimize=True,
             )
             program.save(str(onnx_path), external_data=True)
-        if isinstance(step, FusedStepModule):
-            drop_unused_norm_statistics(onnx_path)
     except SpecbuildError:
         raise
     except Exception as exc:
@@ -201,6 +193,7 @@ def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads
         with torch.no_grad():
             ref = step(*args)
         got, _ = run_bound(sess, feeds, out_names, aliases)
+        _check_declared_outputs(step, dict(zip(out_names, ref)))
         for name, r in zip(out_names, ref):
             g = got[name]
             r = r.float().numpy() if r.is_floating_point() else r.numpy()
@@ -213,6 +206,18 @@ def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads
     if worst > tolerance:
         raise SpecbuildError(f"export validation: max abs diff {worst:.3g} exceeds {tolerance:g}")
     return worst
+
+
+def _check_declared_outputs(step: StepModule, outputs: dict) -> None:
+    """The mode's draft outputs have the dtype and shape its plugin declares (draft_outputs(), batch 1)."""
+    for spec in step.plugin.draft_outputs():
+        value = outputs[spec.name]
+        shape = tuple(1 if d == "B" else d for d in spec.shape)
+        if tuple(value.shape) != shape or value.dtype != TORCH_DTYPES[spec.dtype]:
+            raise SpecbuildError(
+                f"the {step.plugin.name} plugin declares {spec.name} {spec.dtype} {list(shape)}, its graph gives "
+                f"{str(value.dtype).removeprefix('torch.')} {list(value.shape)}"
+            )
 
 
 def compare_quantized(
@@ -249,3 +254,42 @@ def compare_quantized(
         "top1_agreement": round(float((have.argmax(-1) == want.argmax(-1)).mean()), 4),
         "positions": t,
     }
+
+
+def record_metadata(onnx_path: Path, entries: dict) -> int:
+    """Add key/value entries to the graph file's metadata (ONNX Runtime reads them back without parsing the graph);
+    return the graph's opset (of the default domain: 18, 21 with int4 weights), which engine.yaml records."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    props = {p.key: p.value for p in model.metadata_props} | {k: str(v) for k, v in entries.items()}
+    onnx.helper.set_model_props(model, props)
+    onnx.save(model, str(onnx_path))
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def drop_output(onnx_path: Path, name: str) -> None:
+    """Remove graph output `name` (its value is still computed for the nodes that use it)."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    keep = [o for o in model.graph.output if o.name != name]
+    del model.graph.output[:]
+    model.graph.output.extend(keep)
+    onnx.save(model, str(onnx_path))
+
+
+def lint_graph(onnx_path: Path, tensorrt: bool) -> None:
+    """Every graph passes ONNX's checker (well-formed graph, standard ops against their schemas, opset imports); the
+    graph TensorRT parses also passes its parser's operator matrix (trt_compat)."""
+    import onnx
+
+    from specbuild.builder.trt_compat import assert_tensorrt_clean
+
+    try:
+        onnx.checker.check_model(str(onnx_path))
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecbuildError(f"{onnx_path.name}: the ONNX checker refuses the exported graph: {first[:300]}") from None
+    if tensorrt:
+        assert_tensorrt_clean(onnx.load(str(onnx_path), load_external_data=False))

@@ -34,12 +34,35 @@ MSFT = "com.microsoft"
 # float rounding (~1e-6), like float32 engines.
 ACCURACY_FP32 = ef.ACCURACY_FLOAT32
 ACCURACY_INT8 = ef.ACCURACY_INT8
+# The one decision on the mode's own weights (heads, draft layers) under --weights int4/int8: they stay float, in the
+# engine's float dtype (mode_nodes are left out of quantization; engine.yaml says so in weights.mode_weights).
+# Quantized, they made int4 speculative engines 1.7-2x slower on the CPU measured (README, Benchmarks).
+# What a quantized graph's greedy agreement is measured on (when the checkpoint has a tokenizer).
+QUANTIZATION_CHECK_TEXT = (
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:\n        return n\n'
+    "The capital of France is Paris. Speculative decoding drafts tokens and verifies them in one pass."
+)
+PLUGIN_ATTRIBUTE = "plugin"  # the step module's attribute holding the mode's modules (builder/step.py)
+
+
+def mode_nodes(model: onnx.ModelProto) -> list[str]:
+    """The nodes of the mode's own modules (heads, draft layers): their weights stay float (see above).
+
+    The exporter records each node's module path in its `namespace` metadata, `<step>/<attribute>.<...>: <type>/...`;
+    the mode's modules sit under the step module's `plugin` attribute (PLUGIN_ATTRIBUTE)."""
+    out = []
+    for node in model.graph.node:
+        scope = next((p.value for p in node.metadata_props if p.key == "namespace"), "").split("/")
+        if len(scope) > 1 and scope[1].split(":")[0].split(".")[0] == PLUGIN_ATTRIBUTE:
+            out.append(node.name)
+    return out
 
 
 def quantize_graph(
     onnx_path: Path, out_path: Path, bits: int, block_size: int, fused_gather: bool, accuracy_level: int
 ) -> None:
-    """Quantize the graph at `onnx_path` into `out_path` (+ its external data file).
+    """Quantize the graph at `onnx_path` into `out_path` (+ its external data file): the base network's weights; the
+    mode's own matmuls (mode_nodes) stay float.
 
     fused_gather: the embedding becomes GatherBlockQuantized (ONNX Runtime graph) instead of DequantizeLinear ->
     Gather (portable graph)."""
@@ -58,7 +81,9 @@ def quantize_graph(
     )
     logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
     config = DefaultWeightOnlyQuantConfig(bits=bits, **settings)
-    quantizer = MatMulNBitsQuantizer(model, bits=bits, algo_config=config, **settings)
+    quantizer = MatMulNBitsQuantizer(
+        model, bits=bits, algo_config=config, nodes_to_exclude=mode_nodes(model), **settings
+    )
     try:
         quantizer.process()
     except Exception as exc:  # the quantizer raises assertion/value errors on shapes it cannot handle
@@ -166,3 +191,47 @@ def _quantize_embedding(model: onnx.ModelProto, block_size: int, fused: bool) ->
             graph.initializer.remove(inits[base])
     if fused and done and not any(o.domain == MSFT for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MSFT, 1))
+
+
+def quantize_step_graph(step, onnx_path: Path, plan, fused_gather: bool, name: str, log) -> dict:
+    """Quantize the exported graph at onnx_path in place (plan.weights), compare it with the float torch step over a
+    sample text, drop the logits output the comparison needed (unless asked for); return engine.yaml's
+    graphs[].quantization."""
+    from specbuild.builder.export import compare_quantized, drop_output
+
+    bits, block_size = plan.quantized_bits, plan.options.weights_block_size
+    level = ACCURACY_INT8 if plan.options.int8_activations else ACCURACY_FP32
+    log(f"quantizing the {name} graph's weights to {plan.weights} (blocks of {block_size})")
+    staged = onnx_path.with_name("quantized." + onnx_path.name)
+    quantize_graph(onnx_path, staged, bits, block_size, fused_gather=fused_gather, accuracy_level=level)
+    onnx_path.unlink()
+    Path(str(onnx_path) + ".data").unlink(missing_ok=True)
+    staged.rename(onnx_path)  # it keeps its own data file until share_weights gathers every graph's tensors
+    q = {
+        "bits": bits,
+        "block_size": block_size,
+        "symmetric": True,
+        "accuracy_level": level,
+        **compare_quantized(step, onnx_path, sample_prompt(plan.checkpoint), accuracy_level=level),
+    }
+    log(
+        f"{plan.weights} {name} graph against torch: top-1 agreement {q['top1_agreement']:.1%} over "
+        f"{q['positions']} positions, logit error max {q['max_logit_error']:.3f} mean {q['mean_logit_error']:.4f} "
+        "(relative)"
+    )
+    if not plan.options.output_logits:
+        drop_output(onnx_path, ef.LOGITS)
+    return q
+
+
+def sample_prompt(ckpt, length: int = 48) -> list[int]:
+    """Token ids to check a quantized graph on: real text when the checkpoint has a tokenizer, else a fixed draw."""
+    vocab = ckpt.model.vocab_size
+    if ckpt.tokenizer_file is not None:
+        from specbuild.runtime.text import TextCodec
+
+        ids = TextCodec(ckpt.tokenizer_file).encode(QUANTIZATION_CHECK_TEXT)[:length]
+        if len(ids) >= 8 and max(ids) < vocab:
+            return ids
+    rng = np.random.default_rng(0)
+    return rng.integers(0, vocab, size=min(length, 32)).tolist()

@@ -1,4 +1,10 @@
-"""The one step graph: base network -> tree acceptance -> mode drafting, as a torch module to export."""
+"""The one step graph: base network -> tree acceptance -> mode drafting, as a torch module to export.
+
+Two graph layouts share everything but how the KV cache is passed: `StepModule` (portable, standard ops, the cache
+stacked in one input and the new entries in one output) and `FusedStepModule` (ONNX Runtime's fused kernels, one
+in-place buffer per layer and kind). Each layout says where its inputs go (`arrange`), so that export builds the
+example inputs, the dynamic shapes and the I/O names from the same parts without asking which layout it has.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +13,24 @@ from torch import nn
 
 from specbuild import engine_format as ef
 from specbuild.builder.acceptance import accept, accept_root
+from specbuild.errors import SpecbuildError
 from specbuild.plugins.base import DraftContext, ModePlugin
 
-BASE_INPUTS = [
-    ef.INPUT_IDS,
-    ef.POSITION_IDS,
-    ef.TREE_MASK,
-    ef.PAST_LENGTH,
-    ef.KV_CACHE,
-    ef.PATHS,
-    ef.TEMPERATURE,
-    ef.TOP_K,
-    ef.TOP_P,
-    ef.RAND_ACCEPT,
-    ef.RAND_SAMPLE,
-]
-BASE_OUTPUTS = [ef.ACCEPTED_TOKENS, ef.NUM_ACCEPTED, ef.ACCEPTED_NODES, ef.NEW_KV]
+HEAD_INPUTS = [ef.INPUT_IDS, ef.POSITION_IDS, ef.TREE_MASK, ef.PAST_LENGTH]
+SAMPLING_INPUTS = [ef.TEMPERATURE, ef.TOP_K, ef.TOP_P, ef.RAND_ACCEPT, ef.RAND_SAMPLE]
+ACCEPTANCE_OUTPUTS = [ef.ACCEPTED_TOKENS, ef.NUM_ACCEPTED, ef.ACCEPTED_NODES]
 
 
 class StepModule(nn.Module):
-    """forward(*BASE_INPUTS, *states) -> (*BASE_OUTPUTS, *plugin outputs, [logits]).
+    """The portable step graph. forward(input_ids, position_ids, tree_mask, past_length, kv_cache, paths,
+    temperature, top_k, top_p, rand_accept, rand_sample, *states) -> (accepted_tokens, num_accepted,
+    accepted_nodes, new_kv, *plugin outputs, [logits]).
 
-    The logits/acceptance window is the last W = rand_accept.shape[1] new tokens: the whole tree in decode,
-    only the last prompt token in prefill (so prefill never computes a [T,V] logits matrix it does not need).
+    The logits/acceptance window is the last W new tokens, W = rand_accept.shape[1] (ef.WINDOW): the whole tree in
+    decode, only the last prompt token in prefill (so prefill never computes a [T,V] logits matrix it does not need).
     """
+
+    row_padding = False  # a min_rows input (FusedStepModule only)
 
     def __init__(self, net, plugin: ModePlugin, output_logits: bool = False, typical: tuple | None = None):
         super().__init__()
@@ -39,9 +39,31 @@ class StepModule(nn.Module):
         self.output_logits = output_logits
         self.typical = typical
         self.state_names = [s.name for s in plugin.state_specs()]
-        self.draft_output_names: list[str] = []
+        self.draft_output_names = [o.name for o in plugin.draft_outputs()] + plugin.state_output_names()
         # a mode that never drafts verifies a lone root: the acceptance block reduces to drawing the next token
         self.root_only = plugin.max_new_tokens_per_step() == 1 and typical is None
+
+    # ---- the layout: where the KV cache goes (export reads these)
+    def arrange(self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list):
+        """(fixed inputs, var-positional inputs) in forward's order, from the parts of one call."""
+        return [*head, *kv, *paths, *sampling], list(states)
+
+    def kv_inputs(self, kv: torch.Tensor) -> list:
+        """The KV cache [L,2,B,Hkv,C,D] as this layout takes it."""
+        return [kv]
+
+    def kv_input_names(self) -> list[str]:
+        return [ef.KV_CACHE]
+
+    def kv_output_names(self) -> list[str]:
+        return [ef.NEW_KV]
+
+    def kv_dims(self, batch, capacity) -> list[dict]:
+        return [{2: batch, 4: capacity}]
+
+    def output_names(self) -> list[str]:
+        logits = [ef.LOGITS] if self.output_logits else []
+        return ACCEPTANCE_OUTPUTS + self.kv_output_names() + self.draft_output_names + logits
 
     def forward(
         self,
@@ -61,24 +83,22 @@ class StepModule(nn.Module):
         hidden, new_kv, captured = self.net(
             input_ids, position_ids, tree_mask, past_length, kv_cache, capture_layers=self.plugin.capture_layers
         )
-        acc_tokens, num_acc, acc_nodes, drafted, logits = self.accept_and_draft(
-            hidden, captured, input_ids, position_ids, tree_mask, past_length, paths,
+        return self.accept_and_draft(
+            hidden, captured, [new_kv], input_ids, position_ids, tree_mask, past_length, paths,
             (temperature, top_k, top_p, rand_accept, rand_sample), states,
         )  # fmt: skip
-        outs = [acc_tokens, num_acc, acc_nodes, new_kv, *drafted.values()]
-        if self.output_logits:
-            outs.append(logits)
-        return tuple(outs)
 
     def accept_and_draft(
-        self, hidden, captured, input_ids, position_ids, tree_mask, past_length, paths, sampling, states, min_rows=None
-    ):
-        """Verification of the new tokens' tree, acceptance and the mode's drafting of the next tree (both graphs).
+        self, hidden, captured, kv_out, input_ids, position_ids, tree_mask, past_length, paths, sampling, states,
+        min_rows=None,
+    ):  # fmt: skip
+        """Verification of the new tokens' tree, acceptance and the mode's drafting of the next tree (both graphs):
+        the graph's outputs in output_names() order.
 
         min_rows: as in the network's forward_fused, the lm_head sees at least M rows (copies of the window's last)."""
         temperature, top_k, top_p, rand_accept, rand_sample = sampling
         t = input_ids.shape[1]
-        w = rand_accept.shape[1]
+        w = rand_accept.shape[1]  # ef.WINDOW
         off = t - w
         window = hidden.narrow(1, off, w)
         if min_rows is None:
@@ -102,8 +122,6 @@ class StepModule(nn.Module):
                 typical=self.typical,
             )
         acc_nodes = torch.where(acc_nodes_w >= 0, acc_nodes_w + off, torch.full_like(acc_nodes_w, -1))
-        last_node = last_w + off
-        bonus = acc_tokens.gather(1, (num_acc - 1).unsqueeze(1)).squeeze(1)
         ctx = DraftContext(
             net=self.net,
             hidden=hidden,
@@ -115,13 +133,18 @@ class StepModule(nn.Module):
             accepted_tokens=acc_tokens,
             num_accepted=num_acc,
             accepted_nodes=acc_nodes,
-            last_node=last_node,
-            bonus=bonus,
+            last_node=last_w + off,
+            bonus=acc_tokens.gather(1, (num_acc - 1).unsqueeze(1)).squeeze(1),
             states=dict(zip(self.state_names, states)),
         )
         drafted = self.plugin.draft(ctx)
-        self.draft_output_names = list(drafted)
-        return acc_tokens, num_acc, acc_nodes, drafted, logits
+        if set(drafted) != set(self.draft_output_names):
+            raise SpecbuildError(
+                f"the {self.plugin.name} plugin drafted {sorted(drafted)} but declares "
+                f"{sorted(self.draft_output_names)} (draft_outputs() and state_specs())"
+            )
+        logits_out = [logits] if self.output_logits else []
+        return (acc_tokens, num_acc, acc_nodes, *kv_out, *(drafted[n] for n in self.draft_output_names), *logits_out)
 
 
 class FusedStepModule(StepModule):
@@ -151,6 +174,22 @@ class FusedStepModule(StepModule):
         # attention kernel's own causal mask and positions serve, without the mask's ~25 nodes and bias reads
         self.causal_chain = chain_drafts or plugin.max_new_tokens_per_step() == 1
 
+    def arrange(self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list):
+        padding = list(min_rows) if self.row_padding else []
+        return [*head, *paths, *sampling], [*padding, *kv, *states]
+
+    def kv_inputs(self, kv: torch.Tensor) -> list:
+        return [kv[i, j].clone() for i in range(kv.shape[0]) for j in range(2)]
+
+    def kv_input_names(self) -> list[str]:
+        return [name.format(i) for i in range(len(self.net.layers)) for name in (ef.PAST_KEY, ef.PAST_VALUE)]
+
+    def kv_output_names(self) -> list[str]:
+        return [name.format(i) for i in range(len(self.net.layers)) for name in (ef.PRESENT_KEY, ef.PRESENT_VALUE)]
+
+    def kv_dims(self, batch, capacity) -> list[dict]:
+        return [{0: batch, 2: capacity}] * (2 * len(self.net.layers))
+
     def forward(
         self,
         input_ids,
@@ -165,27 +204,21 @@ class FusedStepModule(StepModule):
         rand_sample,
         *buffers_and_states,
     ):
-        min_rows = None
-        if self.row_padding:
-            min_rows, buffers_and_states = buffers_and_states[0], buffers_and_states[1:]
+        min_rows = buffers_and_states[0] if self.row_padding else None
+        tail = buffers_and_states[1:] if self.row_padding else buffers_and_states
         n_kv = 2 * len(self.net.layers)
-        kv, states = buffers_and_states[:n_kv], buffers_and_states[n_kv:]
         hidden, presents, captured = self.net.forward_fused(
             input_ids,
             position_ids,
             tree_mask,
             past_length,
-            list(kv),
+            list(tail[:n_kv]),
             capture_layers=self.plugin.capture_layers,
             causal_chain=self.causal_chain,
             attention_pad=self.attention_pad,
             min_rows=min_rows,
         )
-        acc_tokens, num_acc, acc_nodes, drafted, logits = self.accept_and_draft(
-            hidden, captured, input_ids, position_ids, tree_mask, past_length, paths,
-            (temperature, top_k, top_p, rand_accept, rand_sample), states, min_rows,
+        return self.accept_and_draft(
+            hidden, captured, presents, input_ids, position_ids, tree_mask, past_length, paths,
+            (temperature, top_k, top_p, rand_accept, rand_sample), tail[n_kv:], min_rows,
         )  # fmt: skip
-        outs = [acc_tokens, num_acc, acc_nodes, *presents, *drafted.values()]
-        if self.output_logits:
-            outs.append(logits)
-        return tuple(outs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.backends.tensorrt import tensorrt_available  # noqa: F401 - re-exported for the builder
 
@@ -77,3 +78,19 @@ def build_tensorrt_plan(
     except Exception as exc:  # noqa: BLE001 - polygraphy/TensorRT failures become one user-facing line
         raise SpecbuildError(f"TensorRT could not build a plan from {str(onnx_path)!r}: {exc}") from None
     return plan_path
+
+
+def optimization_profiles(cfg, plugin, max_seq_len: int) -> dict:
+    """min/opt/max shapes per dynamic input of the portable graph for the TensorRT optimization profile (batch 1)."""
+    n = plugin.max_new_tokens_per_step()
+    kv = (cfg.num_layers, 2, 1, cfg.num_kv_heads)
+    d = cfg.head_dim
+    depth = max(1, plugin.tree().depth + 1 if plugin.tree() is not None else n)
+    return {
+        ef.INPUT_IDS: ((1, 1), (1, n), (1, max_seq_len)),
+        ef.POSITION_IDS: ((1, 1), (1, n), (1, max_seq_len)),
+        ef.TREE_MASK: ((1, 1, 1), (1, n, n), (1, max_seq_len, max_seq_len)),
+        ef.KV_CACHE: ((*kv, 1, d), (*kv, 1024, d), (*kv, max_seq_len, d)),
+        ef.PATHS: ((1, 1, 1), (1, n, depth), (1, n, depth)),
+        ef.RAND_ACCEPT: ((1, 1), (1, n), (1, n)),
+    }

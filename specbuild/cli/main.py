@@ -164,16 +164,15 @@ def convert(model_dir, output_dir, dtype, overwrite, **head_dirs):
 
 # ---------------------------------------------------------------- build
 def _build_options(recipe, **overrides):
-    from specbuild.builder.build import BuildOptions
+    from specbuild.builder.options import BuildOptions
 
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    options = BuildOptions.from_recipe(recipe, **overrides) if recipe else BuildOptions(**overrides)
-    options.check()
-    return options
+    return BuildOptions.from_recipe(recipe, **overrides) if recipe else BuildOptions(**overrides)
 
 
 def _run_build(checkpoint_dir, output_dir, options) -> Path:
-    from specbuild.builder.build import build_engine
+    from specbuild.builder.build import build_plan
+    from specbuild.builder.plan import resolve
     from specbuild.interrupts import check_interrupted
 
     console = _stderr_console()
@@ -182,8 +181,9 @@ def _run_build(checkpoint_dir, output_dir, options) -> Path:
         check_interrupted()  # a stage boundary: an interrupt that library code swallowed ends the build here
         console.print(msg, markup=False)
 
-    with console.status(f"building {options.speculative_mode} engine ...", spinner="dots"):
-        return build_engine(checkpoint_dir, output_dir, options, log=log)
+    plan = resolve(checkpoint_dir, output_dir, options)  # every check, before any work
+    with console.status(f"building {plan.mode} engine ...", spinner="dots"):
+        return build_plan(plan, log=log)
 
 
 @cli.command()
@@ -237,7 +237,7 @@ def build(
     **mode_settings,
 ):
     """Build an engine directory (ONNX step graph with drafting and acceptance) from a canonical checkpoint."""
-    from specbuild.fsutil import prepare_output_dir, provisional_commits
+    from specbuild.fsutil import provisional_commits
 
     for option in mode_options().values():
         if option.kind == "pair":
@@ -256,9 +256,6 @@ def build(
         fp16_plan=fp16_plan or None,
         overwrite=overwrite or None,
     )
-    if not Path(checkpoint_dir).is_dir():
-        raise SpecbuildError(f"{checkpoint_dir}: checkpoint directory does not exist")
-    prepare_output_dir(output_dir, overwrite=bool(options.overwrite), inputs=[checkpoint_dir, recipe])
     with provisional_commits():  # an interrupt until the command ends still leaves nothing behind
         _run_build(checkpoint_dir, output_dir, options)
 

@@ -9,6 +9,8 @@ import torch
 from torch import nn
 
 from specbuild import engine_format as ef
+from specbuild.errors import SpecbuildError
+from specbuild.plugins.spec import TYPICAL_ACCEPTANCE
 from specbuild.tree import Tree
 
 
@@ -25,6 +27,21 @@ class StateSpec:
     dtype: str = "float32"
     fill: float = 0.0
     grow_axis: int | None = None
+
+    @property
+    def output_name(self) -> str:
+        """The graph output that carries the state to the next call (see engine_format)."""
+        return (ef.NEW_STATE_PREFIX if self.grow_axis is not None else ef.NEXT_STATE_PREFIX) + self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputSpec:
+    """A step-graph output a mode adds (its draft of the next call): name (an ef constant), dtype, and shape in
+    ints and symbolic names ("B" = the batch)."""
+
+    name: str
+    dtype: str
+    shape: tuple
 
 
 @dataclasses.dataclass
@@ -47,17 +64,46 @@ class DraftContext:
 
 
 class ModePlugin(nn.Module):
-    """`none` behaviour; speculative modes override draft(), tree(), state_specs()."""
+    """`none` behaviour; speculative modes override draft(), draft_outputs(), tree(), state_specs().
+
+    Constructed as `Plugin(checkpoint, net, settings)` with the settings check_options resolved."""
 
     name = "none"
     capture_layers: tuple = ()
+
+    def draft_outputs(self) -> list[OutputSpec]:
+        """The outputs draft() returns besides the state outputs, in graph order (export reads this declaration)."""
+        return [OutputSpec(ef.NEXT_INPUT_IDS, "int64", ("B", 1))]
+
+    def state_output_names(self) -> list[str]:
+        """The graph outputs of state_specs(), in graph order, after draft_outputs()."""
+        return [spec.output_name for spec in self.state_specs()]
+
+    def chain_drafts(self) -> bool:
+        """Whether every tree this mode verifies is a chain (ONNX Runtime's causal attention then serves)."""
+        tree = self.tree()
+        return tree is not None and tree.is_chain
+
+    @classmethod
+    def typical_acceptance(cls, options) -> tuple[float, float] | None:
+        """(EPS, ALPHA) of typical acceptance (lossy), when the mode reads the option and it is given; None:
+        rejection sampling (distribution-preserving)."""
+        value = getattr(options, TYPICAL_ACCEPTANCE.name, None)
+        if value is None:
+            return None
+        eps, alpha = value
+        if not (0 < eps <= 1 and 0 <= alpha <= 1):
+            raise SpecbuildError(
+                f"{TYPICAL_ACCEPTANCE.flag} {eps},{alpha} is invalid: expected {TYPICAL_ACCEPTANCE.metavar} with "
+                "0 < EPS <= 1 and 0 <= ALPHA <= 1 (e.g. 0.09,0.3)"
+            )
+        return tuple(value)
 
     @classmethod
     def check_options(cls, checkpoint, options) -> dict[str, Any]:
         """Resolve this mode's build options and check their bounds from the checkpoint's configs alone (no weights
         are loaded), so a bad value fails before any work. Returns the settings the plugin builds with; the key
-        `tokens_per_step` is the largest number of new tokens one engine call verifies (root included), the optional
-        `chain_drafts` whether every verified tree is a chain (default: read from the static tree())."""
+        `tokens_per_step` is the largest number of new tokens one engine call verifies (root included)."""
         return {"tokens_per_step": 1}
 
     def tree(self) -> Tree | None:

@@ -178,6 +178,7 @@ SCHEMA: dict[str, Any] = {
                 optional=True,
                 nullable=True,
             ),
+            "opset": integer(1, optional=True),  # of the default ONNX domain (18; 21 with int4 weights)
             "io": {"inputs": ListOf(IO_ITEM), "outputs": ListOf(IO_ITEM)},
         },
         min_len=1,
@@ -192,6 +193,11 @@ SCHEMA: dict[str, Any] = {
         lambda v: isinstance(v, dict) and all(_is_number(v.get(k)) for k in ("max_abs_diff", "tolerance")),
         optional=True,
         nullable=True,
+    ),
+    "weights": Check(
+        "a mapping (mode_weights: the heads' and draft layers' dtype, float32 or float16)",
+        lambda v: isinstance(v, dict) and v.get("mode_weights", ENGINE_DTYPES[0]) in ENGINE_DTYPES,
+        optional=True,
     ),
     "build_seconds": number(optional=True, nullable=True),
     "checksums": Check("a mapping of file name to {size, sha256}", lambda v: isinstance(v, dict) and bool(v)),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.base import DraftContext, ModePlugin, StateSpec
+from specbuild.plugins.base import DraftContext, ModePlugin, OutputSpec, StateSpec
 from specbuild.plugins.eagle.draft_net import DraftNet, commit_pass, expand_dynamic, expand_static
 from specbuild.tree import MAX_TOP_K, MAX_TREE_SIZE, Tree, parse_tree
 
@@ -22,6 +22,17 @@ DRAFT_KV = "draft_kv"  # the draft network's KV cache, a state that grows with t
 class EaglePlugin(ModePlugin):
     name = "eagle"
     head_key = "eagle"
+
+    def draft_outputs(self) -> list[OutputSpec]:
+        if self._tree is not None:
+            return [OutputSpec(ef.NEXT_INPUT_IDS, "int64", ("B", self._tree.size))]
+        n, depth = self.total_tokens, self.depth + 1
+        return [
+            OutputSpec(ef.NEXT_INPUT_IDS, "int64", ("B", n)),
+            OutputSpec(ef.NEXT_TREE_MASK, "bool", ("B", n, n)),
+            OutputSpec(ef.NEXT_POSITION_OFFSETS, "int64", ("B", n)),
+            OutputSpec(ef.NEXT_PATHS, "int64", ("B", n, depth)),
+        ]
 
     @classmethod
     def check_options(cls, checkpoint, options) -> dict:
@@ -72,9 +83,8 @@ class EaglePlugin(ModePlugin):
             )
         return {"tree": None, "top_k": k, "depth": depth, "total_tokens": total, "tokens_per_step": total}
 
-    def __init__(self, checkpoint, net, options):
+    def __init__(self, checkpoint, net, settings):
         super().__init__()
-        settings = self.check_options(checkpoint, options)
         cfg = checkpoint.heads[self.head_key]
         version = int(cfg.get("version", 3 if self.head_key == "eagle3" else 1))
         self.drafter = DraftNet(cfg, net.cfg, version)

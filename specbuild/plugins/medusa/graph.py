@@ -18,7 +18,7 @@ from specbuild import engine_format as ef
 from specbuild.builder.checkpoint import read_json, recorded_defaults
 from specbuild.builder.weights_io import load_hf_weights, load_tensor_file
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.base import DraftContext, ModePlugin
+from specbuild.plugins.base import DraftContext, ModePlugin, OutputSpec
 from specbuild.tree import MAX_TOP_K, Tree, parse_tree
 
 DEFAULT_TOP_K = 10
@@ -147,6 +147,9 @@ class MedusaHeads(nn.Module):
 class MedusaPlugin(ModePlugin):
     name = "medusa"
 
+    def draft_outputs(self) -> list[OutputSpec]:
+        return [OutputSpec(ef.NEXT_INPUT_IDS, "int64", ("B", self._tree.size))]
+
     @classmethod
     def check_options(cls, checkpoint, options) -> dict:
         cfg = checkpoint.heads.get("medusa")
@@ -181,9 +184,8 @@ class MedusaPlugin(ModePlugin):
         )
         return {"tree": tree, "top_k": top_k, "num_heads": num_heads, "tokens_per_step": tree.size}
 
-    def __init__(self, checkpoint, net, options):
+    def __init__(self, checkpoint, net, settings):
         super().__init__()
-        settings = self.check_options(checkpoint, options)
         cfg = checkpoint.heads["medusa"]
         self.num_heads, self.top_k, tree = settings["num_heads"], settings["top_k"], settings["tree"]
         self._tree = tree

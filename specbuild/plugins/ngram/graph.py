@@ -19,6 +19,9 @@ from specbuild.tree import MAX_TREE_SIZE
 class NgramPlugin(ModePlugin):
     name = "ngram"
 
+    def chain_drafts(self) -> bool:
+        return self.settings["chain_drafts"]
+
     @classmethod
     def check_options(cls, checkpoint, options) -> dict:
         def pick(name, default):
@@ -51,9 +54,9 @@ class NgramPlugin(ModePlugin):
             "chain_drafts": c == 1,  # one candidate: each call verifies the root and one continuation
         }
 
-    def __init__(self, checkpoint, net, options):
+    def __init__(self, checkpoint, net, settings):
         super().__init__()
-        self.settings = self.check_options(checkpoint, options)
+        self.settings = settings
 
     def tree(self):
         return None  # the runtime's drafter gives each call's tree

@@ -6,5 +6,5 @@ from specbuild.plugins.base import ModePlugin
 class NonePlugin(ModePlugin):
     name = "none"
 
-    def __init__(self, checkpoint=None, net=None, options=None):
+    def __init__(self, checkpoint=None, net=None, settings=None):
         super().__init__()

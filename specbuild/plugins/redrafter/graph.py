@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.base import DraftContext, ModePlugin
+from specbuild.plugins.base import DraftContext, ModePlugin, OutputSpec
 from specbuild.plugins.redrafter import DEFAULT_DRAFT_LEN, DEFAULT_NUM_BEAMS, TOP_K_WARP
 from specbuild.plugins.redrafter.drafter_net import RecurrentDrafter, beam_search, beams_to_tree
 from specbuild.tree import MAX_TREE_SIZE
@@ -21,6 +21,16 @@ MAX_DRAFT_LEN_PER_BEAM = 16  # one drafter pass per token is unrolled in the gra
 
 class RedrafterPlugin(ModePlugin):
     name = "redrafter"
+
+    def draft_outputs(self) -> list[OutputSpec]:
+        n, beams, depth = self.max_new_tokens_per_step(), self.num_beams, self.draft_len + 1
+        return [
+            OutputSpec(ef.NEXT_INPUT_IDS, "int64", ("B", n)),
+            OutputSpec(ef.NEXT_TREE_MASK, "bool", ("B", n, n)),
+            OutputSpec(ef.NEXT_POSITION_OFFSETS, "int64", ("B", n)),
+            OutputSpec(ef.NEXT_PATHS, "int64", ("B", beams, depth)),
+            OutputSpec(ef.NEXT_NUM_TOKENS, "int64", ("B",)),
+        ]
 
     @classmethod
     def check_options(cls, checkpoint, options) -> dict:
@@ -65,9 +75,8 @@ class RedrafterPlugin(ModePlugin):
             )
         return {"num_beams": beams, "draft_len": length, "tokens_per_step": 1 + drafts}
 
-    def __init__(self, checkpoint, net, options):
+    def __init__(self, checkpoint, net, settings):
         super().__init__()
-        settings = self.check_options(checkpoint, options)
         self.num_beams, self.draft_len = settings["num_beams"], settings["draft_len"]
         self.cfg = checkpoint.heads[HEAD_KEY]
         self.drafter = RecurrentDrafter.from_config(self.cfg, net.cfg.hidden_size, net.cfg.vocab_size, TOP_K_WARP)

@@ -1,0 +1,100 @@
+"""engine.yaml from the build plan, the mode plugin and the graph entries (schema: runtime/manifest.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import yaml
+
+from specbuild import __version__
+from specbuild import engine_format as ef
+from specbuild.builder.plan import BuildPlan
+from specbuild.builder.weights_file import WEIGHTS_FILE
+
+
+def write_manifest(plan: BuildPlan, plugin, graphs: list[dict], directory: Path, build_seconds: float) -> dict:
+    """Write directory/engine.yaml after every other file (its checksums cover them); return its contents."""
+    from specbuild.runtime.integrity import record_files
+
+    manifest = engine_fields(plan, plugin, graphs, directory)
+    manifest["build_seconds"] = build_seconds
+    manifest["checksums"] = record_files(directory)  # size + sha256 of every file written before (load checks sizes)
+    (directory / ef.ENGINE_MANIFEST).write_text(yaml.safe_dump(manifest, sort_keys=False))
+    return manifest
+
+
+def engine_fields(plan: BuildPlan, plugin, graphs: list[dict], directory: Path) -> dict:
+    lossy = lossy_reason(plan, plugin.chain_drafts())
+    tree = plugin.tree()
+    return {
+        "format": ef.ENGINE_FORMAT,
+        "format_version": ef.ENGINE_FORMAT_VERSION,
+        "specbuild_version": __version__,
+        "speculative_mode": plan.mode,
+        "dtype": plan.engine_dtype,
+        "checkpoint_dtype": plan.checkpoint.dtype,
+        "lossless": lossy is None,
+        "lossy_reason": lossy,
+        # int8 activations: exact only where the kernels are row-invariant (with padding), checked at every load
+        "lossless_condition": "row-invariant kernels on the running CPU, probed at load"
+        if plan.options.int8_activations and lossy is None
+        else None,
+        "typical_acceptance": list(plan.typical) if plan.typical else None,
+        "model": model_fields(plan.model),
+        "limits": {
+            "max_seq_len": plan.max_seq_len,
+            "max_batch_size": 1,
+            "max_new_tokens_per_step": plugin.max_new_tokens_per_step(),
+        },
+        "tree": {"choices": tree.to_list(), "size": tree.size, "depth": tree.depth}
+        if tree is not None
+        else {"dynamic": True},
+        "mode": plugin.manifest(),
+        "states": [dataclasses.asdict(s) for s in plugin.state_specs()],
+        "graphs": graphs,
+        "files": {
+            "tokenizer": ef.TOKENIZER_FILE if (directory / ef.TOKENIZER_FILE).is_file() else None,
+            "plan": ef.ENGINE_PLAN if (directory / ef.ENGINE_PLAN).is_file() else None,
+        },
+        "chat_template": plan.checkpoint.chat_template,
+        "validation": {
+            "max_abs_diff": max(g["validation"]["max_abs_diff"] for g in graphs),
+            "tolerance": plan.tolerance,
+        },
+        "weights": {
+            "precision": plan.weights,
+            "activations": "int8" if plan.options.int8_activations else "float",
+            "mode_weights": plan.engine_dtype,  # heads and draft layers: never quantized (quantize.mode_nodes)
+            "file": WEIGHTS_FILE,
+            "bytes": (directory / WEIGHTS_FILE).stat().st_size,
+        },
+    }
+
+
+def model_fields(cfg) -> dict:
+    return {
+        "architecture": cfg.architecture,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_layers": cfg.num_layers,
+        "num_kv_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "sliding_window": cfg.sliding_window if cfg.sliding_layers else None,
+        "sliding_layers": cfg.sliding_layers,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_ids": cfg.eos_token_ids,
+    }
+
+
+def lossy_reason(plan: BuildPlan, chain_drafts: bool) -> str | None:
+    if plan.typical is not None:
+        return "typical acceptance (not distribution-preserving)"
+    if plan.options.int8_activations and not chain_drafts:
+        return (
+            "int8 activations with branching trees: a tree node's keys sit in other cache columns than in one-token "
+            "decoding, attention sums them in another order, and the int8 roundings that follow can change greedy "
+            "output against the none engine of the same --weights (chain drafts, e.g. ngram with one candidate, "
+            "stay exact)"
+        )
+    return None

@@ -1,0 +1,135 @@
+"""Resolve a build: options + checkpoint -> one `BuildPlan`. Every check runs here, once, before any work."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from specbuild import engine_format as ef
+from specbuild.builder.checkpoint import Checkpoint
+from specbuild.builder.options import BuildOptions, flag
+from specbuild.errors import SpecbuildError
+from specbuild.fsutil import OutputTarget, existing_paths, prepare_output_dir
+from specbuild.plugins.registry import get_mode, load_object, mode_options, modes_reading
+
+
+@dataclasses.dataclass
+class BuildPlan:
+    """Everything a build needs, resolved and checked: what the graph builders, the manifest and the plan read."""
+
+    options: BuildOptions
+    checkpoint: Checkpoint
+    target: OutputTarget
+    plugin_cls: type  # the mode's ModePlugin
+    settings: dict[str, Any]  # the mode's resolved options (plugin_cls.check_options)
+    typical: tuple[float, float] | None  # typical acceptance (lossy), or None: rejection sampling
+    max_seq_len: int
+    weights: str  # fp32, fp16, int8, int4
+    engine_dtype: str  # float32, float16
+    tolerance: float  # of the export validation
+    pad_rows: int  # int8 activations: rows the fused attention pads a one-token call to (ort_kernels)
+    unfused: str | None  # why the ONNX Runtime graph is the portable one (None: it is the fused one)
+
+    @property
+    def mode(self) -> str:
+        return self.options.speculative_mode
+
+    @property
+    def model(self):
+        return self.checkpoint.model
+
+    @property
+    def quantized_bits(self) -> int | None:
+        return {"int4": 4, "int8": 8}.get(self.weights)
+
+
+def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
+    """Check the options, the output directory, the checkpoint's configs and tokenizer and the mode's bounds."""
+    options.check()
+    if not Path(checkpoint_dir).is_dir():
+        raise SpecbuildError(f"{checkpoint_dir}: checkpoint directory does not exist")
+    # the inputs (checkpoint, recipe, files the mode's text options name) are checked before any work: never replaced
+    texts = [getattr(options, o.name) for o in get_mode(options.speculative_mode).options if o.kind == "text"]
+    inputs = [checkpoint_dir, *existing_paths(options.recipe, *texts)]
+    target = prepare_output_dir(output_dir, overwrite=options.overwrite, inputs=inputs)
+    if options.tensorrt:
+        _require_tensorrt()
+    ckpt = Checkpoint.load(checkpoint_dir)
+    max_seq_len = options.max_seq_len or min(ckpt.model.max_position_embeddings, 4096)
+    if max_seq_len < 2 or max_seq_len > ckpt.model.max_position_embeddings:
+        raise SpecbuildError(
+            f"--max-seq-len {max_seq_len} must be between 2 and the model's max_position_embeddings "
+            f"({ckpt.model.max_position_embeddings})"
+        )
+    plugin_cls = load_object(get_mode(options.speculative_mode).graph_plugin)
+    _check_mode_options(options)
+    settings = plugin_cls.check_options(ckpt, options)  # mode bounds from the configs: before any weight loads
+    if settings["tokens_per_step"] >= max_seq_len:
+        raise SpecbuildError(
+            f"--max-seq-len {max_seq_len} leaves no room for the prompt: one {options.speculative_mode} step verifies "
+            f"{settings['tokens_per_step']} tokens; use a larger --max-seq-len or a smaller tree"
+        )
+    _check_tokenizer(ckpt)
+    # ONNX Runtime's CPU kernels barely cover bfloat16: bf16 checkpoints become fp32 engines (exact upcast);
+    # int4/int8 quantize the float32 graph
+    weights = options.weights or ("fp16" if ckpt.dtype == "float16" else "fp32")
+    engine_dtype = "float16" if weights == "fp16" else "float32"
+    return BuildPlan(
+        options=options,
+        checkpoint=ckpt,
+        target=target,
+        plugin_cls=plugin_cls,
+        settings=settings,
+        typical=plugin_cls.typical_acceptance(options),
+        max_seq_len=max_seq_len,
+        weights=weights,
+        engine_dtype=engine_dtype,
+        tolerance=options.validate_tolerance or (1e-3 if engine_dtype == "float32" else 5e-2),
+        # int8 activations turn last-bit row differences into other tokens (ort_kernels: row padding): attention is
+        # padded to >= 2 rows (it needs it on every CPU measured), and the graph takes a min_rows input with which
+        # the runtime pads whole calls where the probe finds other kernels need it (runtime/row_invariance.py)
+        pad_rows=1 if options.int8_activations else 0,
+        unfused=fused_kernels_unsupported(ckpt.model, engine_dtype),
+    )
+
+
+def fused_kernels_unsupported(cfg, dtype: str) -> str | None:
+    """Why ONNX Runtime's fused kernels cannot run this model (the onnxruntime graph is then the portable one)."""
+    if cfg.head_dim % 16:
+        return f"its GroupQueryAttention kernel needs head_dim % 16 == 0, the model has head_dim {cfg.head_dim}"
+    if dtype != "float32":
+        return f"its fused CPU kernels are float32 (the engine is {dtype})"
+    return None
+
+
+def _require_tensorrt() -> None:
+    from specbuild.builder.tensorrt_plan import tensorrt_available
+
+    if not tensorrt_available():
+        raise SpecbuildError(
+            "--tensorrt needs the TensorRT Python package (pip install specbuild[trt]) on an "
+            "NVIDIA GPU host; build without --tensorrt for the ONNX Runtime engine"
+        )
+
+
+def _check_mode_options(options: BuildOptions) -> None:
+    """A mode-specific option the chosen mode does not read is an error (it would be silently ignored)."""
+    reads = {o.name for o in get_mode(options.speculative_mode).options}
+    for name in mode_options():
+        if getattr(options, name) is not None and name not in reads:
+            raise SpecbuildError(
+                f"{flag(name)} does not apply to --speculative-mode {options.speculative_mode} "
+                f"(it is an option of {', '.join(modes_reading(name))})"
+            )
+
+
+def _check_tokenizer(ckpt: Checkpoint) -> None:
+    """The engine carries the checkpoint's tokenizer: it must load, round-trip and render its chat template."""
+    if ckpt.tokenizer_file is not None:
+        from specbuild.builder.tokenizer_io import validate_tokenizer
+
+        config_file = ckpt.path / ef.CHECKPOINT_CONFIG
+        validate_tokenizer(
+            ckpt.tokenizer_file, ckpt.tokenizer_file, ckpt.model.vocab_size, ckpt.chat_template, config_file
+        )
