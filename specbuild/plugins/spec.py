@@ -48,7 +48,7 @@ class ModeSpec:
     options: tuple[ModeOption, ...] = ()  # build options this mode reads (others are refused)
     heads: str | None = None  # what `specbuild convert --<name>-dir DIR` reads (help text); None: no heads
     converter: str | None = None  # "module:function": (head_dir, model_config, base_tensors) -> (cfg, tensors)
-    trainer: str | None = None  # "module:function": (recipe_path, log, device) -> metrics, recipes of `kind: <name>`
+    trainer: str | None = None  # "module:function": (recipe dict of load_recipe, log) -> metrics, `kind: <name>`
     demo: bool = False  # the mode `specbuild demo` shows beside plain decoding: the fastest fp32 mode on CPU (README)
 
     def __post_init__(self):

@@ -1,6 +1,11 @@
-"""Training of speculative-decoding heads by self-distillation (Medusa v2 heads for the embedded SmolLM2).
+"""Training of speculative-decoding heads by self-distillation from the base model; `specbuild train --recipe`.
 
-- `distill`: training prompts, greedy continuations from the base model and the base's final normed hidden states.
-- `medusa`: ResBlock heads on top of the frozen base lm_head, evaluation, tree choice and v2 checkpoint writing.
-- `recipe`: a YAML recipe that runs the whole pipeline (`run_recipe`).
+- `recipe`: loads a YAML recipe (`load_recipe`), runs the shared data stage and hands the recipe to the trainer of
+  the mode its `kind` names (`run_recipe`); each mode package holds its trainer.
+- `distill`: training prompts, the base model's continuations and its features (final normed hidden states, and the
+  decoder-layer inputs a mode declares).
+- `loop`: the one optimisation loop (AdamW, warm-up + cosine schedule, time budget) every trainer runs.
+- `base_weights`: the frozen base tensors (embedding, lm_head, final norm); `heldout`: the held-out split.
+- `defaults`: the recipe's `choose` stage (default build settings by measurement); `batched_decode`: batched
+  greedy decoding with feature capture.
 """

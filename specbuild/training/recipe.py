@@ -143,12 +143,12 @@ def run_recipe(path: str | Path, log=print, device: str | None = None) -> dict:
     from specbuild.errors import SpecbuildError
     from specbuild.plugins.registry import load_object, trainable_modes
 
-    cfg = load_recipe(path)
+    cfg = load_recipe(path, check_device(device))
     modes = trainable_modes()
     kind = cfg.get("kind")
     if kind not in modes:
         raise SpecbuildError(f"recipe {path}: `kind` {kind!r} is not one of {', '.join(modes)}")
-    metrics = load_object(modes[kind].trainer)(path, log=log, device=check_device(device))
+    metrics = load_object(modes[kind].trainer)(cfg, log=log)
     from specbuild.training.defaults import choose_for_recipe
 
     choice = choose_for_recipe(cfg, kind, cfg["output_dir"], log=log)  # the recipe's `choose` stage, if it has one

@@ -12,6 +12,7 @@ from specbuild.plugins.redrafter import training as rt
 from specbuild.plugins.redrafter.convert import convert_redrafter
 from specbuild.plugins.redrafter.drafter_net import beam_search
 from specbuild.training import distill
+from specbuild.training.base_weights import load_base_weights
 
 pytestmark = pytest.mark.xdist_group("training")
 
@@ -51,7 +52,7 @@ def test_train_export_convert_round_trip(smollm2_hf, features, tmp_path):
     with torch.no_grad():
         for p in drafter.parameters():
             p.copy_(p.half().float())
-        embed = torch.nn.Embedding.from_pretrained(rt.load_base_embedding(smollm2_hf))
+        embed = torch.nn.Embedding.from_pretrained(load_base_weights(smollm2_hf).embed)
         context = torch.from_numpy(features["hidden"][:4]).float()
         root = torch.from_numpy(features["next_token"][:4].astype(np.int64))
         assert torch.equal(

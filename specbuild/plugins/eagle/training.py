@@ -22,18 +22,19 @@ Export: `save_eagle3` (SafeAILab original layout, fc/midlayer/norm/lm_head/d2t/t
 from __future__ import annotations
 
 import json
-import math
 import random
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 from specbuild import engine_format as ef
 from specbuild.training import distill
+from specbuild.training.base_weights import BaseParts, load_base_weights
 from specbuild.training.distill import FEATURE_KEYS, capture_layers
+from specbuild.training.heldout import heldout_mask
+from specbuild.training.loop import ProgressCosine, epoch_batches, train_loop
 
 PROMPT_TAIL = 8
 
@@ -199,9 +200,9 @@ def load_sequences(version: int, features_dir: str | Path, sequences_jsonl: str 
 
 
 def split_heldout(seqs: list[dict], frac: float) -> tuple[list[dict], list[dict]]:
-    held = [s for s in seqs if (s["seq"] * 2654435761 % 2**32) / 2**32 < frac]
-    ids = {s["seq"] for s in held}
-    return [s for s in seqs if s["seq"] not in ids], held
+    """(training, held-out) sequences: the split of `heldout_mask`."""
+    held = heldout_mask(np.array([s["seq"] for s in seqs], dtype=np.int64), frac)
+    return [s for s, h in zip(seqs, held) if not h], [s for s, h in zip(seqs, held) if h]
 
 
 def draft_vocab(seqs: list[dict], size: int, vocab: int) -> np.ndarray:
@@ -243,22 +244,6 @@ def collate(items: list[dict]) -> dict[str, torch.Tensor]:
 
 
 # ----------------------------------------------------------------------------------------------- model
-
-
-class BaseParts(torch.nn.Module):
-    """The frozen base tensors a draft uses: embed_tokens and lm_head (tied for SmolLM2)."""
-
-    def __init__(self, hf_dir: str | Path):
-        super().__init__()
-        from safetensors import safe_open
-
-        with safe_open(str(Path(hf_dir) / "model.safetensors"), framework="pt") as f:
-            emb = f.get_tensor("model.embed_tokens.weight").float()
-            head = f.get_tensor("lm_head.weight").float() if "lm_head.weight" in f.keys() else emb
-            self.register_buffer("final_norm", f.get_tensor("model.norm.weight").float(), persistent=False)
-        self.embed_tokens = torch.nn.Embedding.from_pretrained(emb, freeze=True)
-        self.lm_head = torch.nn.Linear(emb.shape[1], head.shape[0], bias=False)
-        self.lm_head.weight = torch.nn.Parameter(head, requires_grad=False)
 
 
 def base_config(hf_dir: str | Path):
@@ -419,14 +404,14 @@ def train_eagle(
     device: str = "cpu",
 ) -> dict:
     """Train an EAGLE draft (version 1 or 3) with training-time test on `device` (bf16 autocast on cuda). Returns
-    {draft, used, metrics} (the draft on the CPU, float32).
+    {draft, used, metrics, losses} (the draft on the CPU, float32; losses: one per optimizer step).
 
     eval_sets: {name: (features_dir, sequences_jsonl)} evaluated after training (never trained on).
     init_from: a head directory this function wrote before (model.safetensors); training continues from its
     weights, and an EAGLE-3 head keeps its draft vocabulary."""
     distill.setup_torch()
     base = base_config(hf_dir)
-    net = BaseParts(hf_dir)
+    net = BaseParts(load_base_weights(hf_dir))
     seqs = load_sequences(version, features_dir, sequences_jsonl)
     train, held = split_heldout(seqs, heldout_frac)
     init = _load_head(init_from) if init_from else None
@@ -462,52 +447,27 @@ def train_eagle(
     net.to(device)
     tgt_map = tgt_map.to(device)
     sub_w = sub_w.to(device) if sub_w is not None else None
-    autocast = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if device == "cuda" else None
-    params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    rng = random.Random(seed)
-    t0 = time.time()
-    step = 0
-    done = False
-    ema = None
-    while not done:
-        order = list(range(len(items)))
-        rng.shuffle(order)
-        for i in range(0, len(order) - batch + 1, batch):
-            if step >= total_steps or time.time() - t0 > time_budget_s:
-                done = True
-                break
-            bt = {k: v.to(device) for k, v in collate([items[k] for k in order[i : i + batch]]).items()}
-            if feature_noise:
-                bt["feat"] = bt["feat"] + (torch.rand_like(bt["feat"]) - 0.5) * feature_noise
-            progress = min(1.0, max(step / total_steps, (time.time() - t0) / time_budget_s))  # steps or time
-            sched = min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * progress))
-            for g in opt.param_groups:
-                g["lr"] = lr * max(sched, 0.02)
-            with autocast if autocast is not None else torch.enable_grad():
-                outs = ttt_forward(draft, net, bt, steps)
-                res = step_losses(draft, net, outs, bt, tgt_map, sub_w, l1_weight)
-                loss = sum(step_decay**j * r[0] for j, r in enumerate(res))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 0.5)
-            opt.step()
-            accs = [r[1] / max(r[2], 1) for r in res]
-            ema = accs if ema is None else [0.95 * e + 0.05 * a for e, a in zip(ema, accs)]
-            step += 1
-            if step % log_every == 0:
-                log(
-                    f"step {step}/{total_steps} loss {loss.item():.3f} acc {[round(a, 3) for a in ema]} "
-                    f"lr {lr * max(sched, 0.02):.2e} {time.time() - t0:.0f}s"
-                )
-        if not items:
-            break
-    train_s = time.time() - t0
+    ema: list[float] = []
+
+    def loss_of(items_batch):
+        bt = {k: v.to(device) for k, v in collate(items_batch).items()}
+        if feature_noise:
+            bt["feat"] = bt["feat"] + (torch.rand_like(bt["feat"]) - 0.5) * feature_noise
+        res = step_losses(draft, net, ttt_forward(draft, net, bt, steps), bt, tgt_map, sub_w, l1_weight)
+        accs = [r[1] / max(r[2], 1) for r in res]
+        ema[:] = accs if not ema else [0.95 * e + 0.05 * a for e, a in zip(ema, accs)]
+        return sum(step_decay**j * r[0] for j, r in enumerate(res))
+
+    schedule = ProgressCosine(lr, total_steps, warmup, time_budget_s)
+    result = train_loop(draft, epoch_batches(items, batch, random.Random(seed)), loss_of, schedule, device,
+                        betas=(0.9, 0.95), grad_clip=0.5, log_every=log_every,
+                        note=lambda: f"acc {[round(a, 3) for a in ema]}", log=log)  # fmt: skip
     draft.float().cpu()
     net.cpu()
     tgt_map = tgt_map.cpu()
     sub_w = sub_w.cpu() if sub_w is not None else None
-    metrics = {"version": version, "train_s": round(train_s, 1), "optimizer_steps": step, "train_sequences": len(train)}
+    metrics = {"version": version, "train_s": round(result.seconds, 1), "optimizer_steps": result.steps}
+    metrics["train_sequences"] = len(train)
     metrics["device"] = device
     metrics["heldout"] = evaluate(draft, net, held, tgt_map, sub_w)
     log(f"held-out: {metrics['heldout']}")
@@ -519,7 +479,7 @@ def train_eagle(
             continue
         metrics[name] = evaluate(draft, net, ev, tgt_map, sub_w)
         log(f"{name}: {metrics[name]}")
-    return {"draft": draft, "used": used, "metrics": metrics}
+    return {"draft": draft, "used": used, "metrics": metrics, "losses": result.losses}
 
 
 # ----------------------------------------------------------------------------------------------- tree simulation
@@ -649,7 +609,7 @@ def save_eagle1(out_dir, draft, hf_dir, base_model_name: str, defaults: dict, me
     cfg = _draft_config_json(1, hf_dir, draft, base_model_name, defaults, metrics)
     if used is not None:
         used_t = torch.from_numpy(np.asarray(used)).long()
-        tensors["lm_head.weight"] = BaseParts(hf_dir).lm_head.weight[used_t].detach().to(torch.float16)
+        tensors["lm_head.weight"] = load_base_weights(hf_dir).lm_head[used_t].to(torch.float16)
         tensors["d2t"] = used_t - torch.arange(len(used_t))
         cfg["draft_vocab_size"] = len(used_t)
     _write(out_dir, tensors, cfg)
@@ -658,18 +618,16 @@ def save_eagle1(out_dir, draft, hf_dir, base_model_name: str, defaults: dict, me
 # ----------------------------------------------------------------------------------------------- recipes
 
 
-def run_eagle_recipe(path: str | Path, log=print, device: str | None = None) -> dict:
-    """Run an EAGLE recipe (`kind: eagle` or `eagle3`): features, training, evaluation, export.
+def run_eagle_recipe(cfg: dict, log=print) -> dict:
+    """Run an EAGLE recipe (`load_recipe`'s dict, `kind: eagle` or `eagle3`): features, training, evaluation,
+    export.
 
     Sequences come from the Medusa recipe's data stage (`distill_dir`: train.jsonl, humaneval.jsonl and, for
     EAGLE-1, its final-hidden shards feat_train / feat_humaneval); EAGLE-3 layer features go to `feature_dir`."""
-    from specbuild.training.recipe import resolve_paths
-
-    cfg = resolve_paths(yaml.safe_load(Path(path).read_text()))
     version = 3 if cfg.get("kind", "eagle3") == "eagle3" else 1
     hf, dd = cfg["base_model"], Path(cfg["distill_dir"])
     t = cfg.get("train", {})
-    device = device or cfg.get("device") or distill.default_device()
+    device = cfg["device"]
     distill.setup_torch()
     if version == 3:
         fd = Path(cfg["feature_dir"])

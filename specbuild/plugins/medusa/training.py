@@ -15,8 +15,6 @@ held-out rows (joint rank statistics of all heads, so no independence assumption
 from __future__ import annotations
 
 import json
-import math
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -25,8 +23,11 @@ import torch
 from torch import nn
 
 from specbuild.training import distill
+from specbuild.training.base_weights import load_base_weights
 from specbuild.training.distill import load_features, setup_torch
-from specbuild.training.recipe import load_recipe, prepare_data
+from specbuild.training.heldout import heldout_mask
+from specbuild.training.loop import FittedCosine, LoopResult, row_batches, train_loop
+from specbuild.training.recipe import prepare_data
 
 TOPK = 10
 
@@ -56,16 +57,6 @@ class MedusaV2Heads(nn.Module):
         return [head(x) for head in self.medusa_head]
 
 
-def load_lm_head(hf_dir: str | Path) -> torch.Tensor:
-    """The base lm_head weight [V, H] (tied: the token embedding)."""
-    from safetensors import safe_open
-
-    with safe_open(str(Path(hf_dir) / "model.safetensors"), "pt") as f:
-        keys = set(f.keys())
-        name = "lm_head.weight" if "lm_head.weight" in keys else "model.embed_tokens.weight"
-        return f.get_tensor(name).float()
-
-
 # ----------------------------------------------------------------------------------------------- data
 
 
@@ -80,13 +71,6 @@ def target_index(feats: dict[str, np.ndarray], num_heads: int) -> np.ndarray:
         ok[: n - s] = (seq[s:] == seq[: n - s]) & (goff[s:] >= 0)
         valid[:, k] = ok
     return valid
-
-
-def split_by_sequence(feats: dict[str, np.ndarray], heldout_frac: float, seed: int = 0) -> np.ndarray:
-    """Boolean mask of held-out rows: whole sequences, chosen by their (hash-derived) number, so the split of a
-    sequence stays the same when more data is added."""
-    key = (feats["seq"].astype(np.int64) + seed * 7919) % 10000
-    return key < int(round(heldout_frac * 10000))
 
 
 # ----------------------------------------------------------------------------------------------- training
@@ -109,51 +93,42 @@ def train_medusa(
     init_state: dict | None = None,
     log=print,
     device: str = "cpu",
-) -> dict[str, torch.Tensor]:
+) -> tuple[dict[str, torch.Tensor], LoopResult]:
     """Train the ResBlocks on `device` (bf16 autocast on cuda); returns the heads' state dict
-    (`medusa_head.{k}.{j}.linear.weight|bias`, float32, on the CPU)."""
+    (`medusa_head.{k}.{j}.linear.weight|bias`, float32, on the CPU) and the loop's facts."""
     setup_torch()
     torch.manual_seed(seed)
     feats = features_dir if isinstance(features_dir, dict) else load_features(features_dir)
-    W = load_lm_head(hf_dir)
+    W = load_base_weights(hf_dir).lm_head
     V, H = W.shape
     valid = target_index(feats, num_heads)
-    held = split_by_sequence(feats, heldout_frac, seed)
+    held = heldout_mask(feats["seq"], heldout_frac, seed)
     rows = np.nonzero(valid[:, 0] & ~held)[0]
-    hidden = torch.from_numpy(feats["hidden"])  # fp16, converted per batch
-    next_tok = torch.from_numpy(feats["next_token"].astype(np.int64))
-    valid_t = torch.from_numpy(valid)
-    train_targets = feats["next_token"][~held]
-    counts = np.bincount(train_targets, minlength=V)
+    counts = np.bincount(feats["next_token"][~held], minlength=V)
     base_vocab = torch.from_numpy(np.nonzero(counts >= 2)[0])
     log(f"train rows {len(rows)}, held-out rows {int(held.sum())}, vocab subset {len(base_vocab)} of {V}")
     model = MedusaV2Heads(H, num_heads, num_layers)
     if init_state:
         model.load_state_dict(init_state)
     model.to(device)
-    W = W.to(device)
-    autocast = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if device == "cuda" else None
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    steps_per_epoch = max(1, len(rows) // batch)
-    total = max(1, int(steps_per_epoch * epochs))
-    warm = min(50, total // 10)
+    loss_fn = _loss_fn(model, feats, valid, W.to(device), base_vocab, head_decay, n_negatives, soft_weight, device)
+    total = max(1, int(max(1, len(rows) // batch) * epochs))
+    schedule = FittedCosine(lr, total, min(50, total // 10), time_budget_s)
+    result = train_loop(model, row_batches(rows, batch, np.random.default_rng(seed)), loss_fn, schedule, device,
+                        log_every=50, log=log)  # fmt: skip
+    state = {k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()}
+    return state, result
+
+
+def _loss_fn(model, feats, valid, W, base_vocab, head_decay, n_negatives, soft_weight, device):
+    """Loss of a batch of rows: per head a hard and a soft cross-entropy over a vocabulary subset (see the module)."""
+    hidden = torch.from_numpy(feats["hidden"])  # fp16, converted per batch
+    next_tok = torch.from_numpy(feats["next_token"].astype(np.int64))
+    valid_t = torch.from_numpy(valid)
+    V, num_heads = W.shape[0], valid.shape[1]
     weights = [head_decay ** (k + 1) for k in range(num_heads)]
-    rng = np.random.default_rng(seed)
-    t0 = time.time()
-    step = 0
-    order = rng.permutation(rows)
-    pos = 0
-    while step < total:
-        if time.time() - t0 > 1.1 * time_budget_s:
-            log(f"time budget reached at step {step}/{total}")
-            break
-        if pos + batch > len(order):
-            order, pos = rng.permutation(rows), 0
-        idx = torch.from_numpy(order[pos : pos + batch])
-        pos += batch
-        cur_lr = lr * min(1.0, (step + 1) / max(1, warm)) * 0.5 * (1 + math.cos(math.pi * step / total))
-        for g in opt.param_groups:
-            g["lr"] = cur_lr
+
+    def loss_of(idx: torch.Tensor) -> torch.Tensor:
         x = hidden[idx].float().to(device)
         tgt_rows = [torch.clamp(idx + k + 1, max=len(next_tok) - 1) for k in range(num_heads)]
         targets = torch.stack([next_tok[r] for r in tgt_rows], 1)  # [B, K]: token at t+2+k
@@ -163,34 +138,22 @@ def train_medusa(
         Ws = W[sub.to(device)]
         remap = torch.full((V,), -1, dtype=torch.long)
         remap[sub] = torch.arange(len(sub))
-        with autocast if autocast is not None else torch.enable_grad():
-            outs = model(x)
-            loss = torch.zeros((), device=device)
-            for k in range(num_heads):
-                m = vmask[:, k]
-                if not bool(m.any()):
-                    continue
-                logits = (outs[k][m.to(device)] @ Ws.T).float()
-                with torch.no_grad():
-                    teacher = torch.softmax((hidden[tgt_rows[k][m]].float().to(device) @ Ws.T).float(), dim=-1)
-                logp = torch.log_softmax(logits, dim=-1)
-                hard = nn.functional.nll_loss(logp, remap[targets[m, k]].to(device))
-                soft = -(teacher * logp).sum(-1).mean()
-                loss = loss + weights[k] * ((1 - soft_weight) * hard + soft_weight * soft)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        step += 1
-        if step == 20:  # fit the cosine schedule into the time budget
-            fit = int(step * time_budget_s / max(1e-6, time.time() - t0))
-            if fit < total:
-                log(f"schedule shortened to {fit} steps ({fit / steps_per_epoch:.2f} epochs) to fit the time budget")
-                total = max(step + 1, fit)
-        if step % 50 == 0 or step == total:
-            el = time.time() - t0
-            rate = step * batch / el
-            log(f"step {step}/{total} loss {loss.item():.4f} lr {cur_lr:.2e} {el:.0f}s ({rate:.0f} rows/s)")
-    return {k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()}
+        outs = model(x)
+        loss = torch.zeros((), device=device)
+        for k in range(num_heads):
+            m = vmask[:, k]
+            if not bool(m.any()):
+                continue
+            logits = (outs[k][m.to(device)] @ Ws.T).float()
+            with torch.no_grad():
+                teacher = torch.softmax((hidden[tgt_rows[k][m]].float().to(device) @ Ws.T).float(), dim=-1)
+            logp = torch.log_softmax(logits, dim=-1)
+            hard = nn.functional.nll_loss(logp, remap[targets[m, k]].to(device))
+            soft = -(teacher * logp).sum(-1).mean()
+            loss = loss + weights[k] * ((1 - soft_weight) * hard + soft_weight * soft)
+        return loss
+
+    return loss_of
 
 
 # ----------------------------------------------------------------------------------------------- evaluation
@@ -213,7 +176,7 @@ def head_ranks(
     Column 0 is the base itself (sanity check: rank 0 everywhere); column k+1 is Medusa head k.
     """
     setup_torch()
-    W = load_lm_head(hf_dir)
+    W = load_base_weights(hf_dir).lm_head
     valid = target_index(feats, num_heads)
     if rows is None:
         rows = np.arange(len(feats["seq"]))
@@ -369,8 +332,7 @@ def train_and_export(cfg: dict, log=print) -> dict:
         raw = load_file(str(Path(t["init_from"]) / "medusa_lm_head.safetensors"))
         init = {f"medusa_head.{k}": v.float() for k, v in raw.items() if k != "draft_vocab"}
         log(f"continuing from {t['init_from']}")
-    t0 = time.time()
-    state = train_medusa(
+    state, result = train_medusa(
         feats,
         hf,
         num_heads=K,
@@ -387,18 +349,15 @@ def train_and_export(cfg: dict, log=print) -> dict:
         log=log,
         device=cfg.get("device", "cpu"),
     )
-    train_s = time.time() - t0
-    import torch
-
     torch.save(state, work / "heads_state.pt")
-    return finish(cfg, state, feats, train_s, log=log)
+    return finish(cfg, state, feats, result.seconds, log=log)
 
 
 def finish(cfg: dict, state, feats: dict, train_s: float, log=print) -> dict:
     """Evaluate, choose the tree, write the heads and metrics."""
     t, tr, work, hf = cfg.get("train", {}), cfg.get("tree", {}), Path(cfg["work_dir"]), cfg["base_model"]
     K, nl = int(t.get("num_heads", 4)), int(t.get("num_layers", 1))
-    held = split_by_sequence(feats, float(t.get("heldout_frac", 0.05)), 0)
+    held = heldout_mask(feats["seq"], float(t.get("heldout_frac", 0.05)))
     ev_held = evaluate(state, feats, hf, K, nl, rows=np.nonzero(held)[0], max_rows=4000)
     he_feats = distill.load_features(work / "feat_humaneval") if (work / "feat_humaneval").is_dir() else None
     ev_he = evaluate(state, he_feats, hf, K, nl, max_rows=4000) if he_feats else None
@@ -437,9 +396,9 @@ def finish(cfg: dict, state, feats: dict, train_s: float, log=print) -> dict:
     return metrics
 
 
-def run_medusa_recipe(path: str | Path, log=print, device: str | None = None) -> dict:
-    """A Medusa recipe: data generation, head training, evaluation, tree choice, export (Medusa v2 layout)."""
-    cfg = load_recipe(path, device)
+def run_medusa_recipe(cfg: dict, log=print) -> dict:
+    """A Medusa recipe (`load_recipe`'s dict): data generation, head training, evaluation, tree choice, export
+    (Medusa v2 layout)."""
     setup_torch()
     prepare_data(cfg, log=log)
     return train_and_export(cfg, log=log)

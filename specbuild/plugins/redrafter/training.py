@@ -15,8 +15,6 @@ base's continuation, giving the expected tokens per step (tau) for every beam co
 from __future__ import annotations
 
 import json
-import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,25 +24,12 @@ from torch import nn
 from specbuild.plugins.redrafter import TOP_K_WARP
 from specbuild.plugins.redrafter.drafter_net import RecurrentDrafter, beam_search
 from specbuild.training import distill
-from specbuild.training.recipe import load_recipe, prepare_data
+from specbuild.training.base_weights import load_base_weights
+from specbuild.training.heldout import heldout_mask
+from specbuild.training.loop import FittedCosine, row_batches, train_loop
+from specbuild.training.recipe import prepare_data
 
 MODEL_TYPE = "recurrent_drafting_drafter"
-
-
-def load_base_embedding(hf_dir: str | Path) -> torch.Tensor:
-    """The base embedding [V, H] (SmolLM2 ties it to lm_head)."""
-    from safetensors import safe_open
-
-    with safe_open(str(Path(hf_dir) / "model.safetensors"), "pt") as f:
-        return f.get_tensor("model.embed_tokens.weight").float()
-
-
-def load_base_lm_head(hf_dir: str | Path) -> torch.Tensor:
-    from safetensors import safe_open
-
-    with safe_open(str(Path(hf_dir) / "model.safetensors"), "pt") as f:
-        name = "lm_head.weight" if "lm_head.weight" in f.keys() else "model.embed_tokens.weight"
-        return f.get_tensor(name).float()
 
 
 def step_targets(feats: dict[str, np.ndarray], steps: int) -> np.ndarray:
@@ -107,15 +92,13 @@ def train_drafter(
     init_state: dict | None = None,
     log=print,
 ) -> tuple[RecurrentDrafter, dict]:
-    """Returns (the drafter on the CPU in float32, training facts)."""
+    """Returns (the drafter on the CPU in float32, training facts with the per-step `losses`)."""
     torch.manual_seed(seed)
-    from specbuild.plugins.medusa.training import split_by_sequence
-
-    embed = load_base_embedding(hf_dir).to(device)
-    lm_head = load_base_lm_head(hf_dir)
+    base = load_base_weights(hf_dir)
+    embed, lm_head = base.embed.to(device), base.lm_head
     vocab, hidden = lm_head.shape
     valid = step_targets(feats, draft_len)
-    held = split_by_sequence(feats, heldout_frac, seed)
+    held = heldout_mask(feats["seq"], heldout_frac, seed)
     rows = np.nonzero(valid[:, 0] & ~held)[0]
     draft_ids = draft_vocabulary(feats["next_token"][~held], vocab_size, vocab) if vocab_size else np.arange(vocab)
     remap = torch.full((vocab,), -1, dtype=torch.long)
@@ -126,65 +109,39 @@ def train_drafter(
         drafter.load_state_dict(init_state)
     drafter.draft_ids = torch.from_numpy(draft_ids).long()
     drafter.to(device).train()
-    teacher_w = rows_w.to(device)
-    remap = remap.to(device)
     covered = float(np.isin(feats["next_token"][held], draft_ids).mean()) if held.any() else 1.0
     log(
         f"train rows {len(rows)}, held-out rows {int(held.sum())}, draft vocabulary {len(draft_ids)} (covers "
         f"{covered:.1%} of held-out targets), {draft_len} steps, device {device}"
     )
-    hidden_all = torch.from_numpy(feats["hidden"])
-    tokens_all = torch.from_numpy(feats["next_token"].astype(np.int64))
-    valid_t = torch.from_numpy(valid)
-    opt = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0)
+    data = (torch.from_numpy(feats["hidden"]), torch.from_numpy(feats["next_token"].astype(np.int64)),
+            torch.from_numpy(valid))  # fmt: skip
+    weights = [step_decay**k for k in range(draft_len)]
+    teacher_w, remap = rows_w.to(device), remap.to(device)
+
+    def loss_of(idx):
+        return _batch_loss(drafter, *data, idx, embed, teacher_w, remap, weights, soft_weight, device)
+
     steps_per_epoch = max(1, len(rows) // batch)
     total = max(1, int(steps_per_epoch * epochs))
-    warm = min(100, total // 10)
-    weights = [step_decay**k for k in range(draft_len)]
-    autocast = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if device == "cuda" else None
-    rng = np.random.default_rng(seed)
-    order, pos, step, t0 = rng.permutation(rows), 0, 0, time.time()
-    n = len(tokens_all)
-    while step < total:
-        if time.time() - t0 > 1.1 * time_budget_s:
-            log(f"time budget reached at step {step}/{total}")
-            break
-        if pos + batch > len(order):
-            order, pos = rng.permutation(rows), 0
-        idx = torch.from_numpy(order[pos : pos + batch])
-        pos += batch
-        cur = lr * min(1.0, (step + 1) / max(1, warm)) * 0.5 * (1 + math.cos(math.pi * step / total))
-        for group in opt.param_groups:
-            group["lr"] = cur
-        with autocast if autocast is not None else torch.enable_grad():
-            loss = _batch_loss(drafter, hidden_all, tokens_all, valid_t, idx, n, embed, teacher_w, remap, weights,
-                               soft_weight, device)  # fmt: skip
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        step += 1
-        if step == 20:  # fit the cosine schedule into the time budget
-            fit = int(step * time_budget_s / max(1e-6, time.time() - t0))
-            if fit < total:
-                log(f"schedule shortened to {fit} steps ({fit / steps_per_epoch:.2f} epochs) to fit the time budget")
-                total = max(step + 1, fit)
-        if step % 100 == 0 or step == total:
-            el = time.time() - t0
-            log(f"step {step}/{total} loss {loss.item():.4f} lr {cur:.2e} {el:.0f}s ({step * batch / el:.0f} rows/s)")
+    schedule = FittedCosine(lr, total, min(100, total // 10), time_budget_s)
+    result = train_loop(drafter, row_batches(rows, batch, np.random.default_rng(seed)), loss_of, schedule, device,
+                        log_every=100, log=log)  # fmt: skip
     drafter.eval().float().cpu()
     facts = {
-        "train_s": round(time.time() - t0, 1),
-        "optimizer_steps": step,
-        "epochs": round(step / steps_per_epoch, 2),
+        "train_s": round(result.seconds, 1),
+        "optimizer_steps": result.steps,
+        "epochs": round(result.steps / steps_per_epoch, 2),
         "train_rows": int(len(rows)),
         "draft_vocab_coverage": round(covered, 4),
         "device": device,
     }
-    return drafter, facts
+    return drafter, {**facts, "losses": result.losses}
 
 
-def _batch_loss(drafter, hidden_all, tokens_all, valid_t, idx, n, embed, teacher_w, remap, weights, soft_weight,
+def _batch_loss(drafter, hidden_all, tokens_all, valid_t, idx, embed, teacher_w, remap, weights, soft_weight,
                 device):  # fmt: skip
+    n = len(tokens_all)
     context = hidden_all[idx].float().to(device)
     vmask = valid_t[idx].to(device)
     state = torch.zeros_like(context)
@@ -220,7 +177,7 @@ def simulate_tau(
 ) -> dict[str, float]:
     """Expected tokens per engine step (greedy) of beam search with (beams, draft length) for each setting: from each
     row's context and emitted token, the longest beam prefix that equals the base's continuation, plus the bonus."""
-    embed = nn.Embedding.from_pretrained(load_base_embedding(hf_dir))
+    embed = nn.Embedding.from_pretrained(load_base_weights(hf_dir).embed)
     longest = max(length for _, length in settings)
     valid = step_targets(feats, longest)
     if rows is None:
@@ -248,7 +205,7 @@ def simulate_tau(
 @torch.no_grad()
 def step_accuracy(drafter, feats, hf_dir, steps: int, rows=None, max_rows: int = 4000, seed: int = 0) -> list[float]:
     """Teacher-forced top-1 accuracy (full vocabulary) of each drafting step."""
-    embed = load_base_embedding(hf_dir)
+    embed = load_base_weights(hf_dir).embed
     valid = step_targets(feats, steps)
     rows = np.arange(len(feats["seq"])) if rows is None else rows
     rows = rows[valid[rows, 0]]
@@ -363,10 +320,9 @@ def train_and_export(cfg: dict, log=print) -> dict:
         init_state=init,
         log=log,
     )
-    from specbuild.plugins.medusa.training import split_by_sequence
-
+    facts.pop("losses")
     # evaluated on held-out generated sequences only (the split by sequence number is the one training used)
-    held = np.nonzero(split_by_sequence(generated, float(t.get("heldout_frac", 0.05)), 0))[0]
+    held = np.nonzero(heldout_mask(generated["seq"], float(t.get("heldout_frac", 0.05))))[0]
     settings = [tuple(int(v) for v in s) for s in (t.get("simulate") or [[5, 5], [4, 4], [3, 4], [2, 3], [1, 4]])]
     metrics = {"training": facts, "heldout": {}, "humaneval": {}}
     he = distill.load_features(work / "feat_humaneval") if (work / "feat_humaneval").is_dir() else None
@@ -381,14 +337,14 @@ def train_and_export(cfg: dict, log=print) -> dict:
         extra["specbuild_defaults"] = dict(t["defaults"])
     if t.get("note"):
         extra["specbuild_note"] = t["note"]
-    save_redrafter(cfg["output_dir"], drafter, int(load_base_lm_head(hf).shape[0]), extra)
+    save_redrafter(cfg["output_dir"], drafter, int(load_base_weights(hf).lm_head.shape[0]), extra)
     (work / "redrafter_metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     return metrics
 
 
-def run_redrafter_recipe(path: str | Path, log=print, device: str | None = None) -> dict:
-    """A ReDrafter recipe: data generation (shared with the other heads), training, evaluation, export."""
-    cfg = load_recipe(path, device)
+def run_redrafter_recipe(cfg: dict, log=print) -> dict:
+    """A ReDrafter recipe (`load_recipe`'s dict): data generation (shared with the other heads), training,
+    evaluation, export."""
     distill.setup_torch()
     prepare_data(cfg, log=log)
     return train_and_export(cfg, log=log)

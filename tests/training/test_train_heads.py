@@ -1,0 +1,83 @@
+"""Every head family trains on a tiny random model: a few optimizer steps lower the loss, and the written head
+converts (`specbuild convert --<mode>-dir`) and builds into an engine that reproduces the base model's greedy tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from specbuild.builder.build import BuildOptions, build_engine
+from specbuild.builder.convert import convert_checkpoint
+from specbuild.runtime.engine import Engine
+from specbuild.training import distill
+from tests.conftest import ORT_ONLY, hf_greedy, quiet
+from tests.training.tiny_distill import make_tiny_distill
+
+pytestmark = pytest.mark.xdist_group("training")
+
+PROMPTS = ([1, 5, 9, 3, 7, 5, 9, 3], [40, 41, 12])
+EAGLE_DEFAULTS = {"eagle_top_k": 2, "eagle_depth": 3, "eagle_total_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_tiny_distill(tmp_path_factory.mktemp("tiny_distill"))
+
+
+def assert_learns(losses: list[float]) -> None:
+    assert len(losses) >= 8
+    first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+    assert last < 0.9 * first, losses
+
+
+def assert_builds_exact(data, mode: str, head_dir, tmp_path) -> None:
+    """The head converts and builds; the engine's greedy tokens are the base model's."""
+    ckpt = convert_checkpoint(data / "hf", tmp_path / "ckpt", heads={mode: head_dir}, progress=False)
+    engine = Engine(build_engine(ckpt, tmp_path / "engine", BuildOptions(backends=ORT_ONLY, speculative_mode=mode),
+                                 log=quiet))  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(data / "hf").eval()
+    for ids in PROMPTS:
+        assert engine.generate(input_ids=ids, max_new_tokens=16).output_ids == hf_greedy(model, ids, 16)
+
+
+def test_medusa(data, tmp_path):
+    from specbuild.plugins.medusa import training as medusa
+
+    feats = distill.load_features(data / "feat_train")
+    state, result = medusa.train_medusa(
+        feats, data / "hf", num_heads=2, epochs=2, lr=3e-2, batch=64, heldout_frac=0.0, n_negatives=8, log=quiet
+    )
+    assert_learns(result.losses)
+    head = medusa.save_medusa_v2(tmp_path / "head", state, 2, 1, 64, "tiny", [[0], [1], [0, 0]], vocab_size=97)
+    assert_builds_exact(data, "medusa", head, tmp_path)
+
+
+def test_redrafter(data, tmp_path):
+    from specbuild.plugins.redrafter import training as redrafter
+
+    feats = distill.load_features(data / "feat_train")
+    drafter, facts = redrafter.train_drafter(
+        feats, data / "hf", exit_dim=64, num_layers=1, draft_len=3, vocab_size=None, epochs=1, lr=1e-2, batch=64,
+        heldout_frac=0.0, log=quiet,
+    )  # fmt: skip
+    assert_learns(facts["losses"])
+    head = redrafter.save_redrafter(tmp_path / "head", drafter, 97, {"specbuild_defaults": {"redrafter_num_beams": 2}})
+    assert_builds_exact(data, "redrafter", head, tmp_path)
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_eagle(data, tmp_path, version):
+    from specbuild.plugins.eagle import training as eagle
+
+    features = data / ("feat_train" if version == 1 else "feat_layers")
+    res = eagle.train_eagle(
+        version, data / "hf", features, data / "train.jsonl", intermediate_size=32, draft_vocab_size=64, steps=2,
+        chunk_len=16, batch=8, lr=3e-3, warmup=2, epochs=2, heldout_frac=0.0, log=quiet,
+    )  # fmt: skip
+    assert_learns(res["losses"])
+    if version == 1:
+        eagle.save_eagle1(tmp_path / "head", res["draft"], data / "hf", "tiny", EAGLE_DEFAULTS, res["metrics"])
+    else:
+        eagle.save_eagle3(tmp_path / "head", res["draft"], res["used"], data / "hf", "tiny", EAGLE_DEFAULTS)
+    assert_builds_exact(data, "eagle" if version == 1 else "eagle3", tmp_path / "head", tmp_path)
