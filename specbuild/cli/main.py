@@ -473,7 +473,7 @@ def _demo_summary(results: dict) -> list[str]:
 @click.option(
     "--speculative-mode",
     type=mode_choice(),
-    help=f"The mode shown beside plain decoding (default: {demo_mode()}, the fastest float32 mode on CPU).",
+    help=f"The mode shown beside plain decoding (default: {demo_mode()}, with the heads shipped for SmolLM2).",
 )
 @click.option("--threads", type=int, help="Intra-op threads for ONNX Runtime.")
 @handle_errors
