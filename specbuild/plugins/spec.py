@@ -49,7 +49,7 @@ class ModeSpec:
     heads: str | None = None  # what `specbuild convert --<name>-dir DIR` reads (help text); None: no heads
     converter: str | None = None  # "module:function": (head_dir, model_config, base_tensors) -> (cfg, tensors)
     trainer: str | None = None  # "module:function": (recipe dict of load_recipe, log) -> metrics, `kind: <name>`
-    demo: bool = False  # the mode `specbuild demo` shows beside plain decoding: the fastest fp32 mode on CPU (README)
+    demo: bool = False  # the mode `specbuild demo` shows beside plain decoding (shipped heads, speculates most on chat)
 
     def __post_init__(self):
         if self.family not in FAMILIES:

@@ -9,6 +9,7 @@ MODE = ModeSpec(
     summary="EAGLE-3 draft head (SafeAILab, ModelOpt and speculators exports)",
     graph_plugin="specbuild.plugins.eagle3.graph:Eagle3Plugin",
     drafter=GRAPH_DRAFTER,
+    demo=True,
     options=OPTIONS,
     heads="EAGLE-3 draft head directory.",
     converter="specbuild.plugins.eagle.convert:convert_eagle3",

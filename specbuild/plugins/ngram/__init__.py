@@ -15,7 +15,6 @@ MODE = ModeSpec(
     summary="prompt lookup decoding: drafts continue the longest earlier match of the latest tokens (no heads)",
     graph_plugin="specbuild.plugins.ngram.graph:NgramPlugin",
     drafter="specbuild.plugins.ngram.drafter:NgramDrafter",
-    demo=True,
     options=(
         ModeOption(
             "max_ngram_size",
