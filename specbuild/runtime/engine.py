@@ -152,7 +152,7 @@ class Engine:
         """Rows every call is padded to (row-invariant kernels; 1 = no padding)."""
         return self.layout.min_rows
 
-    def _load_backend(self, backend: str, threads: int | None):
+    def _load_backend(self, backend: str, threads: int):
         """The backend session, while the engine files' hashes are checked beside it (once per file identity)."""
         with ThreadPoolExecutor(1) as pool:
             hashing = pool.submit(verify_once, self.path, self.manifest["checksums"])
