@@ -70,6 +70,7 @@ def quantize_graph(
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
     model = onnx.load(str(onnx_path))
+    float_nodes = mode_nodes(model)  # before the opset conversion, which drops the nodes' metadata
     if bits == 4:
         model = _with_opset(model, QDQ_OPSET)
     settings = dict(
@@ -81,9 +82,7 @@ def quantize_graph(
     )
     logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
     config = DefaultWeightOnlyQuantConfig(bits=bits, **settings)
-    quantizer = MatMulNBitsQuantizer(
-        model, bits=bits, algo_config=config, nodes_to_exclude=mode_nodes(model), **settings
-    )
+    quantizer = MatMulNBitsQuantizer(model, bits=bits, algo_config=config, nodes_to_exclude=float_nodes, **settings)
     try:
         quantizer.process()
     except Exception as exc:  # the quantizer raises assertion/value errors on shapes it cannot handle

@@ -32,6 +32,8 @@ def test_manifest_records_format_limits_and_io(tiny_engines):
     assert ef.NEW_KV not in fused_out and {"present_key_0", "present_value_1"} <= fused_out
     assert (portable["kv_cache"], fused["kv_cache"]) == (ef.KV_STACKED, ef.KV_SHARED)
     assert all(g["weights"] == "fp32" and g["validation"]["max_abs_diff"] < 1e-3 for g in graphs.values())
+    assert all(g["opset"] == 18 for g in graphs.values()) and "opset" not in manifest  # per graph: int4 is 21
+    assert manifest["weights"]["mode_weights"] == "float32"
     assert manifest["weights"]["file"] == "weights.bin"
 
 

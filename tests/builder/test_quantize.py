@@ -86,6 +86,24 @@ def test_int4_portable_graph_is_tensorrt_clean_and_shares_the_bytes(int4_engines
     assert (engine_dir / WEIGHTS_FILE).stat().st_size < 0.6 * (fp32 / WEIGHTS_FILE).stat().st_size
 
 
+def test_int4_keeps_heads_and_draft_layers_float(int4_engines):
+    """quantize.mode_nodes decides it: the matmuls of the mode's own modules (Medusa's heads, EAGLE-3's draft layer,
+    unrolled per depth) keep float weights in both graphs, and engine.yaml says so; every graph records its real
+    opset (21: blockwise int4)."""
+    for mode, at_least in (("medusa", 2), ("eagle3", 9)):  # 2 head blocks; a draft layer's 7 projections, fc, lm_head
+        engine_dir = int4_engines[mode]
+        manifest = Engine(engine_dir).manifest
+        assert manifest["weights"]["mode_weights"] == "float32"
+        for graph in manifest["graphs"]:
+            model = onnx.load(str(engine_dir / graph["file"]), load_external_data=False)
+            assert graph["opset"] == 21 == {o.domain: o.version for o in model.opset_import}[""]
+            init = model.graph.initializer
+            floats = {i.name for i in init if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2}
+            float_matmuls = [n for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in floats]
+            assert len(float_matmuls) >= at_least, (mode, graph["file"])
+            assert "DequantizeLinear" in {n.op_type for n in model.graph.node}  # the base network's matmuls are int4
+
+
 def test_int8_builds_the_onnxruntime_graph_and_stays_exact(toy, tmp_path):
     with pytest.raises(SpecbuildError, match="--weights int8 builds the onnxruntime graph only"):
         build_engine(toy, tmp_path / "x", BuildOptions(weights="int8"), log=quiet)
