@@ -50,6 +50,7 @@ class ModeSpec:
     heads: str | None = None  # what `specbuild convert --<name>-dir DIR` reads (help text); None: no heads
     converter: str | None = None  # "module:function": (head_dir, model_config, base_tensors) -> (cfg, tensors)
     trainer: str | None = None  # "module:function": (recipe dict of load_recipe, log) -> metrics, `kind: <name>`
+    features: str | None = None  # "module:attribute": the training.features.LayerFeatures its trainer reads
     defaults: dict[str, Any] = dataclasses.field(default_factory=dict)  # option defaults, for --help
 
     def __post_init__(self):
