@@ -50,6 +50,7 @@ class ModeSpec:
     converter: str | None = None  # "module:function": (head_dir, model_config, base_tensors) -> (cfg, tensors)
     trainer: str | None = None  # "module:function": (recipe dict of load_recipe, log) -> metrics, `kind: <name>`
     demo: bool = False  # the mode `specbuild demo` shows beside plain decoding (shipped heads, speculates most on chat)
+    features: str | None = None  # "module:attribute": the training.features.LayerFeatures its trainer reads
 
     def __post_init__(self):
         if self.family not in FAMILIES:

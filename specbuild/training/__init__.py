@@ -3,7 +3,7 @@
 - `recipe`: loads a YAML recipe (`load_recipe`), runs the shared data stage and hands the recipe to the trainer of
   the mode its `kind` names (`run_recipe`); each mode package holds its trainer.
 - `distill`: training prompts, the base model's continuations and its features (final normed hidden states, and the
-  decoder-layer inputs a mode declares).
+  decoder-layer inputs a mode declares as `features.LayerFeatures`).
 - `loop`: the one optimisation loop (AdamW, warm-up + cosine schedule, time budget) every trainer runs.
 - `base_weights`: the frozen base tensors (embedding, lm_head, final norm); `heldout`: the held-out split.
 - `defaults`: the recipe's `choose` stage (default build settings by measurement); `batched_decode`: batched

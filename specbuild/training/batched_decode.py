@@ -74,7 +74,8 @@ def decode_batch(
 ) -> DecodeResult:
     """Greedy (temperature 0) or sampled continuations of `prompts`, with their features (see DecodeResult).
 
-    capture: decoder-layer indices whose inputs follow the final hidden state in each feature row (EAGLE-3)."""
+    capture: decoder-layer indices whose inputs follow the final hidden state in each feature row (the layer
+    features a mode declares)."""
     _check_supported(model.config)
     embed, layers, norm, rotary, lm_head = _layers(model)
     device = embed.weight.device

@@ -1,4 +1,5 @@
-"""Self-distillation data: training prompts, the base model's greedy continuations and its final hidden states.
+"""Self-distillation data: training prompts, the base model's greedy continuations and its final hidden states
+(and, for a mode that declares them, decoder-layer inputs: `features`).
 
 Prompts (never HumanEval or MT-bench, which are evaluation sets):
 - code: Python stdlib sources, cut right after a function's docstring or at a random line inside its body;
@@ -36,19 +37,11 @@ import numpy as np
 import torch
 
 from specbuild.training.batched_decode import decode_batch
+from specbuild.training.features import LayerFeatures
 
 STDLIB_DIR = Path(sysconfig.get_paths()["stdlib"])
 SKIP_PARTS = {"test", "tests", "site-packages", "idlelib", "lib2to3", "turtledemo", "__pycache__"}
 PROMPT_TAIL = 8
-
-
-# EAGLE-3 features: the inputs of three decoder layers (low, mid, high), captured while generating
-FEATURE_KEYS = ("h_low", "h_mid", "h_high")
-
-
-def capture_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's captured decoder-layer inputs: 2, L//2, L-3 (clamped for toy models)."""
-    return [min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3)]
 
 
 def setup_torch(threads: int = 2) -> None:
@@ -315,32 +308,6 @@ def _write_shard(out_dir: Path, name: str, rows: list[dict[str, np.ndarray]]) ->
     tmp.rename(out_dir / f"{name}.safetensors")
 
 
-def layer_row_index(full: list[int], p0: int, pid: str) -> dict[str, np.ndarray]:
-    """token / seq / pos of EAGLE-3 layer-feature rows for positions p0 .. len(full)-2 of one sequence."""
-    return {
-        "token": np.asarray(full[p0 + 1 :], dtype=np.int32),
-        "seq": np.full(len(full) - 1 - p0, _seq_no(pid), dtype=np.int32),
-        "pos": np.arange(p0, len(full) - 1, dtype=np.int32),
-    }
-
-
-def _write_layer_shard(out_dir: Path, batch: list[dict], gens: list[list[int]], hidden: list[np.ndarray], H: int):
-    """EAGLE-3 rows (h_low, h_mid, h_high, token, seq, pos) of a generated batch; marks the ids done."""
-    rows: dict[str, list] = {k: [] for k in (*FEATURE_KEYS, "token", "seq", "pos")}
-    for p, g, h in zip(batch, gens, hidden):
-        full, P = p["ids"] + g, len(p["ids"])
-        p0 = P - min(PROMPT_TAIL, P)
-        for j, key in enumerate(FEATURE_KEYS):
-            rows[key].append(h[:, H * (1 + j) : H * (2 + j)])
-        for key, value in layer_row_index(full, p0, p["id"]).items():
-            rows[key].append(value)
-    _write_shard(out_dir, f"gen-{batch[0]['id']}-{len(batch)}", [{k: np.concatenate(v) for k, v in rows.items()}])
-    done_file = out_dir / "done.txt"
-    done = set(done_file.read_text().split()) if done_file.exists() else set()
-    done.update(p["id"] for p in batch)
-    done_file.write_text("\n".join(sorted(done)) + "\n")
-
-
 def _seq_no(pid: str) -> int:
     return int.from_bytes(hashlib.sha1(pid.encode()).digest()[:4], "little") & 0x7FFFFFFF
 
@@ -362,6 +329,7 @@ def generate_sequences(
     features_dir: str | Path | None = None,
     seed: int = 0,
     log=print,
+    layer_features: LayerFeatures | None = None,
     layer_features_dir: str | Path | None = None,
     device: str = "cpu",
     dtype: str = "float32",
@@ -371,8 +339,9 @@ def generate_sequences(
     `out_jsonl`, skipping done ids.
 
     Returns all records of the file. Stops starting new batches once the time budget would be exceeded.
-    `features_dir` gets final-hidden shards; `layer_features_dir` gets EAGLE-3 layer-input shards in the format
-    of `eagle.extract_features` (which then skips these sequences), from the same decoding pass.
+    `features_dir` gets final-hidden shards; `layer_features_dir` gets the decoder-layer inputs a mode declares
+    (`layer_features`) in the format of `features.extract_layer_features` (which then skips these sequences), from
+    the same decoding pass.
     """
     setup_torch()
     out_jsonl = Path(out_jsonl)
@@ -390,7 +359,7 @@ def generate_sequences(
     H = model.config.hidden_size
     layers: tuple[int, ...] = ()
     if layer_features_dir is not None:
-        layers = tuple(capture_layers(model.config.num_hidden_layers))
+        layers = tuple(layer_features.layers(model.config.num_hidden_layers))
     t0 = time.time()
     n_tok = 0
     last_batch_s = 0.0
@@ -408,7 +377,7 @@ def generate_sequences(
             rows = [_rows_for(p["ids"], g, h[:, :H], _seq_no(p["id"])) for p, g, h in zip(batch, gens, hidden)]
             _write_shard(Path(features_dir), f"gen-{batch[0]['id']}", rows)
         if layers:
-            _write_layer_shard(Path(layer_features_dir), batch, gens, hidden, H)
+            write_layer_shard(layer_features, Path(layer_features_dir), batch, gens, hidden, H)
         with out_jsonl.open("a") as fh:
             for p, g in zip(batch, gens):
                 fh.write(json.dumps({"id": p["id"], "kind": p["kind"], "prompt_ids": p["ids"], "gen_ids": g}) + "\n")
@@ -463,3 +432,114 @@ def load_features(features_dir: str | Path) -> dict[str, np.ndarray]:
         raise FileNotFoundError(f"no feature shards in {features_dir}")
     parts = [load_file(str(s)) for s in shards]
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def layer_row_index(full: list[int], p0: int, pid: str) -> dict[str, np.ndarray]:
+    """token / seq / pos of layer-feature rows for positions p0 .. len(full)-2 of one sequence."""
+    return {
+        "token": np.asarray(full[p0 + 1 :], dtype=np.int32),
+        "seq": np.full(len(full) - 1 - p0, _seq_no(pid), dtype=np.int32),
+        "pos": np.arange(p0, len(full) - 1, dtype=np.int32),
+    }
+
+
+def write_layer_shard(decl: LayerFeatures, out_dir: Path, batch: list[dict], gens, hidden: list[np.ndarray], H: int):
+    """The rows (declared keys, token, seq, pos) of a generated batch (`hidden`: final hidden | layer inputs per
+    sequence); marks the ids done."""
+    rows: dict[str, list] = {k: [] for k in (*decl.keys, "token", "seq", "pos")}
+    for p, g, h in zip(batch, gens, hidden):
+        full, P = p["ids"] + g, len(p["ids"])
+        p0 = P - min(PROMPT_TAIL, P)
+        for j, key in enumerate(decl.keys):
+            rows[key].append(h[:, H * (1 + j) : H * (2 + j)])
+        for key, value in layer_row_index(full, p0, p["id"]).items():
+            rows[key].append(value)
+    _write_shard(out_dir, f"gen-{batch[0]['id']}-{len(batch)}", [{k: np.concatenate(v) for k, v in rows.items()}])
+    done_file = out_dir / "done.txt"
+    done = set(done_file.read_text().split()) if done_file.exists() else set()
+    done.update(p["id"] for p in batch)
+    done_file.write_text("\n".join(sorted(done)) + "\n")
+
+
+@torch.inference_mode()
+def extract_layer_features(
+    decl: LayerFeatures,
+    hf_dir: str | Path,
+    sequences_jsonl: str | Path,
+    out_dir: str | Path,
+    batch_tokens: int = 2048,
+    time_budget_s: float = 1e9,
+    max_sequences: int | None = None,
+    prompt_tail: int | None = PROMPT_TAIL,
+    log=print,
+    device: str = "cpu",
+) -> int:
+    """The declared layer inputs of `sequences_jsonl` (one base forward per sequence), one shard per batch; resumes
+    (sequences with shards are skipped).
+
+    prompt_tail: rows start this many positions before the end of the prompt (None: the whole prompt, as needed
+    by `simulate_tau`). Returns the number of sequences with features."""
+    setup_torch()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done_file = out_dir / "done.txt"
+    done = set(done_file.read_text().split()) if done_file.exists() else set()
+    seqs = [r for r in read_sequences(sequences_jsonl) if len(r["gen_ids"]) >= 2]
+    if max_sequences is not None:
+        seqs = seqs[:max_sequences]
+    todo = [r for r in seqs if r["id"] not in done]
+    todo.sort(key=lambda r: len(r["prompt_ids"]) + len(r["gen_ids"]))
+    if not todo:
+        return len(done)
+    model, tok = load_model(hf_dir, device)
+    n_layers = model.config.num_hidden_layers
+    cap = decl.layers(n_layers)
+    captured: dict[int, torch.Tensor] = {}
+
+    def hook(idx):
+        def f(mod, args, kwargs):
+            captured[idx] = args[0] if args else kwargs["hidden_states"]
+
+        return f
+
+    for i in sorted(set(cap)):
+        model.model.layers[i].register_forward_pre_hook(hook(i), with_kwargs=True)
+    # nothing after the last captured layer's input is needed (the final hidden comes from distill's shards)
+    model.model.layers = model.model.layers[: max(cap) + 1]
+    model.model.norm = torch.nn.Identity()
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    t0 = time.time()
+    i = 0
+    while i < len(todo):
+        if time.time() - t0 > time_budget_s:
+            log(f"feature time budget reached: {len(done)} sequences")
+            break
+        n_max = len(todo[i]["prompt_ids"]) + len(todo[i]["gen_ids"])
+        j = i + 1
+        while j < len(todo) and (j - i + 1) * (len(todo[j]["prompt_ids"]) + len(todo[j]["gen_ids"])) <= batch_tokens:
+            j += 1
+        batch = todo[i:j]
+        fulls = [r["prompt_ids"] + r["gen_ids"] for r in batch]
+        ids, mask, pos = _left_pad(fulls, pad)
+        captured.clear()
+        model.model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device))
+        rows: dict[str, list] = {k: [] for k in (*decl.keys, "token", "seq", "pos")}
+        L = ids.shape[1]
+        for b, r in enumerate(batch):
+            n_full, P = len(fulls[b]), len(r["prompt_ids"])
+            p0 = 0 if prompt_tail is None else P - min(prompt_tail, P)
+            a, e = L - n_full + p0, L - 1  # positions p0 .. n_full-2
+            for key, li in zip(decl.keys, cap):
+                rows[key].append(captured[li][b, a:e].to(torch.float16).cpu().numpy())
+            for key, value in layer_row_index(fulls[b], p0, r["id"]).items():
+                rows[key].append(value)
+        from safetensors.numpy import save_file
+
+        name = f"fwd-{batch[0]['id']}-{len(batch)}"
+        save_file({k: np.ascontiguousarray(np.concatenate(v)) for k, v in rows.items()}, str(out_dir / f".{name}"))
+        (out_dir / f".{name}").rename(out_dir / f"{name}.safetensors")
+        done.update(r["id"] for r in batch)
+        done_file.write_text("\n".join(sorted(done)) + "\n")
+        i = j
+        log(f"features {len(done)} sequences ({i}/{len(todo)} of this run), max len {n_max}, {time.time() - t0:.0f}s")
+    return len(done)

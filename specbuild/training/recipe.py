@@ -54,7 +54,8 @@ def prepare_data(cfg: dict, log=print) -> None:
 
     `data` holds the first round's settings; `data.rounds` (optional) lists further rounds, each overriding
     some of them (seed, prompt counts, budgets) and giving an `id_prefix` so that its sequences never collide
-    with earlier ones. With `data.eagle3_feature_dir`, EAGLE-3's layer features come out of the same pass. A round's
+    with earlier ones. `data.layer_features` ({mode: directory}) writes the decoder-layer inputs each of those modes
+    declares (ModeSpec.features) in the same pass. A round's
     `text_answers: N` adds teacher-forced rows over N recorded ShareGPT answers under `feat_text` (one forward per
     sequence; trainers mix them in when their recipe asks)."""
     from transformers import AutoTokenizer
@@ -77,8 +78,7 @@ def prepare_data(cfg: dict, log=print) -> None:
             features_dir=work / "feat_humaneval",
             log=log,
         )
-    layer_dir = d.get("eagle3_feature_dir")
-    layer_dir = Path(expand_path(layer_dir)) if layer_dir else None
+    layer_features, layer_dir = declared_layer_features(d.get("layer_features") or {})
     base = {k: v for k, v in d.items() if k != "rounds"}
     for r in [base, *[{**base, "id_prefix": f"r{i}-", **rd} for i, rd in enumerate(d.get("rounds") or [], 1)]]:
         prefix = r.get("id_prefix", "")
@@ -102,6 +102,7 @@ def prepare_data(cfg: dict, log=print) -> None:
             work / "train.jsonl",
             float(r.get("time_budget_s", 1800)),
             features_dir=work / "feat_train",
+            layer_features=layer_features,
             layer_features_dir=layer_dir,
             log=log,
             device=cfg.get("device") or distill.default_device(),
@@ -119,6 +120,23 @@ def prepare_data(cfg: dict, log=print) -> None:
                 hf, seqs, work / "feat_text", batch_size=int(r.get("text_batch_size", 16)), log=log,
                 device=cfg.get("device") or distill.default_device(), dtype=str(r.get("dtype", "float32")),
             )  # fmt: skip
+
+
+def declared_layer_features(by_mode: dict) -> tuple:
+    """(the LayerFeatures the mode declares, its directory) for the data stage's `layer_features: {mode: DIR}`, or
+    (None, None); one mode at a time (its captured layers come out of the decoding pass)."""
+    from specbuild.errors import SpecbuildError
+    from specbuild.plugins.registry import get_mode, load_object
+
+    if not by_mode:
+        return None, None
+    if len(by_mode) > 1:
+        raise SpecbuildError(f"data.layer_features: one mode at a time, got {', '.join(by_mode)}")
+    ((mode, directory),) = by_mode.items()
+    spec = get_mode(mode, "data.layer_features")
+    if spec.features is None:
+        raise SpecbuildError(f"data.layer_features: mode {mode!r} declares no layer features")
+    return load_object(spec.features), Path(expand_path(directory))
 
 
 def check_device(device: str | None) -> str:

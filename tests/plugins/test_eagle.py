@@ -191,7 +191,7 @@ def _speculators_layer_reference(w: dict, x, emb, norm_before_residual: bool, c:
 def test_norm_before_residual_draft_layer_matches_speculators_math():
     from types import SimpleNamespace
 
-    from specbuild.plugins.eagle.draft_net import DraftNet
+    from specbuild.plugins.eagle3.draft_net import Eagle3Net
     from tests.conftest import tiny_hf_config
     from tests.plugins.eagle_fixtures import eagle3_state
 
@@ -215,7 +215,7 @@ def test_norm_before_residual_draft_layer_matches_speculators_math():
             "intermediate_size": 96, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "has_embed": True,
             "norm_before_residual": flag,
         }  # fmt: skip
-        draft = DraftNet(head_cfg, base, 3)
+        draft = Eagle3Net(head_cfg, base)
         draft.load(state)
         with torch.no_grad():
             h, _, _ = draft.run(tokens, feats, torch.arange(t).view(1, t), None, [[]], [[]], [], causal)

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from specbuild.plugins.eagle import training as eagle
+from specbuild.plugins.eagle3.training import LAYER_FEATURES
 from specbuild.training import distill
+from tests.conftest import quiet
 
 pytestmark = pytest.mark.xdist_group("training")
 
@@ -36,17 +37,18 @@ def test_generation_writes_the_features_of_a_second_forward(smollm2_hf, tmp_path
         1e9,
         tmp_path / "final",
         log=lambda *a: None,
+        layer_features=LAYER_FEATURES,
         layer_features_dir=tmp_path / "layers",
     )
     assert sorted(r["id"] for r in seqs) == ["a", "b"] and all(len(r["gen_ids"]) >= 2 for r in seqs)
     assert set((tmp_path / "layers" / "done.txt").read_text().split()) == {"a", "b"}
 
-    # EAGLE-3 layer inputs: the same rows as eagle.extract_features' separate forward pass (fp16 rounding apart)
-    eagle.extract_features(smollm2_hf, tmp_path / "t.jsonl", tmp_path / "second", log=lambda *a: None)
+    # EAGLE-3 layer inputs: the same rows as a separate forward pass (fp16 rounding apart)
+    distill.extract_layer_features(LAYER_FEATURES, smollm2_hf, tmp_path / "t.jsonl", tmp_path / "second", log=quiet)
     gen, second = _rows(tmp_path / "layers"), _rows(tmp_path / "second")
     for key in ("token", "seq", "pos"):
         assert np.array_equal(gen[key], second[key]), key
-    for key in eagle.FEATURE_KEYS:
+    for key in LAYER_FEATURES.keys:
         a, b = gen[key].astype(np.float32), second[key].astype(np.float32)
         assert np.abs(a - b).max() <= 2e-3 * max(1.0, np.abs(b).max()), key
 

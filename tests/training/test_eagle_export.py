@@ -7,6 +7,7 @@ import torch
 from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.plugins.eagle import training as eagle
+from specbuild.plugins.feature_draft.training import build_draft
 from specbuild.training.base_weights import load_base_weights
 
 pytestmark = pytest.mark.xdist_group("training")
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.xdist_group("training")
 
 @pytest.mark.parametrize("with_vocab", [False, True])
 def test_save_eagle1_round_trip(smollm2_hf, tmp_path, with_vocab):
-    draft = eagle.build_draft(1, smollm2_hf, intermediate_size=64, draft_vocab_size=None)
+    draft = build_draft(eagle.EAGLE1, smollm2_hf, intermediate_size=64, draft_vocab_size=None)
     used = np.sort(np.random.default_rng(0).choice(49152, size=300, replace=False)) if with_vocab else None
     eagle.save_eagle1(tmp_path / "head", draft, smollm2_hf, "smollm2", {"eagle_top_k": 2}, used=used)
     out = convert_checkpoint(smollm2_hf, tmp_path / "ckpt", heads={"eagle": tmp_path / "head"}, progress=False)

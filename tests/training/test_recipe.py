@@ -16,7 +16,7 @@ def test_rounds_append_with_prefixed_ids(smollm2_hf, tmp_path):
             **base,
             "seed": 0,
             "eval_humaneval_prompts": 0,
-            "eagle3_feature_dir": str(tmp_path / "layers"),
+            "layer_features": {"eagle3": str(tmp_path / "layers")},
             "rounds": [
                 {"seed": 1, "id_prefix": "s1-", "code_prompts": 3},
                 {"seed": 3, "id_prefix": "s3-", "code_prompts": 0, "stub_prompts": 2},

@@ -66,18 +66,20 @@ def test_redrafter(data, tmp_path):
     assert_builds_exact(data, "redrafter", head, tmp_path)
 
 
-@pytest.mark.parametrize("version", [1, 3])
-def test_eagle(data, tmp_path, version):
+@pytest.mark.parametrize("mode", ["eagle", "eagle3"])
+def test_eagle(data, tmp_path, mode):
     from specbuild.plugins.eagle import training as eagle
+    from specbuild.plugins.eagle3 import training as eagle3
+    from specbuild.plugins.feature_draft.training import train_draft
 
-    features = data / ("feat_train" if version == 1 else "feat_layers")
-    res = eagle.train_eagle(
-        version, data / "hf", features, data / "train.jsonl", intermediate_size=32, draft_vocab_size=64, steps=2,
-        chunk_len=16, batch=8, lr=3e-3, warmup=2, epochs=2, heldout_frac=0.0, log=quiet,
+    family, features = (eagle.EAGLE1, "feat_train") if mode == "eagle" else (eagle3.EAGLE3, "feat_layers")
+    res = train_draft(
+        family, data / "hf", data / features, data / "train.jsonl", intermediate_size=32, draft_vocab_size=64,
+        steps=2, chunk_len=16, batch=8, lr=3e-3, warmup=2, epochs=2, heldout_frac=0.0, log=quiet,
     )  # fmt: skip
     assert_learns(res["losses"])
-    if version == 1:
+    if mode == "eagle":
         eagle.save_eagle1(tmp_path / "head", res["draft"], data / "hf", "tiny", EAGLE_DEFAULTS, res["metrics"])
     else:
-        eagle.save_eagle3(tmp_path / "head", res["draft"], res["used"], data / "hf", "tiny", EAGLE_DEFAULTS)
-    assert_builds_exact(data, "eagle" if version == 1 else "eagle3", tmp_path / "head", tmp_path)
+        eagle3.save_eagle3(tmp_path / "head", res["draft"], res["used"], data / "hf", "tiny", EAGLE_DEFAULTS)
+    assert_builds_exact(data, mode, tmp_path / "head", tmp_path)

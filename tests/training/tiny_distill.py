@@ -1,6 +1,6 @@
 """Self-distillation data of a tiny random Llama for the trainer tests: the real data stage (`distill.
 generate_sequences`) on TINY_SHAPES' llama_gqa_llama3rope with a character tokenizer, giving train.jsonl, the
-final-hidden shards (feat_train) and the decoder-layer-input shards (feat_layers) of random prompts."""
+final-hidden shards (feat_train) and EAGLE-3's decoder-layer-input shards (feat_layers) of random prompts."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import random
 from pathlib import Path
 
+from specbuild.plugins.eagle3.training import LAYER_FEATURES
 from specbuild.training import distill
 from tests.conftest import quiet, save_tiny_model, write_char_tokenizer
 
@@ -27,7 +28,7 @@ def make_tiny_distill(root: Path, prompts: int = 40, new_tokens: int = 24) -> Pa
     ]
     distill.generate_sequences(
         hf, rows, new_tokens, 16, root / "train.jsonl", 1e9, root / "feat_train", log=quiet,
-        layer_features_dir=root / "feat_layers",
+        layer_features=LAYER_FEATURES, layer_features_dir=root / "feat_layers",
     )  # fmt: skip
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (hf / name).unlink()

@@ -1,23 +1,7 @@
 """`--speculative-mode eagle`: EAGLE-1 (static tree) and EAGLE-2 (dynamic top-k tree) drafting in the step graph."""
 
-from specbuild.plugins.spec import (
-    ENGINE_DRAFTED,
-    GRAPH_DRAFTER,
-    MAX_DRAFT_LEN,
-    TREE,
-    TYPICAL_ACCEPTANCE,
-    ModeOption,
-    ModeSpec,
-)
-
-OPTIONS = (
-    TREE,
-    MAX_DRAFT_LEN,
-    ModeOption("eagle_top_k", "int", "EAGLE-2 dynamic tree: top-k per expansion.", minimum=1),
-    ModeOption("eagle_depth", "int", "EAGLE-2 dynamic tree: draft depth.", minimum=1),
-    ModeOption("eagle_total_tokens", "int", "EAGLE-2 dynamic tree: nodes kept for verification.", minimum=2),
-    TYPICAL_ACCEPTANCE,
-)
+from specbuild.plugins.feature_draft import OPTIONS
+from specbuild.plugins.spec import ENGINE_DRAFTED, GRAPH_DRAFTER, ModeSpec
 
 MODE = ModeSpec(
     name="eagle",

@@ -1,6 +1,6 @@
 """`--speculative-mode eagle3`: EAGLE-3 drafting (fused low/mid/high features, reduced draft vocabulary)."""
 
-from specbuild.plugins.eagle import OPTIONS
+from specbuild.plugins.feature_draft import OPTIONS
 from specbuild.plugins.spec import ENGINE_DRAFTED, GRAPH_DRAFTER, ModeSpec
 
 MODE = ModeSpec(
@@ -12,6 +12,7 @@ MODE = ModeSpec(
     demo=True,
     options=OPTIONS,
     heads="EAGLE-3 draft head directory.",
-    converter="specbuild.plugins.eagle.convert:convert_eagle3",
-    trainer="specbuild.plugins.eagle.training:run_eagle_recipe",
+    converter="specbuild.plugins.eagle3.convert:convert_eagle3",
+    trainer="specbuild.plugins.eagle3.training:run_eagle3_recipe",
+    features="specbuild.plugins.eagle3.training:LAYER_FEATURES",
 )
