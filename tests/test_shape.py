@@ -29,6 +29,7 @@ HOMONYMS = {
     ("paths", "specbuild/plugins/redrafter/*.py"): "a key of the ReDrafter tree a beam merge returns",
     ("input_ids", "specbuild/training/*.py"): "the Hugging Face tokenizer's output key",
     ("temperature", "specbuild/training/*.py"): "a training recipe key",
+    ("window", "specbuild/inspect.py"): "the sliding-window attention field of inspect's checkpoint report",
 }
 
 
