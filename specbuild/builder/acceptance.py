@@ -1,11 +1,17 @@
 """In-graph tree verification and acceptance (greedy exact, sampling lossless, typical opt-in lossy).
 
 All drafts are treated as deterministic (point-mass) proposals, which is what Medusa top-k, EAGLE-2/3 top-k
-trees and static choice trees are. Children of a node are tried in node order; child x is accepted with
-probability p(x) / (1 - sum of p over earlier, rejected siblings) -- i.e. p(x) under the residual where
-rejected siblings are zeroed and renormalised. When every child of the deepest accepted node is rejected,
-the bonus token is sampled from that residual. Temperature 0 uses p = one-hot(argmax), which turns the same
-rule into exact greedy verification. Random numbers come in as inputs (one per node plus one bonus draw).
+trees, static choice trees and prompt lookup are. For such drafts recursive rejection sampling (child x accepted
+with probability p(x) / (1 - p of earlier, rejected siblings); the bonus from the residual) accepts exactly when the
+token the target would sample at that position is one of the children, and then that child. So every node draws
+the target's next token y = F^-1(u) by inverse CDF from its processed distribution, with the uniform number u of
+the *sequence position* y would take (rand_accept[b, i] belongs to position position_ids[b, i] + 1: the runtime
+draws one number per position of each request, engine.yaml sampling.uniforms = per_position); a child is accepted
+when its token is its parent's y, and the bonus is the last accepted node's y. Each generated token is then
+F^-1(u_q) of the target distribution at its position q: the output is a sample of the base model, with the same
+acceptance rate as the rejection rule, and it is the same whatever was drafted, alone or batched (only the
+logits' rounding could differ). Temperature 0 uses p = one-hot(argmax), which turns the rule into exact greedy
+verification.
 
 Written with CumSum/compare formulations only (no CumProd, no bool Where chains) so the graph exports
 to plain ONNX that TensorRT parses.
@@ -205,11 +211,21 @@ def _accept_greedy(logits, tokens, parent, siblings_before, depth, paths, *sampl
 def _accept_sampled(
     logits, tokens, parent, siblings_before, depth, paths, temperature, top_k, top_p, rand_accept, rand_sample
 ):
-    probs = target_probs(logits, temperature, top_k, top_p)  # [B,W,V], once for the flags and the bonus
-    flags = _sampled_flags(probs, tokens, parent, siblings_before, rand_accept)
+    """Each node's next token drawn with its position's uniform (the module docstring); then the greedy walk."""
+    probs = target_probs(logits, temperature, top_k, top_p)  # [B,W,V]
+    drawn = inverse_cdf(probs, rand_accept)  # [B,W]
+    flags = _greedy_flags(drawn, tokens, parent)
     best_len, best_path, last_node = _walk(flags, depth, siblings_before, paths)
-    bonus = _sampled_bonus(probs, tokens, parent, last_node, rand_sample)
+    bonus = drawn.gather(1, last_node.unsqueeze(1)).squeeze(1)
     return _accepted(tokens, best_len, best_path, last_node, bonus)
+
+
+def inverse_cdf(probs, uniforms):
+    """[B,W] draws from probs [B,W,V] (unnormalised rows allowed) with uniforms [B,W] in [0, 1): the first token whose
+    cumulative mass exceeds u * total (so never a token of zero probability)."""
+    cdf = torch.cumsum(probs, dim=-1)
+    total = cdf.narrow(-1, probs.shape[-1] - 1, 1)
+    return (cdf <= uniforms.unsqueeze(-1) * total).to(torch.int64).sum(-1)
 
 
 def _walk(flags, depth, siblings_before, paths):
@@ -282,14 +298,15 @@ def _sampled_flags_q(
     return torch.cat([flags.unsqueeze(-1), residual], dim=-1)
 
 
-def accept_root(logits, temperature, top_k, top_p, rand_sample):
+def accept_root(logits, temperature, top_k, top_p, rand_accept):
     """`accept` for a window whose last node is a lone root (plain decoding; earlier window nodes are prompt tokens
     whose logits are only reported): the bonus token alone, drawn as `accept` draws it for a childless root (argmax
-    at temperature 0, else a sample of the processed distribution), without the tree bookkeeping -- ~100 small
-    nodes that cost ~1 ms per step on CPU."""
+    at temperature 0, else the inverse-CDF sample with the last node's uniform), without the tree bookkeeping --
+    ~100 small nodes that cost ~1 ms per step on CPU."""
     w = logits.shape[1]
-    last = logits.index_select(1, torch.full((1,), w - 1, dtype=torch.int64, device=logits.device))  # a copy
-    operands = (last.squeeze(1), temperature, top_k, top_p, rand_sample)
+    last_index = torch.full((1,), w - 1, dtype=torch.int64, device=logits.device)
+    last = logits.index_select(1, last_index)  # a copy
+    operands = (last.squeeze(1), temperature, top_k, top_p, rand_accept.index_select(1, last_index).squeeze(1))
     bonus = branch((temperature <= 0).all(), _greedy_root, _sampled_root, operands)
     last_node = torch.zeros_like(bonus) + (w - 1)
     return bonus.unsqueeze(1), torch.ones_like(bonus), last_node.unsqueeze(1), last_node
@@ -299,9 +316,9 @@ def _greedy_root(last_logits, temperature, top_k, top_p, rand_sample):
     return top_token(last_logits)
 
 
-def _sampled_root(last_logits, temperature, top_k, top_p, rand_sample):
-    probs = target_probs(last_logits.unsqueeze(1), temperature, top_k, top_p).squeeze(1)
-    return _sample(probs, probs, rand_sample)
+def _sampled_root(last_logits, temperature, top_k, top_p, uniform):
+    probs = target_probs(last_logits.unsqueeze(1), temperature, top_k, top_p)
+    return inverse_cdf(probs, uniform.unsqueeze(1)).squeeze(1)
 
 
 def _greedy_flags(best, tokens, parent):
@@ -309,26 +326,6 @@ def _greedy_flags(best, tokens, parent):
     2**24)."""
     parent_argmax = torch.matmul(parent, best.float().unsqueeze(-1)).squeeze(-1)  # [B,n]
     return (tokens.float() == parent_argmax).float()
-
-
-def _sampled_flags(probs, tokens, parent, siblings_before, rand_accept):
-    """Node n is accepted with probability p(x_n) / (1 - p of its earlier, rejected siblings) under its parent
-    (`probs` [B,W,V]: every node's target distribution)."""
-    b, w, _ = probs.shape
-    tok_probs = probs.gather(2, tokens.unsqueeze(1).expand(b, w, w))  # [B,m,n] = probs[m, tokens[n]]
-    p_node = (parent * tok_probs.transpose(1, 2)).sum(-1)  # [B,n]
-    prior = (siblings_before * p_node.unsqueeze(1)).sum(-1)
-    return (rand_accept * (1.0 - prior) < p_node).float()
-
-
-def _sampled_bonus(probs, tokens, parent, last_node, rand_sample):
-    """A draw from the last accepted node's distribution with its (all rejected) children's tokens removed."""
-    b, w, v = probs.shape
-    last_probs = probs.gather(1, last_node.view(b, 1, 1).expand(b, 1, v)).squeeze(1)  # [B,V]
-    child_of_last = parent.gather(2, last_node.view(b, 1, 1).expand(b, w, 1)).squeeze(2)  # [B,n]
-    vocab = torch.arange(v, device=probs.device).view(1, 1, v)
-    child_tokens = ((tokens.unsqueeze(2) == vocab).float() * child_of_last.unsqueeze(2)).sum(1)  # [B,V]
-    return _sample(last_probs * (child_tokens == 0).float(), last_probs, rand_sample)
 
 
 def _accept_typical(

@@ -41,10 +41,13 @@ def engine_fields(plan: BuildPlan, plugin, graphs: list[dict], directory: Path) 
         if plan.options.int8_activations and lossy is None
         else None,
         "typical_acceptance": list(plan.typical) if plan.typical else None,
+        # sampled acceptance draws the token at sequence position q from the request's uniform number q, so a seeded
+        # request gives the same tokens alone or batched, whatever was drafted (builder/acceptance.py)
+        "sampling": {"uniforms": ef.UNIFORMS_PER_POSITION},
         "model": model_fields(plan.model),
         "limits": {
             "max_seq_len": plan.max_seq_len,
-            "max_batch_size": 1,
+            "max_batch_size": plan.options.max_batch_size,
             "max_new_tokens_per_step": plugin.max_new_tokens_per_step(),
         },
         "tree": {"choices": tree.to_list(), "size": tree.size, "depth": tree.depth}

@@ -45,37 +45,45 @@ def example_inputs(
     tree_mask=None,
     temperature: float = 0.0,
     min_rows: int = 2,
+    batch: int = 1,
 ):
-    """Inputs for one call: a causal chain of t new tokens after `past` cached ones (batch 1), in the step's order.
-    min_rows: the step padding of a row_padding graph (needs min_rows - t spare cache slots after the tokens)."""
+    """Inputs for one call: per sequence a causal chain of t new tokens after its cached ones, in the step's order.
+    Sequence b has past + b cached tokens (each row its own length), so capacity needs room for past + batch - 1 + t
+    (+ min_rows - t spare slots after the tokens: the step padding of a row_padding graph)."""
     cfg = step.net.cfg
     dtype = step.net.embed_tokens.weight.dtype
     g = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(0, cfg.vocab_size, (1, t), generator=g)
-    position_ids = (past + torch.arange(t)).unsqueeze(0)
+    input_ids = torch.randint(0, cfg.vocab_size, (batch, t), generator=g)
+    pasts = past + torch.arange(batch)
+    position_ids = pasts.unsqueeze(1) + torch.arange(t).unsqueeze(0)
     if tree_mask is None:
         tree_mask = torch.tril(torch.ones(t, t, dtype=torch.bool)).unsqueeze(0)
-    kv = torch.randn(cfg.num_layers, 2, 1, cfg.num_kv_heads, capacity, cfg.head_dim, generator=g).to(dtype)
+    tree_mask = tree_mask.expand(batch, t, t).clone()
+    kv = torch.randn(cfg.num_layers, 2, batch, cfg.num_kv_heads, capacity, cfg.head_dim, generator=g).to(dtype)
     if paths is None:
         dp = min(3, w)
         paths = torch.full((1, 2, dp), -1, dtype=torch.int64)
         paths[0, 0, :dp] = torch.arange(t - w, t - w + dp)
         paths[0, 1, 0] = t - w
+    paths = paths.expand(batch, *paths.shape[1:]).clone()
     states = []
     for spec in step.plugin.state_specs():
-        shape = [{"B": 1, "C": capacity}.get(d, d) if isinstance(d, str) else d for d in spec.shape]
+        shape = [{"B": batch, "C": capacity}.get(d, d) if isinstance(d, str) else d for d in spec.shape]
         if spec.dtype == "int64":
             states.append(torch.zeros(shape, dtype=torch.int64))
         else:
             states.append((torch.randn(shape, generator=g) * 0.5).to(TORCH_DTYPES[spec.dtype]))
+    temperatures = torch.full((batch,), temperature, dtype=torch.float32)
+    if batch > 1 and temperature > 0:
+        temperatures[0] = 0.0  # a greedy row beside sampled ones
     sampling = [
-        torch.tensor([temperature], dtype=torch.float32),
-        torch.tensor([0]),
-        torch.tensor([1.0], dtype=torch.float32),
-        torch.rand(1, w, generator=g),  # its width is the window W (ef.WINDOW)
-        torch.rand(1, generator=g),
+        temperatures,
+        torch.zeros(batch, dtype=torch.int64),
+        torch.ones(batch, dtype=torch.float32),
+        torch.rand(batch, w, generator=g),  # its width is the window W (ef.WINDOW)
+        torch.rand(batch, generator=g),
     ]
-    head = [input_ids, position_ids, tree_mask, torch.tensor([past])]
+    head = [input_ids, position_ids, tree_mask, pasts]
     fixed, tail = step.arrange(
         head, step.kv_inputs(kv), [paths], sampling, [torch.zeros(min_rows, dtype=torch.bool)], states
     )
@@ -84,9 +92,7 @@ def example_inputs(
 
 def _dynamic_shapes(step: StepModule):
     dim = torch.export.Dim
-    # The step graph is batch 1 (limits.max_batch_size): a dynamic batch Dim makes torch.export fail on the
-    # specialisation and export a second time with it fixed, doubling the export time for the same graph.
-    b = 1
+    b = dim(ef.BATCH, min=1, max=ef.MAX_BATCH_SIZE)  # exported at batch 2: a batch-1 example would specialise it
     t = dim("new_tokens", min=1, max=65536)
     c = dim("capacity", min=1, max=1 << 20)
     w = dim(ef.WINDOW, min=1, max=4096)
@@ -123,7 +129,7 @@ def aliased_outputs(input_names: list[str]) -> dict[str, str]:
 
 def export_step(step: StepModule, onnx_path: Path) -> tuple[list[str], list[str]]:
     """Export to `onnx_path` (+ external data file). Returns (input names, output names)."""
-    args = example_inputs(step, t=6, w=4, capacity=10, past=3)  # room for a pad row
+    args = example_inputs(step, t=6, w=4, capacity=11, past=3, batch=2)  # room for a pad row
     inputs, outputs = io_names(step)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     try:
@@ -170,7 +176,7 @@ def drop_unused_norm_statistics(onnx_path: Path) -> None:
 
 
 def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads: int = 1) -> float:
-    """Run torch and ONNX Runtime on two calls (prefill-like chain, decode-like window); return the max abs diff.
+    """Run torch and ONNX Runtime on a few calls, one of them batched; return the max abs diff.
 
     Token outputs must agree exactly; float outputs within `tolerance`. A fused graph runs with its KV buffers bound
     in place, as the runtime runs it, and its present buffers are compared whole (rows it must not touch included).
@@ -187,13 +193,16 @@ def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads
     out_names = [o.name for o in sess.get_outputs()]
     aliases = aliased_outputs(names)
     worst = 0.0
-    for t, w, cap, past, temp in ((7, 1, 8, 0, 0.0), (5, 5, 16, 6, 0.8), (1, 1, 8, 4, 0.0)):  # last: a padded call
-        args = example_inputs(step, t=t, w=w, capacity=cap, past=past, seed=t, temperature=temp)
+    # prefill-like chain, decode-like window, a padded one-token call, then three sequences of different lengths
+    # (greedy and sampled rows) in one call
+    calls = ((7, 1, 8, 0, 0.0, 1), (5, 5, 16, 6, 0.8, 1), (1, 1, 8, 4, 0.0, 1), (3, 3, 16, 2, 0.8, 3))
+    for t, w, cap, past, temp, batch in calls:
+        args = example_inputs(step, t=t, w=w, capacity=cap, past=past, seed=t, temperature=temp, batch=batch)
         feeds = {n: (a.float() if a.dtype == torch.bfloat16 else a).numpy().copy() for n, a in zip(names, args)}
         with torch.no_grad():
             ref = step(*args)
         got, _ = run_bound(sess, feeds, out_names, aliases)
-        _check_declared_outputs(step, dict(zip(out_names, ref)))
+        _check_declared_outputs(step, dict(zip(out_names, ref)), batch)
         for name, r in zip(out_names, ref):
             g = got[name]
             r = r.float().numpy() if r.is_floating_point() else r.numpy()
@@ -208,11 +217,11 @@ def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads
     return worst
 
 
-def _check_declared_outputs(step: StepModule, outputs: dict) -> None:
-    """The mode's draft outputs have the dtype and shape its plugin declares (draft_outputs(), batch 1)."""
+def _check_declared_outputs(step: StepModule, outputs: dict, batch: int) -> None:
+    """The mode's draft outputs have the dtype and shape its plugin declares (draft_outputs())."""
     for spec in step.plugin.draft_outputs():
         value = outputs[spec.name]
-        shape = tuple(1 if d == "B" else d for d in spec.shape)
+        shape = tuple(batch if d == "B" else d for d in spec.shape)
         if tuple(value.shape) != shape or value.dtype != TORCH_DTYPES[spec.dtype]:
             raise SpecbuildError(
                 f"the {step.plugin.name} plugin declares {spec.name} {spec.dtype} {list(shape)}, its graph gives "

@@ -29,6 +29,7 @@ class _BuildOptions:
 
     speculative_mode: str | None = None  # default: the baseline (plain decoding)
     max_seq_len: int | None = None
+    max_batch_size: int = 16  # sequences one engine call advances (the runtime's KV slots; limits.max_batch_size)
     output_logits: bool = False
     backends: tuple[str, ...] = ef.BACKENDS  # one graph per backend: onnxruntime (fused kernels), tensorrt (portable)
     weights: str | None = None  # fp32, fp16, int8, int4 (default: fp16 for a float16 checkpoint, else fp32)
@@ -92,6 +93,9 @@ class _BuildOptions:
 
         get_mode(self.speculative_mode, option=f"{source}--speculative-mode")
         integer("max_seq_len", 2, MAX_SEQ_LEN)
+        integer("max_batch_size", 1, ef.MAX_BATCH_SIZE)
+        if self.max_batch_size is None:
+            fail("max_batch_size", f"an integer in [1, {ef.MAX_BATCH_SIZE}]")
         for option in mode_options().values():
             value = getattr(self, option.name)
             if option.kind == "int":

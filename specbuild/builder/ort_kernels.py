@@ -145,12 +145,15 @@ def _gqa_reference(attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos
     s = torch.cat([sin[position_ids], sin[position_ids]], dim=-1).unsqueeze(1).to(q.dtype)
     q, k = q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
     present_k, present_v = k_buf.clone(), v_buf.clone()
-    past = int(past_length[0])
-    present_k[:, :, past : past + t] = k
-    present_v[:, :, past : past + t] = v
-    mask = bias[:, :, :, : past + t] == 0  # [B,1,T,P+T]
-    out = attn.attend_heads(q, [present_k[:, :, : past + t]], [present_v[:, :, : past + t]], mask.unsqueeze(1))
-    return out, present_k, present_v
+    outs = []
+    for row in range(b):  # each sequence writes at its own length
+        past = int(past_length[row])
+        present_k[row, :, past : past + t] = k[row]
+        present_v[row, :, past : past + t] = v[row]
+        mask = bias[row : row + 1, :, :, : past + t] == 0  # [1,1,T,P+T]
+        keys, values = [present_k[row : row + 1, :, : past + t]], [present_v[row : row + 1, :, : past + t]]
+        outs.append(attn.attend_heads(q[row : row + 1], keys, values, mask.unsqueeze(1)))
+    return torch.cat(outs, dim=0), present_k, present_v
 
 
 def skip_rms_norm(norm: RMSNorm, x, skip):

@@ -107,7 +107,7 @@ class StepModule(nn.Module):
             rows = torch.arange(torch.sym_max(w, min_rows.shape[0])).clamp(max=w - 1)
             logits = self.net.lm_head(window.index_select(1, rows)).narrow(1, 0, w)
         if self.root_only:
-            acc_tokens, num_acc, acc_nodes_w, last_w = accept_root(logits, temperature, top_k, top_p, rand_sample)
+            acc_tokens, num_acc, acc_nodes_w, last_w = accept_root(logits, temperature, top_k, top_p, rand_accept)
         else:
             acc_tokens, num_acc, acc_nodes_w, last_w = accept(
                 logits,

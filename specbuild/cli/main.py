@@ -191,6 +191,11 @@ def _run_build(checkpoint_dir, output_dir, options) -> Path:
 @click.option("--output-dir", required=True, type=click.Path(path_type=Path), help="Engine directory to write.")
 @click.option("--speculative-mode", type=mode_choice(), help="Default: plain decoding.")
 @click.option("--max-seq-len", type=int, help="Prompt + generated tokens limit (default: model's, at most 4096).")
+@click.option(
+    "--max-batch-size",
+    type=int,
+    help="Sequences one engine call advances: the runtime's KV slots (default 16; `inspect` shows the KV memory).",
+)
 @click.option("--recipe", type=click.Path(path_type=Path), help="YAML build recipe; flags given here override it.")
 @mode_option_flags
 @click.option(
@@ -225,6 +230,7 @@ def build(
     output_dir,
     speculative_mode,
     max_seq_len,
+    max_batch_size,
     recipe,
     backends,
     weights,
@@ -246,6 +252,7 @@ def build(
         recipe,
         speculative_mode=speculative_mode,
         max_seq_len=max_seq_len,
+        max_batch_size=max_batch_size,
         **mode_settings,
         backends=backends,
         weights=weights,

@@ -1,16 +1,16 @@
-"""A loaded engine (graphs, manifest, tokenizer, the KV/state layout, the drafter's settings) and the generation
-loop over one Session: prefill, then step until EOS or a length limit, emitting each step's accepted tokens.
+"""A loaded engine (graphs, manifest, tokenizer, the KV/state layout, the drafter's settings) and generation through
+the scheduler (runtime/scheduler.py): `generate` submits one request to the engine's scheduler and runs it; many
+requests at once go through `Engine.scheduler` (or a Scheduler of one's own) the same way.
 
-Per step the host does O(accepted tokens) work: the session commits the accepted nodes' KV and builds the next
-call's small inputs (the cache itself is bound to the backend without a copy); the loop appends the accepted tokens
-and streams just those.
+Per step the host does O(accepted tokens) work per sequence: the batch commits the accepted nodes' KV and builds
+the next call's small inputs (the cache itself is bound to the backend without a copy); each request takes its
+accepted tokens and streams just those.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import numbers
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +26,7 @@ from specbuild.runtime.backends.factory import create_backend, default_backend, 
 from specbuild.runtime.integrity import verify_once
 from specbuild.runtime.layout import Layout
 from specbuild.runtime.manifest import load_manifest
+from specbuild.runtime.scheduler import Request, Scheduler
 from specbuild.runtime.session import Session
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -84,7 +85,8 @@ class GenerationResult:
     total_s: float
     engine_s: float
     host_s: float
-    prefill_engine_s: float = 0.0  # engine time of the first call (the prompt); engine_s includes it
+    prefill_engine_s: float = 0.0  # engine time of the prompt's calls; engine_s includes it
+    token_times: list[float] = dataclasses.field(default_factory=list)  # s after submission, per output token
 
     @property
     def mean_accepted_tokens(self) -> float:
@@ -142,6 +144,9 @@ class Engine:
         self.drafter_settings = self.drafter_class.read_settings(self.manifest, str(self.path / ef.ENGINE_MANIFEST))
         self.output_names = {o["name"] for o in self.graph["io"]["outputs"]}
         self._codec = None
+        self._scheduler: Scheduler | None = None
+        self._cost_curve = None
+        self.threads = threads
 
     @property
     def max_seq_len(self) -> int:
@@ -212,10 +217,51 @@ class Engine:
         return self.codec.encode(text)
 
     # ------------------------------------------------------------------ generation
+    def new_drafter(self, prompt: list[int]):
+        """One sequence's drafter, built from the settings read at load."""
+        return self.drafter_class(self.drafter_settings, prompt)
+
     def new_session(self, prompt: list[int], sampling: SamplingParams) -> Session:
-        """A session for one sequence, with its own drafter (built from the settings read at load)."""
-        drafter = self.drafter_class(self.drafter_settings, prompt)
-        return Session(self.layout, self.backend, sampling, len(prompt) + self.layout.step_tokens, drafter)
+        """One sequence driven call by call (runtime/session.py), with its own drafter."""
+        return Session(
+            self.layout, self.backend, sampling, len(prompt) + self.layout.step_tokens, self.new_drafter(prompt)
+        )
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The engine's scheduler (made on first use): every request of `generate` goes through it."""
+        if self._scheduler is None:
+            self._scheduler = Scheduler(self)
+        return self._scheduler
+
+    def cost_curve(self):
+        """ms per call of B sequences x T tokens on this machine (runtime/speculation.py): kept in the user cache,
+        else measured now (a second or two) on this engine's own graph."""
+        if self._cost_curve is None:
+            import onnxruntime as ort
+
+            from specbuild.runtime import speculation
+            from specbuild.runtime.row_invariance import cpu_description, cpu_key
+
+            sha = self.manifest["checksums"][self.graph["file"]]["sha256"]
+            key = f"{speculation.COST_VERSION}|{sha}|{cpu_key()}|{ort.__version__}|{self.threads}|{self.min_rows}"
+            slots, step_tokens = self.layout.max_batch_size, self.layout.step_tokens
+            self._cost_curve = speculation.measure(self._timed_call, slots, step_tokens, key, cpu_description())
+        return self._cost_curve
+
+    def _timed_call(self, batch: int, tokens: int) -> float:
+        """Engine seconds of one call of `batch` fresh sequences x `tokens` chained tokens (cost measurement)."""
+        from specbuild.runtime.batch import Batch, Call, Sequence
+        from specbuild.runtime.slots import initial_capacity
+
+        run = Batch(self.layout, self.backend, batch, initial_capacity(self.layout, tokens))
+        for _ in range(batch):
+            run.add(Sequence(self.layout, SamplingParams()))
+        chain = np.tril(np.ones((tokens, tokens), dtype=np.bool_))
+        offsets = np.arange(tokens, dtype=np.int64)
+        call = Call(np.ones(tokens, dtype=np.int64), chain, offsets, offsets[None], tokens, False)
+        run.run([call] * batch)
+        return run.engine_s
 
     def generate(
         self,
@@ -226,44 +272,46 @@ class Engine:
         stream: Callable[[list[int]], None] | None = None,
         chat: bool = False,
         decode_text: bool = True,
+        stop: tuple[str, ...] | list[str] = (),
     ) -> GenerationResult:
-        """stream: called after every engine call with the tokens that call added to the output (never empty)."""
+        """One request through the engine's scheduler. stream: called after every engine call with the tokens that
+        call added to the output (never empty). stop: strings that end the output (the text stops before them)."""
         sampling = sampling or SamplingParams()
-        if not _is_integer(max_new_tokens) or max_new_tokens < 1:
-            raise SpecbuildError(f"--max-new-tokens must be an integer >= 1, got {max_new_tokens!r}")
         ids = self._prompt_ids(prompt, input_ids, chat)
-        start = time.perf_counter()
-        session = self.new_session(ids, sampling)
-        step = session.prefill(ids)
-        prefill_engine_s = session.engine_s
-        generated: list[int] = []
-        accepted_per_step: list[int] = []
-        stop_reason = _emit(step.tokens, generated, self.eos_ids, max_new_tokens, stream)
-        ttft = time.perf_counter() - start
-        while stop_reason is None:
-            step = session.step()  # one engine call: propose, verify, commit the accepted KV
-            if step is None:
-                stop_reason = "max_seq_len"
-                break
-            accepted_per_step.append(len(step.tokens))
-            stop_reason = _emit(step.tokens, generated, self.eos_ids, max_new_tokens, stream)
-        total = time.perf_counter() - start
+        handle = self.scheduler.submit(
+            Request(ids, max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop), on_tokens=stream)
+        )
+        handle.wait()
+        if handle.error is not None:
+            raise handle.error
+        return self.result(handle, decode_text)
+
+    def result(self, handle, decode_text: bool = True) -> GenerationResult:
+        """The GenerationResult of a finished request (runtime/scheduler.Handle)."""
         text = None
         if decode_text and self.manifest["files"].get("tokenizer"):
-            text = self.codec.decode(generated)
+            text = self.codec.decode(handle.output_ids)
+            if handle.stop_reason == "stop":
+                text = _cut_at_stop(text, handle.request.stop)
+        total = handle.finished_at or 0.0
         return GenerationResult(
-            output_ids=generated,
+            output_ids=list(handle.output_ids),
             text=text,
-            prompt_tokens=len(ids),
-            steps=len(accepted_per_step),
-            accepted_per_step=accepted_per_step,
-            stop_reason=stop_reason,
-            ttft_s=ttft,
+            prompt_tokens=len(handle.request.ids),
+            steps=len(handle.accepted_per_step),
+            accepted_per_step=list(handle.accepted_per_step),
+            stop_reason=handle.stop_reason,
+            ttft_s=handle.first_token_at or 0.0,
             total_s=total,
-            engine_s=session.engine_s,
-            host_s=total - session.engine_s,
-            prefill_engine_s=prefill_engine_s,
+            engine_s=handle.engine_s,
+            host_s=total - handle.engine_s,
+            prefill_engine_s=handle.prefill_engine_s,
+            token_times=list(handle.token_times),
         )
+
+    def check_prompt(self, ids: list[int]) -> list[int]:
+        """The prompt's ids as ints, checked against the vocabulary and max_seq_len (SpecbuildError)."""
+        return self._prompt_ids(None, ids, False)
 
     def _prompt_ids(self, prompt: str | None, input_ids: list[int] | None, chat: bool) -> list[int]:
         """The prompt's token ids, checked against the vocabulary and max_seq_len."""
@@ -293,19 +341,7 @@ class Engine:
         return session.prefill(input_ids, window=len(input_ids)).outputs[ef.LOGITS][0]
 
 
-def _emit(accepted: list[int], generated: list[int], eos_ids, max_new_tokens: int, stream) -> str | None:
-    """Append a step's accepted tokens to `generated` (up to the first EOS or the length limit) and stream the ones
-    appended; the reason to stop, if any."""
-    stop, count = None, len(accepted)
-    for i, token in enumerate(accepted):
-        if token in eos_ids:
-            stop, count = "eos", i + 1
-            break
-        if len(generated) + i + 1 >= max_new_tokens:
-            stop, count = "max_new_tokens", i + 1
-            break
-    new = accepted[:count]
-    generated.extend(new)
-    if stream:
-        stream(new)
-    return stop
+def _cut_at_stop(text: str, stops) -> str:
+    """The text before the first stop string it holds."""
+    cuts = [text.find(s) for s in stops if s and s in text]
+    return text[: min(cuts)] if cuts else text

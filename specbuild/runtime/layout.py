@@ -1,5 +1,5 @@
 """What a session needs to know of its engine, read once at load: the KV cache and mode-state layout, the lengths,
-and the rows every call is padded to. Immutable, so that many sessions (later: one batch) share one."""
+and the rows every call is padded to. Immutable: the batch, its staging prefills and every sequence share one."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ class StateLayout:
     dtype: type
     fill: float
     grow_axis: int | None  # the axis that grows like the KV cache (None: replaced whole every call)
+    batch_axis: int  # the axis of the sequences (engine.yaml "B")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,8 @@ class Layout:
     min_rows: int  # every call is padded to this many rows (row-invariant kernels, runtime/exactness.py)
     scratch_rows: int  # rows the graph writes after each call's tokens: the cache keeps room for them
     states: tuple[StateLayout, ...]
+    max_batch_size: int  # KV slots (limits.max_batch_size; 1 for engines built before batching)
+    per_position_uniforms: bool  # sampling.uniforms: rand_accept is drawn per sequence position (builder/acceptance)
 
     @classmethod
     def read(cls, manifest: dict, graph: dict, min_rows: int) -> Layout:
@@ -52,6 +55,8 @@ class Layout:
             min_rows=min_rows,
             scratch_rows=max(int(graph.get("attention_pad_rows", 0)), min_rows - 1),
             states=tuple(_state(spec, kv_dtype) for spec in manifest.get("states") or []),
+            max_batch_size=int(manifest["limits"].get("max_batch_size", 1)),
+            per_position_uniforms=(manifest.get("sampling") or {}).get("uniforms") == ef.UNIFORMS_PER_POSITION,
         )
 
     @property
@@ -68,4 +73,5 @@ def _state(spec: dict, kv_dtype) -> StateLayout:
     if spec["dtype"] == "float32" and kv_dtype == np.float16:
         dtype = np.float16  # float states follow the engine's dtype
     shape = tuple(1 if d == "B" else (0 if d == "C" else d) for d in spec["shape"])
-    return StateLayout(spec["name"], shape, dtype, spec.get("fill", 0), spec.get("grow_axis"))
+    batch_axis = spec["shape"].index("B")
+    return StateLayout(spec["name"], shape, dtype, spec.get("fill", 0), spec.get("grow_axis"), batch_axis)

@@ -142,8 +142,10 @@ SCHEMA: dict[str, Any] = {
     },
     "limits": {
         "max_seq_len": integer(2),
+        "max_batch_size": integer(1, optional=True),
         "max_new_tokens_per_step": integer(1),
     },
+    "sampling": mapping(optional=True, nullable=True),
     "tree": {
         "dynamic": flag(optional=True),
         # required unless dynamic (checked in _check_tree)
@@ -156,8 +158,12 @@ SCHEMA: dict[str, Any] = {
         {
             "name": text(),
             "shape": Check(
-                'a list of dimensions (integers >= 0, "B" or "C")',
-                lambda v: isinstance(v, list) and all((_is_int(d) and d >= 0) or d in ("B", "C") for d in v),
+                'a list of dimensions (integers >= 0, "B" once or "C")',
+                lambda v: (
+                    isinstance(v, list)
+                    and all((_is_int(d) and d >= 0) or d in ("B", "C") for d in v)
+                    and v.count("B") == 1
+                ),
             ),
             "dtype": one_of(STATE_DTYPES),
             "fill": number(optional=True),

@@ -1,4 +1,6 @@
-"""A plain, sequential reference of tree acceptance (SpecInfer recursive rejection with point-mass drafts)."""
+"""Plain, sequential references of tree acceptance: the position-coupled rule the step graph runs (each node's next
+token drawn by inverse CDF with its position's uniform; a child is accepted when it is that token) and SpecInfer's
+recursive rejection (with draft distributions q)."""
 
 from __future__ import annotations
 
@@ -28,8 +30,26 @@ def reference_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: f
     return p / p.sum()
 
 
-def reference_accept(logits, tokens, parents, temperature, top_k, top_p, rand_accept, rand_sample):
-    """Walk the tree from the root. Returns (accepted tokens incl. bonus, accepted node indices)."""
+def reference_accept(logits, tokens, parents, temperature, top_k, top_p, rand_accept, rand_sample=None):
+    """Walk the tree from the root: y = the token node's distribution gives at uniform rand_accept[node]; the child
+    holding y continues the walk, else y is the bonus. Returns (accepted tokens incl. bonus, accepted node indices).
+    """
+    n = len(tokens)
+    node, nodes, out = 0, [0], []
+    while True:
+        p = reference_probs(logits[node], temperature, top_k, top_p)
+        cdf = np.cumsum(p)
+        y = min(int((cdf <= rand_accept[node] * cdf[-1]).sum()), len(p) - 1)
+        out.append(y)
+        child = next((c for c in range(n) if parents[c] == node and tokens[c] == y), None)
+        if child is None:
+            return out, nodes
+        nodes.append(child)
+        node = child
+
+
+def reference_accept_rejection(logits, tokens, parents, temperature, top_k, top_p, rand_accept, rand_sample):
+    """SpecInfer's recursive rejection with point-mass drafts. Returns (accepted tokens incl. bonus, node indices)."""
     n = len(tokens)
     children = {i: [c for c in range(n) if parents[c] == i] for i in range(n)}
     node, nodes, out = 0, [0], []

@@ -115,16 +115,16 @@ def test_draft_state_is_committed_like_the_base_cache(tmp_path, monkeypatch):
         ),
         threads=1,
     )
-    from specbuild.runtime.session import Session
+    from specbuild.runtime.slots import StateSlots
 
     seen = {}
-    real_update = Session._update_states
+    real_commit = StateSlots.commit
 
-    def spy(session, out, nodes):
-        real_update(session, out, nodes)
-        seen["draft_len"] = session.states["draft_kv"].length
+    def spy(states, row, out, nodes, count):
+        real_commit(states, row, out, nodes, count)
+        seen["draft_len"] = states.arrays["draft_kv"].lengths[row]
 
-    monkeypatch.setattr(Session, "_update_states", spy)
+    monkeypatch.setattr(StateSlots, "commit", spy)
     ids = PROMPTS[0]
     result = engine.generate(input_ids=ids, max_new_tokens=25)
     # every generated token except the last (the pending root) is committed, plus the whole prompt

@@ -6,7 +6,7 @@ import torch
 
 from specbuild.errors import SpecbuildError
 from specbuild.runtime import row_invariance
-from specbuild.runtime import session as session_module
+from specbuild.runtime import slots as slots_module
 from specbuild.runtime.engine import Engine, SamplingParams
 from tests.conftest import TINY_SHAPES, hf_greedy, tiny_hf_model
 
@@ -38,11 +38,11 @@ def test_greedy_ids_equal_transformers_generate(tiny_engines, shape):
 
 
 def test_cache_growth_by_doubling_keeps_output_exact(tiny_engines, monkeypatch):
-    monkeypatch.setattr(session_module, "MIN_CAPACITY", 4)
+    monkeypatch.setattr(slots_module, "MIN_CAPACITY", 4)
     shape = "llama_gqa_llama3rope"
     engine = Engine(tiny_engines[shape], threads=1)
     grown = []
-    real_ensure = session_module.GrowingCache.ensure
+    real_ensure = slots_module.SharedSlots.ensure
 
     def spy(self, needed):
         before = self.capacity
@@ -50,7 +50,7 @@ def test_cache_growth_by_doubling_keeps_output_exact(tiny_engines, monkeypatch):
         if self.capacity != before:
             grown.append((before, self.capacity))
 
-    monkeypatch.setattr(session_module.GrowingCache, "ensure", spy)
+    monkeypatch.setattr(slots_module.SharedSlots, "ensure", spy)
     ids = [1, 5, 9]
     model = tiny_hf_model(shape)
     result = engine.generate(input_ids=ids, max_new_tokens=150)

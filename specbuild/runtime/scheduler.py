@@ -1,0 +1,416 @@
+"""The scheduler: many requests through one engine, in-flight (continuous) batching; the one generation loop.
+
+Requests are submitted and cancelled at any time (from any thread). Each `step()`:
+1. drops cancelled requests (their KV slot is freed at once);
+2. admits the next waiting request when a KV slot is free (requests beyond the engine's slots wait);
+3. prefills the request being admitted by one chunk (`prefill_chunk` tokens) in a staging slot of its own, so a
+   long prompt never stalls the others for more than one chunk; after its last chunk the request joins the batch
+   (its cache is copied into a slot: O(prompt));
+4. runs one engine call for every running request: each proposes with its own drafter (propose -> verify/accept
+   -> commit), the step verifies the proposals or only the roots as runtime/speculation.py decides from the
+   engine's measured cost, and each request takes its accepted tokens up to EOS, its max_new_tokens, a stop string
+   or the context limit. A finished request leaves the batch.
+Each request gets only its new tokens: a callback, an iterator or an async iterator. `Engine.generate`, `specbuild
+run` and `specbuild bench` all go through here (batch 1 is one request in the batch).
+
+Modes whose graph keeps per-position state (EAGLE's draft KV) prefill a prompt in one call: a chunk boundary would
+draft that state from a sampled token instead of the prompt's next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from specbuild.errors import SpecbuildError
+from specbuild.runtime.batch import Batch, Call, Sequence
+from specbuild.runtime.drafter import StepResult
+from specbuild.runtime.slots import initial_capacity
+from specbuild.runtime.speculation import Speculation
+
+DEFAULT_PREFILL_CHUNK = 256
+_DONE = object()
+
+
+@dataclasses.dataclass
+class Request:
+    """One generation: prompt ids, length limit, sampling, stop strings and an optional callback that gets each
+    step's new tokens (never empty)."""
+
+    ids: list[int]
+    max_new_tokens: int = 128
+    sampling: object = None  # engine.SamplingParams (greedy when None)
+    stop: tuple[str, ...] = ()
+    on_tokens: Callable[[list[int]], None] | None = None
+
+
+class Handle:
+    """A submitted request: its output so far, timings, and its stream of new tokens (iterate it, or `async for`
+    over `stream()`)."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, request: Request, scheduler: Scheduler):
+        self.id = next(self._ids)
+        self.request = request
+        self.scheduler = scheduler
+        self.output_ids: list[int] = []
+        self.accepted_per_step: list[int] = []
+        self.stop_reason: str | None = None
+        self.error: BaseException | None = None
+        self.arrival = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self.token_times: list[float] = []  # seconds after arrival at which each output token was emitted
+        self.prefill_engine_s = 0.0
+        self.sequence: Sequence | None = None
+        self.done = threading.Event()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._prefilled = 0  # prompt tokens in the staging slot
+        self._staging: Batch | None = None
+        self._cancelled = False
+
+    @property
+    def finished(self) -> bool:
+        return self.done.is_set()
+
+    @property
+    def engine_s(self) -> float:
+        return self.sequence.engine_s if self.sequence is not None else 0.0
+
+    def cancel(self) -> None:
+        self.scheduler.cancel(self)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Run the scheduler in this thread until the request ends (unless a background thread runs it)."""
+        if self.scheduler.running_in_background:
+            return self.done.wait(timeout)
+        while not self.done.is_set():
+            self.scheduler.step()
+        return True
+
+    def __iter__(self):
+        """New tokens after each step, until the request ends (drives the scheduler when nothing else does)."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                if self.scheduler.running_in_background:
+                    item = self._queue.get()
+                else:
+                    self.scheduler.step()
+                    continue
+            if item is _DONE:
+                if self.error is not None:
+                    raise self.error
+                return
+            yield item
+
+    async def stream(self):
+        """Async iterator of new tokens (needs the scheduler running in a background thread: `start()`)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            item = await loop.run_in_executor(None, self._queue.get)
+            if item is _DONE:
+                if self.error is not None:
+                    raise self.error
+                return
+            yield item
+
+    # ---- called by the scheduler
+    def _emit(self, tokens: list[int], eos_ids, codec) -> None:
+        """Take a step's accepted tokens up to EOS, the length limit or a stop string; stream the new ones."""
+        request = self.request
+        stop, count = None, len(tokens)
+        for i, token in enumerate(tokens):
+            if token in eos_ids:
+                stop, count = "eos", i + 1
+                break
+            if len(self.output_ids) + i + 1 >= request.max_new_tokens:
+                stop, count = "max_new_tokens", i + 1
+                break
+        if request.stop:
+            cut = _stop_string_end(codec, self.output_ids, tokens[:count], request.stop)
+            if cut is not None:
+                stop, count = "stop", cut
+        new = tokens[:count]
+        now = time.perf_counter() - self.arrival
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.output_ids.extend(new)
+        self.token_times.extend([now] * len(new))
+        if new:
+            if request.on_tokens is not None:
+                request.on_tokens(new)
+            self._queue.put(new)
+        if stop is not None:
+            self.stop_reason = stop
+
+    def _finish(self, reason: str | None = None, error: BaseException | None = None) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.error = error
+        self.finished_at = time.perf_counter() - self.arrival
+        self._staging = None
+        self._queue.put(_DONE)
+        self.done.set()
+
+
+def _stop_string_end(codec, before: list[int], new: list[int], stops) -> int | None:
+    """How many of `new` tokens to keep so that the output ends with the token completing the first stop string
+    (None: no stop string completes within them). Only the text near the new tokens is decoded."""
+    longest = max(len(s) for s in stops)
+    context = before[-(longest + 2) :]
+    start_text = codec.decode(context)
+    for k in range(1, len(new) + 1):
+        text = codec.decode(context + new[:k])
+        # a stop string that ends after the text we had before this step's tokens
+        tail = text[max(0, len(start_text) - longest + 1) :]
+        if any(s in tail for s in stops):
+            return k
+    return None
+
+
+class Scheduler:
+    """In-flight batching over one engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine,
+        max_batch_size: int | None = None,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        speculation: str = "auto",
+    ):
+        layout = engine.layout
+        slots = engine.layout.max_batch_size
+        if max_batch_size is not None:
+            if not 1 <= max_batch_size <= slots:
+                raise SpecbuildError(
+                    f"--max-batch-size {max_batch_size} is outside [1, {slots}] (the engine's KV slots, "
+                    f"limits.max_batch_size; rebuild with a larger --max-batch-size)"
+                )
+            slots = max_batch_size
+        if prefill_chunk < 1:
+            raise SpecbuildError(f"--prefill-chunk must be an integer >= 1, got {prefill_chunk!r}")
+        self.engine = engine
+        self.layout = layout
+        self.batch = Batch(layout, engine.backend, slots, initial_capacity(layout, 0))
+        self.chunked = not any(s.grow_axis is not None for s in layout.states)
+        self.prefill_chunk = prefill_chunk if self.chunked else layout.max_seq_len
+        self.speculation = Speculation(speculation, engine.cost_curve)
+        self._waiting: collections.deque[Handle] = collections.deque()
+        self._admitting: Handle | None = None
+        self._running: dict[int, Handle] = {}  # id(sequence) -> handle
+        self._cancel: set[Handle] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.steps = 0
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, request: Request) -> Handle:
+        """Queue a request (checked now: a prompt beyond the engine's context is refused, SpecbuildError)."""
+        if request.sampling is None:
+            from specbuild.runtime.engine import SamplingParams
+
+            request.sampling = SamplingParams()
+        request.ids = self.engine.check_prompt(request.ids)
+        _check_max_new_tokens(request.max_new_tokens)
+        request.stop = tuple(s for s in (request.stop or ()) if s)
+        handle = Handle(request, self)
+        with self._wake:
+            if self._stopping:
+                raise SpecbuildError("the scheduler is stopping: no new requests")
+            self._waiting.append(handle)
+            self._wake.notify()
+        return handle
+
+    def cancel(self, handle: Handle) -> None:
+        """End a request at the next step (its tokens so far stay; stop_reason "cancelled")."""
+        with self._wake:
+            if not handle.finished:
+                self._cancel.add(handle)
+                self._wake.notify()
+
+    @property
+    def idle(self) -> bool:
+        return not (self._waiting or self._admitting or self._running)
+
+    @property
+    def active(self) -> int:
+        """Requests holding a KV slot or being prefilled."""
+        return len(self._running) + (self._admitting is not None)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> bool:
+        """One scheduler step (see the module docstring); False when there was nothing to do."""
+        self._apply_cancellations()
+        self._admit()
+        did = False
+        if self._admitting is not None:
+            self._prefill_chunk(self._admitting)
+            did = True
+        if self._running:
+            self._decode()
+            did = True
+        self.steps += did
+        return did
+
+    def run_until_idle(self) -> None:
+        while self.step():
+            pass
+
+    def _apply_cancellations(self) -> None:
+        with self._lock:
+            cancelled, self._cancel = self._cancel, set()
+            for handle in cancelled:
+                if handle in self._waiting:
+                    self._waiting.remove(handle)
+        for handle in cancelled:
+            if handle is self._admitting:
+                self._admitting = None
+            elif handle.sequence is not None and id(handle.sequence) in self._running:
+                self._leave(handle)
+            handle._finish("cancelled")
+
+    def _admit(self) -> None:
+        if self._admitting is not None or len(self._running) >= self.batch.slots:
+            return
+        with self._lock:
+            if not self._waiting:
+                return
+            handle = self._waiting.popleft()
+        request = handle.request
+        try:
+            drafter = self.engine.new_drafter(request.ids)
+            handle.sequence = Sequence(self.layout, request.sampling, drafter)
+            handle._staging = Batch(
+                self.layout, self.engine.backend, 1, initial_capacity(self.layout, len(request.ids))
+            )
+            handle._staging.add(handle.sequence)
+        except Exception as exc:  # noqa: BLE001 - a request's failure ends that request only
+            handle._finish("error", exc)
+            return
+        self._admitting = handle
+
+    def _prefill_chunk(self, handle: Handle) -> None:
+        ids = handle.request.ids
+        start = handle._prefilled
+        end = min(len(ids), start + self.prefill_chunk)
+        staging = handle._staging
+        try:
+            result = staging.run([Call.prompt(ids[start:end])])[0]
+        except Exception as exc:  # noqa: BLE001
+            self._admitting = None
+            handle._finish("error", exc)
+            return
+        handle.prefill_engine_s = staging.engine_s
+        handle._prefilled = end
+        if end < len(ids):
+            return  # a chunk: its accepted token is not the request's (the prompt goes on)
+        self._admitting = None
+        handle._emit(result.tokens, self.engine.eos_ids, self._codec(handle))
+        if handle.stop_reason is not None:
+            handle._finish()
+            return
+        self.batch.add(handle.sequence, staged=staging)
+        handle._staging = None
+        self._running[id(handle.sequence)] = handle
+
+    def _decode(self) -> None:
+        batch = self.batch
+        sequences = list(batch.sequences)
+        handles = [self._running[id(s)] for s in sequences]
+        lengths = batch.lengths()
+        room = min(self.layout.max_seq_len - n for n in lengths)
+        full = [h for h, n in zip(handles, lengths) if n >= self.layout.max_seq_len]
+        if full:  # not even the root fits: those requests end here
+            for handle in full:
+                handle.stop_reason = "max_seq_len"
+                self._leave(handle)
+                handle._finish()
+            return
+        proposals = [s.drafter.propose(s.last) for s in sequences]
+        sizes = [p.size if p.size <= room else 1 for p in proposals]
+        drafted = self.speculation.draft(sizes)
+        self.speculation.count(drafted)
+        calls = [Call.tree(p if drafted and n > 1 else p.root_only()) for p, n in zip(proposals, sizes)]
+        try:
+            results = batch.run(calls)
+        except Exception as exc:  # noqa: BLE001 - the engine failed: every running request ends with the error
+            for handle in handles:
+                self._leave(handle)
+                handle._finish("error", exc)
+            return
+        if drafted:
+            self.speculation.observe([c.size for c in calls], [len(r.tokens) for r in results])
+        for handle, result in zip(handles, results):
+            handle.accepted_per_step.append(len(result.tokens))
+            handle._emit(result.tokens, self.engine.eos_ids, self._codec(handle))
+            if handle.stop_reason is not None:
+                self._leave(handle)
+                handle._finish()
+
+    def _leave(self, handle: Handle) -> None:
+        self.batch.remove(handle.sequence)
+        del self._running[id(handle.sequence)]
+
+    def _codec(self, handle: Handle):
+        return self.engine.codec if handle.request.stop else None
+
+    # ------------------------------------------------------------------ background thread
+    @property
+    def running_in_background(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> Scheduler:
+        """Run steps in a background thread while there is work (submit/cancel from any thread)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="specbuild-scheduler", daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while self.idle and not self._cancel and not self._stopping:
+                    self._wake.wait()
+                if self._stopping and self.idle:
+                    return
+            self.step()
+
+    def stop(self, cancel: bool = False, timeout: float | None = None) -> None:
+        """Refuse new requests; finish (or cancel) what is in flight; end the background thread."""
+        with self._wake:
+            self._stopping = True
+            if cancel:
+                self._cancel.update(self._waiting)
+                if self._admitting is not None:
+                    self._cancel.add(self._admitting)
+                self._cancel.update(self._running.values())
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        else:
+            self.run_until_idle()
+
+
+def _check_max_new_tokens(value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise SpecbuildError(f"--max-new-tokens must be an integer >= 1, got {value!r}")
+
+
+__all__ = ["Handle", "Request", "Scheduler", "StepResult"]

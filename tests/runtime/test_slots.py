@@ -1,0 +1,90 @@
+"""KV slots: doubling growth, joins and leaves move only the leaving row's slot, commits copy only accepted entries."""
+
+import numpy as np
+import pytest
+
+from specbuild import engine_format as ef
+from specbuild.runtime.layout import Layout
+from specbuild.runtime.slots import SharedSlots, SlotArray, StackedSlots
+
+
+def _layout(kv_cache: str, max_seq_len: int = 64) -> Layout:
+    return Layout(kv_cache, 2, 1, 3, np.float32, max_seq_len, 4, 1, 0, (), 4, True)
+
+
+def _fill(slots, row: int, value: float, count: int, outputs_for) -> None:
+    """Commit `count` positions of value `value` to `row` (through the layout's own commit path)."""
+    slots.ensure(slots.lengths[row] + count + 1)
+    slots.commit(row, outputs_for(row, value, count), None, count)
+
+
+def _shared_writer(slots: SharedSlots):
+    def outputs(row, value, count):
+        start = slots.lengths[row]
+        slots.data[:, :, row, :, start : start + count] = value + np.arange(count)[:, None]
+        return {}
+
+    return outputs
+
+
+def _stacked_writer(slots: StackedSlots):
+    def outputs(row, value, count):
+        n = len(slots.lengths)
+        new = np.zeros((2, 2, n, 1, count, 3), dtype=np.float32)
+        new[:, :, row] = value + np.arange(count)[:, None]
+        return {ef.NEW_KV: new}
+
+    return outputs
+
+
+@pytest.mark.parametrize("kind", [ef.KV_SHARED, ef.KV_STACKED])
+def test_rows_join_leave_and_keep_their_positions(kind):
+    layout = _layout(kind)
+    slots = (SharedSlots if kind == ef.KV_SHARED else StackedSlots)(layout, 3, 4)
+    writer = (_shared_writer if kind == ef.KV_SHARED else _stacked_writer)(slots)
+    for row, value in enumerate((10.0, 20.0, 30.0)):
+        slots.add()
+        _fill(slots, row, value, 3 + row, writer)
+    with pytest.raises(ValueError, match="slots"):
+        slots.add()
+    assert slots.capacity == 8  # 4 doubled once (row 2 needed 5 + 1)
+    slots.remove(0)  # the last row (30.x, 5 positions) moves into slot 0
+    assert slots.lengths == [5, 4]
+    data = slots.data if kind == ef.KV_SHARED else slots.cache.data
+    assert np.array_equal(data[0, 0, 0, 0, :5, 0], 30.0 + np.arange(5))
+    assert np.array_equal(data[0, 0, 1, 0, :4, 0], 20.0 + np.arange(4))
+
+
+def test_shared_commit_moves_accepted_nodes_down():
+    slots = SharedSlots(_layout(ef.KV_SHARED), 2, 16)
+    slots.add()
+    slots.add()
+    writer = _shared_writer(slots)
+    _fill(slots, 1, 0.0, 2, writer)
+    # the graph wrote 4 tree nodes of row 1 at [2, 6); nodes 0, 2, 3 are accepted
+    slots.data[:, :, 1, :, 2:6] = np.array([100.0, 101.0, 102.0, 103.0])[:, None]
+    slots.commit(1, {}, np.array([0, 2, 3]), 4)
+    assert slots.lengths == [0, 5]
+    assert np.array_equal(slots.data[0, 1, 1, 0, :5, 2], [0.0, 1.0, 100.0, 102.0, 103.0])
+
+
+def test_feeds_are_views_of_the_rows_in_use_and_kept_while_unchanged():
+    slots = SharedSlots(_layout(ef.KV_SHARED), 4, 8)
+    slots.add()
+    slots.add()
+    feeds = slots.feeds()
+    assert feeds[ef.PAST_KEY.format(1)].shape == (2, 1, 8, 3)
+    assert feeds[ef.PAST_KEY.format(1)].flags.c_contiguous
+    assert slots.feeds() is feeds  # the backend keeps them bound
+    slots.add()
+    assert slots.feeds()[ef.PAST_VALUE.format(0)].shape == (3, 1, 8, 3)
+
+
+def test_state_array_grows_by_doubling_up_to_its_limit():
+    state = SlotArray((1, 2, 1, 0), 2, 3, np.float32, capacity=4, max_capacity=10)
+    state.add()
+    new = np.ones((1, 2, 1, 9), dtype=np.float32)
+    state.append(0, new, np.arange(9))
+    assert state.capacity == 10 and state.lengths == [9]
+    with pytest.raises(ValueError, match="max capacity"):
+        state.append(0, new[..., :2], None)
