@@ -113,6 +113,7 @@ def describe_engine(path: Path, verify: bool = False) -> dict[str, Any]:
     from specbuild.runtime.backends.base import resolve_threads
     from specbuild.runtime.backends.factory import select_graph
     from specbuild.runtime.integrity import verify_hashes
+    from specbuild.runtime.layout import kv_memory
     from specbuild.runtime.manifest import load_manifest
 
     man = load_manifest(path)  # schema + recorded sizes
@@ -136,6 +137,7 @@ def describe_engine(path: Path, verify: bool = False) -> dict[str, Any]:
         "typical_acceptance": man.get("typical_acceptance"),
         "model": man.get("model"),
         "limits": man.get("limits"),
+        "kv_memory": kv_memory(man),
         "tree": tree_info,
         "mode": man.get("mode") or {},
         "states": man.get("states") or [],
@@ -214,6 +216,12 @@ def render(info: dict[str, Any], console=None) -> None:
                 f"{'lossless' if info['this_machine']['lossless'] else 'LOSSY'}: {info['this_machine']['verified']}",
             ),
             ("limits", ", ".join(f"{k} {v}" for k, v in limits.items())),
+            (
+                "KV memory",
+                f"{_size(info['kv_memory']['per_position'])} per position; {_size(info['kv_memory']['per_slot'])} per "
+                f"sequence at max_seq_len; {_size(info['kv_memory']['all_slots'])} for all "
+                f"{info['kv_memory']['slots']} slots (max_batch_size)",
+            ),
             ("tree", "dynamic" if tree.get("dynamic") else f"{tree['size']} nodes, depth {tree['depth']}"),
             ("states", ", ".join(s["name"] for s in info["states"]) or "(none)"),
             (

@@ -61,7 +61,9 @@ def decide(engine_dir: Path, manifest: dict, graph: dict, backend: str, threads:
     limit = pad + 1 if paddable else 1  # scratch cache slots after the tokens bound the padding
     graph_file = Path(engine_dir) / graph["file"]
     sha = manifest["checksums"][graph["file"]]["sha256"]
-    rows = int(manifest["limits"]["max_new_tokens_per_step"]) + pad  # the most rows one call holds
+    limits = manifest["limits"]
+    # the most rows one call holds: every KV slot's sequence with a full tree (and its attention padding)
+    rows = int(limits.get("max_batch_size", 1)) * (int(limits["max_new_tokens_per_step"]) + pad)
     probe = check_graph(graph_file, sha, threads, ef.ACCURACY_INT8, pad, limit, rows)
     source = "kept from an earlier load" if probe.cached else f"measured in {probe.seconds:.2f} s"
     if probe.min_rows is not None:

@@ -75,3 +75,19 @@ def _state(spec: dict, kv_dtype) -> StateLayout:
     shape = tuple(1 if d == "B" else (0 if d == "C" else d) for d in spec["shape"])
     batch_axis = spec["shape"].index("B")
     return StateLayout(spec["name"], shape, dtype, spec.get("fill", 0), spec.get("grow_axis"), batch_axis)
+
+
+def kv_memory(manifest: dict) -> dict[str, int]:
+    """Bytes the engine's caches take: per position of one sequence (base KV + growing mode states), per KV slot at
+    max_seq_len, and for every slot (limits.max_batch_size) at max_seq_len -- what a full batch of full-length
+    sequences holds."""
+    model, limits = manifest["model"], manifest["limits"]
+    itemsize = 2 if manifest["dtype"] == "float16" else 4
+    per_position = model["num_layers"] * 2 * model["num_kv_heads"] * model["head_dim"] * itemsize
+    for spec in manifest.get("states") or []:
+        if spec.get("grow_axis") is not None:
+            size = int(np.prod([d for d in spec["shape"] if not isinstance(d, str)]))
+            per_position += size * (itemsize if spec["dtype"] in ("float32", "float16") else 8)
+    slots = int(limits.get("max_batch_size", 1))
+    per_slot = per_position * int(limits["max_seq_len"])
+    return {"per_position": per_position, "per_slot": per_slot, "slots": slots, "all_slots": per_slot * slots}

@@ -33,7 +33,8 @@ from specbuild.runtime import user_cache
 MAX_PROBE_ROWS = 16  # rows of the longest probed call at least (a root and 15 chain drafts)
 PASTS = (3, 45)  # cached positions before an attention call's rows
 CACHE_NAME = "row-invariance"
-PROBE_VERSION = 1  # in the cache key: a change to what the probe measures invalidates the kept verdicts
+PROBE_VERSION = 2  # in the cache key: a change to what the probe measures invalidates the kept verdicts
+DENSE_ROWS = 16  # every row count up to this is probed; above it a geometric sample up to the longest call
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "sve")
 
 
@@ -331,15 +332,26 @@ def _rows_from(kernel: Kernel, calls: dict[int, dict], past: int) -> int | None:
                 return False
         return True
 
-    longest = rows_from = max(calls)
-    while rows_from > 1 and agrees(rows_from - 1):
-        rows_from -= 1
-    return None if rows_from == longest else rows_from
+    counts = sorted(calls)
+    longest = counts[-1]
+    index = len(counts) - 1
+    while index > 0 and agrees(counts[index - 1]):
+        index -= 1
+    return None if counts[index] == longest else counts[index]
+
+
+def probe_rows(max_rows: int) -> list[int]:
+    """The row counts probed: every count up to DENSE_ROWS, then x1.5 steps up to max_rows (batched calls hold
+    sequences x tokens rows)."""
+    counts = list(range(1, min(max_rows, DENSE_ROWS) + 1))
+    while counts[-1] < max_rows:
+        counts.append(min(max_rows, counts[-1] * 3 // 2))
+    return counts
 
 
 def probe_model(model, threads: int | None, accuracy_level: int, max_rows: int = MAX_PROBE_ROWS) -> Verdict:
     """Measure every kernel configuration of `model` (an engine graph's onnx.ModelProto) on this machine, on calls
-    of 1..max_rows rows."""
+    of 1..max_rows rows (probe_rows)."""
     from onnx import helper
 
     started = time.perf_counter()
@@ -356,7 +368,7 @@ def probe_model(model, threads: int | None, accuracy_level: int, max_rows: int =
         names = [name for k in group for name in k.outputs]
         for past in pasts:
             calls = {}
-            for rows in range(1, max_rows + 1):
+            for rows in probe_rows(max_rows):
                 feeds = {name: value for k in group for name, value in k.feeds(rows, past).items()}
                 calls[rows] = dict(zip(names, session.run(names, feeds)))
             for kernel in group:

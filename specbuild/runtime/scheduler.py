@@ -33,6 +33,7 @@ import numpy as np
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.batch import Batch, Call, Sequence
 from specbuild.runtime.drafter import StepResult
+from specbuild.runtime.sampling import SamplingParams
 from specbuild.runtime.slots import initial_capacity
 from specbuild.runtime.speculation import Speculation
 
@@ -47,7 +48,7 @@ class Request:
 
     ids: list[int]
     max_new_tokens: int = 128
-    sampling: object = None  # engine.SamplingParams (greedy when None)
+    sampling: SamplingParams | None = None  # greedy when None
     stop: tuple[str, ...] = ()
     on_tokens: Callable[[list[int]], None] | None = None
 
@@ -214,14 +215,13 @@ class Scheduler:
         self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._stepping = threading.Lock()  # one step at a time, whichever thread drives it
         self.steps = 0
 
     # ------------------------------------------------------------------ requests
     def submit(self, request: Request) -> Handle:
         """Queue a request (checked now: a prompt beyond the engine's context is refused, SpecbuildError)."""
         if request.sampling is None:
-            from specbuild.runtime.engine import SamplingParams
-
             request.sampling = SamplingParams()
         request.ids = self.engine.check_prompt(request.ids)
         _check_max_new_tokens(request.max_new_tokens)
@@ -257,6 +257,10 @@ class Scheduler:
     # ------------------------------------------------------------------ the loop
     def step(self) -> bool:
         """One scheduler step (see the module docstring); False when there was nothing to do."""
+        with self._stepping:
+            return self._step()
+
+    def _step(self) -> bool:
         self._apply_cancellations()
         self._admit()
         did = False
@@ -343,7 +347,15 @@ class Scheduler:
                 self._leave(handle)
                 handle._finish()
             return
-        proposals = [s.drafter.propose(s.last) for s in sequences]
+        proposals = []
+        for handle, seq in zip(handles, sequences):
+            try:
+                proposals.append(seq.drafter.propose(seq.last))
+            except Exception as exc:  # noqa: BLE001 - a drafter's failure ends its request only
+                self._leave(handle)
+                handle._finish("error", exc)
+        if len(proposals) < len(handles):
+            return  # the batch changed: the next step proposes again
         sizes = [p.size if p.size <= room else 1 for p in proposals]
         drafted = self.speculation.draft(sizes)
         self.speculation.count(drafted)

@@ -135,23 +135,33 @@ def test_prompts_beyond_the_context_are_refused_at_submit(mode_engines):
 
 
 def test_stop_strings_end_the_output_even_inside_a_step(mode_engines, monkeypatch):
-    """A stop string completed by the second of several tokens accepted in one step ends the output there."""
-    engine = Engine(mode_engines["ngram", "fp32"], threads=1)
+    """A stop string completed by the second of three or more tokens accepted in one step ends the output there."""
+    engine = Engine(mode_engines["medusa", "fp32"], threads=1)
 
     class Letters:
         def decode(self, ids):
             return "".join(chr(ord("a") + i) for i in ids)
 
     monkeypatch.setattr(engine, "_codec", Letters())
-    ids = PROMPTS[3]
-    full = engine.generate(input_ids=ids, max_new_tokens=40, decode_text=False, stop=())
-    drafted = [i for i, n in enumerate(full.accepted_per_step) if n >= 3]
-    assert drafted, "no step accepted several tokens"
-    # the output token index of the second token of the first multi-token step
-    end = 1 + sum(full.accepted_per_step[: drafted[0]]) + 1
+    monkeypatch.setitem(engine.manifest["files"], "tokenizer", "letters")  # results decode their text
+
+    def run(ids, stop=()):
+        handle = Scheduler(engine, speculation="always").submit(Request(ids, max_new_tokens=40, stop=stop))
+        handle.wait()
+        return handle
+
+    for ids in PROMPTS:
+        full = run(ids)
+        steps = full.accepted_per_step
+        multi = [i for i, n in enumerate(steps) if n >= 3]
+        if multi:
+            break
+    else:
+        pytest.fail("no step accepted three tokens")
+    end = 1 + sum(steps[: multi[0]]) + 2  # output tokens up to the second token of that step
     stop = Letters().decode(full.output_ids[end - 2 : end])
     first = Letters().decode(full.output_ids).find(stop)  # it may occur earlier
-    result = engine.generate(input_ids=ids, max_new_tokens=40, stop=[stop, "zzzz"])
+    result = engine.result(run(ids, stop=(stop, "zzzz")))
     assert result.stop_reason == "stop"
     assert result.output_ids == full.output_ids[: first + 2]
     assert result.text == Letters().decode(full.output_ids)[:first]
