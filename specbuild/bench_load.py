@@ -82,10 +82,10 @@ class SchedulerLoad:
         ttft = handle.first_token_at if handle.first_token_at is not None else handle.finished_at
         return Finished(list(handle.output_ids), ttft, last, handle.finished_at, list(handle.accepted_per_step))
 
-    def stats(self) -> dict[str, Any]:
+    def counters(self) -> dict[str, int]:
+        """Decode steps so far that verified drafts and that decoded plainly (the speculation policy's choices)."""
         spec = self.scheduler.speculation
-        decided = spec.drafted_steps + spec.plain_steps
-        return {"drafted_share": spec.drafted_steps / decided if decided else 0.0}
+        return {"drafted_steps": spec.drafted_steps, "plain_steps": spec.plain_steps}
 
 
 @dataclasses.dataclass
@@ -247,7 +247,7 @@ class OpenVINOLoad:
         times = request["times"] or [time.perf_counter() - request["arrival"]]
         return Finished(request["ids"], times[0], times[-1], time.perf_counter() - request["arrival"])
 
-    def stats(self) -> dict[str, Any]:
+    def counters(self) -> dict[str, int]:
         return {}
 
 
@@ -257,8 +257,13 @@ def measure(target, prompts: list[list[int]], concurrency: int, max_new_tokens: 
     target.max_new_tokens = WARMUP_TOKENS
     closed_loop(target, [prompts[i % len(prompts)] for i in range(concurrency)], concurrency)
     target.max_new_tokens = max_new_tokens
+    before = target.counters()
     run = closed_loop(target, prompts, concurrency)
-    row = {**summarize_load(run), **target.stats(), "rss_mib": rss_mib()}
+    row = {**summarize_load(run), "rss_mib": rss_mib()}
+    counts = {name: value - before[name] for name, value in target.counters().items()}
+    if counts:
+        decided = counts["drafted_steps"] + counts["plain_steps"]
+        row.update(counts, drafted_share=counts["drafted_steps"] / decided if decided else 0.0)
     return row, [r.output_ids for r in run.done]
 
 

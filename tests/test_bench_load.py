@@ -109,6 +109,7 @@ def test_greedy_outputs_are_the_same_at_every_concurrency_and_the_report_has_its
             assert row["ttft_p50_ms"] <= row["ttft_p99_ms"] and row["itl_p50_ms"] <= row["itl_p99_ms"]
             assert row["latency_p50_ms"] >= row["ttft_p50_ms"] and row["steps"] > 0 and row["rss_mib"] > 0
             assert row["tau"] >= 1 and 0 <= row["drafted_share"] <= 1 and row["speedup"] > 0
+            assert 0 < row["drafted_steps"] + row["plain_steps"] <= row["steps"]  # the warm-up is not counted
         none = res["engines"]["none"]
         assert none["tau"] == 1 and none["drafted_share"] == 0 and none["speedup"] == 1
         assert none["ceiling_tokens_per_s"] > 0 and none["ceiling_share"] > 0
