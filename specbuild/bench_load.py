@@ -428,7 +428,7 @@ def _fmt(value, spec: str, scale: float = 1.0) -> str:
 def _same(row: dict) -> str:
     same = f"{row['matches_baseline']}/{row['requests']}" if "matches_baseline" in row else "-"
     if "matches_own_none" in row:
-        same += f" (own none {row['matches_own_none']}/{row['requests']})"
+        same += f" (own {row['matches_own_none']}/{row['requests']})"
     return same
 
 
@@ -444,8 +444,8 @@ def load_table(report: dict[str, Any]):
         f"{settings.get('cpu', 'this CPU')}",
         title_justify="left",
     )
-    cols = ["C", "engine", "tok/s", "vs none", f"vs C={lowest}", "vs peer", "TTFT p50", "TTFT p99", "ITL p50"]
-    cols += ["ITL p99", "τ", "drafted %", "ceiling %", "steps", "RSS MiB", "same"]
+    cols = ["C", "engine", "tok/s", "vs none", f"vs C={lowest}", "vs peer", "TTFT ms p50/p99", "ITL ms p50/p99"]
+    cols += ["τ", "drafted %", "ceiling %", "steps", "RSS MiB", "same"]
     for col in cols:
         table.add_column(col, justify="left" if col == "engine" else "right")
     for c, res in report["load"].items():
@@ -457,8 +457,8 @@ def load_table(report: dict[str, Any]):
                 _fmt(r.get("speedup"), ".2f"),
                 _fmt(r.get("scaling"), ".2f"),
                 _fmt(r.get("vs_peer"), ".2f"),
-                *[_fmt(r[k], ".0f") for k in ("ttft_p50_ms", "ttft_p99_ms")],
-                *[_fmt(r[k], ".1f") for k in ("itl_p50_ms", "itl_p99_ms")],
+                f"{_fmt(r['ttft_p50_ms'], '.0f')}/{_fmt(r['ttft_p99_ms'], '.0f')}",
+                f"{_fmt(r['itl_p50_ms'], '.1f')}/{_fmt(r['itl_p99_ms'], '.1f')}",
                 _fmt(r.get("tau"), ".2f"),
                 _fmt(r.get("drafted_share"), ".0f", 100),
                 _fmt(r.get("ceiling_share"), ".0f", 100),
@@ -491,9 +491,11 @@ def curve_table(report: dict[str, Any]):
 
 
 def render_load(report: dict[str, Any], console=None) -> None:
-    from specbuild.benchmark import make_console
+    if console is None:
+        from rich.console import Console
 
-    console = console or make_console()
+        console = Console()
+        console = console if console.is_terminal else Console(width=200)  # a pipe or a file: no wrapped rows
     console.print(load_table(report))
     console.print(curve_table(report))
     for c, res in report["load"].items():

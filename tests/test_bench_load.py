@@ -218,7 +218,7 @@ def test_bench_concurrency_end_to_end(load_engines, tmp_path, monkeypatch):
     args = ["--engine-dir", load_engines["none"], "--engine-dir", load_engines["ngram"], "--num-prompts", 4]
     res = _invoke(*args, "--max-new-tokens", 4, "--concurrency", "4,1", "--json-out", out)
     assert res.exit_code == 0, res.output
-    for needle in ("closed loop: 4 requests", "TTFT p50", "ITL p99", "call cost", "ceiling", "4/4"):
+    for needle in ("closed loop: 4 requests", "TTFT ms p50/p99", "ITL ms p50/p99", "call cost", "ceiling", "4/4"):
         assert needle in res.output, needle
     report = json.loads(out.read_text())
     assert report["settings"]["concurrency"] == [1, 4] and list(report["load"]) == ["1", "4"]
@@ -244,4 +244,4 @@ def test_render_shows_peers_and_own_none(load_engines):
     console = Console(record=True, width=260)
     render_load(report, console)
     text = console.export_text()
-    assert "1/2 (own none 2/2)" in text and "OpenVINO GenAI CB ov4" in text and "2.0 (1.00)*" in text
+    assert "1/2 (own 2/2)" in text and "OpenVINO GenAI CB ov4" in text and "2.0 (1.00)*" in text

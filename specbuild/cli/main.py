@@ -615,7 +615,6 @@ def _bench_load(engine_dirs, sets, concurrency, num_prompts, max_new_tokens, ope
                 allow_lossy):  # fmt: skip
     """`bench --concurrency`: the closed-loop load benchmark (specbuild/bench_load.py)."""
     from specbuild.bench_load import parse_concurrency, render_load, run_load_benchmark
-    from specbuild.benchmark import make_console
 
     levels = parse_concurrency(concurrency)
     with _stderr_console().status("benchmarking under load ...", spinner="dots") as status:
@@ -630,7 +629,7 @@ def _bench_load(engine_dirs, sets, concurrency, num_prompts, max_new_tokens, ope
             allow_lossy=allow_lossy,
             openvino_dirs=list(openvino_dirs),
         )
-    render_load(report, make_console())
+    render_load(report)
     if json_out:
         Path(json_out).write_text(json.dumps(report, indent=2))
         click.echo(f"numbers written to {json_out}", err=True)
