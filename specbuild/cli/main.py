@@ -581,8 +581,9 @@ def bench(
                 "--concurrency runs the load benchmark: --hf-model-dir, --ort-genai-model and --context-sweep belong "
                 "to the one-at-a-time benchmark (run it without --concurrency)"
             )
-        _bench_load(engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out,
-                    allow_lossy)  # fmt: skip
+        _bench_load(
+            engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy
+        )
         return
     console = _stderr_console()
     with console.status("benchmarking ...", spinner="dots") as status:
@@ -611,8 +612,9 @@ def bench(
             click.echo("no plot: matplotlib is not installed (pip install specbuild[bench])", err=True)
 
 
-def _bench_load(engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out,
-                allow_lossy):  # fmt: skip
+def _bench_load(
+    engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy
+):
     """`bench --concurrency`: the closed-loop load benchmark (specbuild/bench_load.py)."""
     from specbuild.bench_load import parse_concurrency, render_load, run_load_benchmark
 
