@@ -2,7 +2,8 @@
 
 For each concurrency C (outer loop) and each engine (inner loop, so that the engines at one C are measured back to
 back and share the machine's noise): a Scheduler with min(C, the engine's KV slots) slots gets C requests at once,
-and whenever one finishes the next prompt is submitted, until every prompt is done. Per (engine, C): aggregate
+and whenever one finishes the next prompt is submitted, until every prompt is done (after a warm-up loop of C
+requests of WARMUP_TOKENS tokens on the same scheduler, not counted). Per (engine, C): aggregate
 output tokens/s (all output tokens / wall time from the first submission to the last finish), TTFT, inter-token
 latency (per request: (last token - first token) / (tokens - 1), as vLLM and AIPerf define it) and request latency
 percentiles, τ (accepted tokens per decode step over all requests), the share of steps that drafted, and how many
