@@ -541,6 +541,13 @@ def demo(work_dir, prompt, max_new_tokens, speculative_mode, threads):
 @click.option("--context-sweep", is_flag=True, help="Host/engine ms per step at ~64 vs ~1024 context tokens.")
 @click.option("--json-out", type=click.Path(path_type=Path), help="Write all numbers to this JSON file.")
 @click.option("--allow-lossy", is_flag=True, help=ALLOW_LOSSY_HELP)
+@click.option(
+    "--concurrency",
+    help="Comma-separated numbers of requests in flight (e.g. 1,4,16): instead of one prompt at a time, run every "
+    "prompt through each engine's scheduler as a closed loop at each concurrency (aggregate tokens/s, TTFT and "
+    "inter-token latency percentiles, τ, the engines' call cost curves); --openvino-model then runs OpenVINO GenAI's "
+    "continuous batching.",
+)
 @handle_errors
 def bench(
     engine_dirs,
@@ -554,8 +561,10 @@ def bench(
     context_sweep,
     json_out,
     allow_lossy,
+    concurrency,
 ):
-    """Benchmark engines (interleaved per prompt) on HumanEval / MT-Bench prompts, greedy."""
+    """Benchmark engines (interleaved per prompt) on HumanEval / MT-Bench prompts, greedy; with --concurrency, under
+    load (closed loop, in-flight batching)."""
     from specbuild.benchmark import render, run_benchmark
     from specbuild.prompts import PROMPT_SETS
 
@@ -566,6 +575,16 @@ def bench(
         raise SpecbuildError("--prompts: give at least one prompt set")
     for name in sets:
         _check_choice("--prompts", name, tuple(PROMPT_SETS))
+    if concurrency is not None:
+        if hf_model_dir or ort_genai_dirs or context_sweep:
+            raise SpecbuildError(
+                "--concurrency runs the load benchmark: --hf-model-dir, --ort-genai-model and --context-sweep belong "
+                "to the one-at-a-time benchmark (run it without --concurrency)"
+            )
+        _bench_load(
+            engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy
+        )
+        return
     console = _stderr_console()
     with console.status("benchmarking ...", spinner="dots") as status:
         report = run_benchmark(
@@ -591,6 +610,31 @@ def bench(
             click.echo(f"plot written to {write_plot(report, Path(json_out).with_suffix('.png'))}", err=True)
         else:
             click.echo("no plot: matplotlib is not installed (pip install specbuild[bench])", err=True)
+
+
+def _bench_load(
+    engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy
+):
+    """`bench --concurrency`: the closed-loop load benchmark (specbuild/bench_load.py)."""
+    from specbuild.bench_load import parse_concurrency, render_load, run_load_benchmark
+
+    levels = parse_concurrency(concurrency)
+    with _stderr_console().status("benchmarking under load ...", spinner="dots") as status:
+        report = run_load_benchmark(
+            list(engine_dirs),
+            sets,
+            levels,
+            num_prompts=num_prompts,
+            max_new_tokens=max_new_tokens,
+            threads=threads,
+            log=lambda msg: status.update(f"benchmarking: {msg}"),
+            allow_lossy=allow_lossy,
+            openvino_dirs=list(openvino_dirs),
+        )
+    render_load(report)
+    if json_out:
+        Path(json_out).write_text(json.dumps(report, indent=2))
+        click.echo(f"numbers written to {json_out}", err=True)
 
 
 # ---------------------------------------------------------------- train

@@ -1,0 +1,509 @@
+"""`specbuild bench --concurrency 1,4,16`: engines under load, as a closed loop of clients.
+
+For each concurrency C (outer loop) and each engine (inner loop, so that the engines at one C are measured back to
+back and share the machine's noise): a Scheduler with min(C, the engine's KV slots) slots gets C requests at once,
+and whenever one finishes the next prompt is submitted, until every prompt is done (after a warm-up loop of C
+requests of WARMUP_TOKENS tokens on the same scheduler, not counted). Per (engine, C): aggregate
+output tokens/s (all output tokens / wall time from the first submission to the last finish), TTFT, inter-token
+latency (per request: (last token - first token) / (tokens - 1), as vLLM and AIPerf define it) and request latency
+percentiles, τ (accepted tokens per decode step over all requests), the share of steps that drafted, and how many
+outputs equal those of the first `none` engine at the lowest concurrency. Each engine's cost curve (ms per call
+against rows per call, runtime/speculation.py) bounds what batching can give on this machine: a `none` engine's
+ceiling at C is min(C, slots) tokens per call of min(C, slots) rows. OpenVINO GenAI's ContinuousBatchingPipeline
+runs the same prompts through the same closed loop as the peer (--openvino-model; imported only then).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specbuild.errors import SpecbuildError
+from specbuild.runtime.scheduler import Request, Scheduler
+
+CURVE_ROWS = (1, 2, 4, 8, 16, 32, 64)
+WARMUP_TOKENS = 4
+OPENVINO_CACHE_GB = 2
+
+
+@dataclasses.dataclass
+class Finished:
+    """One finished request of a closed loop; times in seconds after its submission."""
+
+    output_ids: list[int]
+    ttft_s: float
+    last_token_s: float
+    latency_s: float
+    accepted_per_step: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def itl_s(self) -> float | None:
+        """Mean inter-token latency (None for a request of one token)."""
+        n = len(self.output_ids)
+        return (self.last_token_s - self.ttft_s) / (n - 1) if n > 1 else None
+
+
+def parse_concurrency(text: str) -> list[int]:
+    """'1,4,16' -> [1, 4, 16] (sorted, no repeats); anything else is a one-line SpecbuildError."""
+    values = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise SpecbuildError(f"--concurrency must be comma-separated integers >= 1 (e.g. 1,4,16), got {text!r}")
+        values.append(int(part))
+    return sorted(set(values))
+
+
+# ---------------------------------------------------------------- load targets: submit / step / finished
+class SchedulerLoad:
+    """An engine's scheduler as a closed-loop target (greedy requests)."""
+
+    def __init__(self, engine, concurrency: int, max_new_tokens: int):
+        self.scheduler = Scheduler(engine, max_batch_size=min(concurrency, engine.layout.max_batch_size))
+        self.max_new_tokens = max_new_tokens
+
+    def submit(self, ids: list[int]):
+        return self.scheduler.submit(Request(list(ids), max_new_tokens=self.max_new_tokens))
+
+    def step(self) -> bool:
+        return self.scheduler.step()
+
+    def finished(self, handle) -> Finished | None:
+        if not handle.finished:
+            return None
+        if handle.error is not None:
+            raise handle.error
+        last = handle.token_times[-1] if handle.token_times else handle.finished_at
+        ttft = handle.first_token_at if handle.first_token_at is not None else handle.finished_at
+        return Finished(list(handle.output_ids), ttft, last, handle.finished_at, list(handle.accepted_per_step))
+
+    def counters(self) -> dict[str, int]:
+        """Decode steps so far that verified drafts and that decoded plainly (the speculation policy's choices)."""
+        spec = self.scheduler.speculation
+        return {"drafted_steps": spec.drafted_steps, "plain_steps": spec.plain_steps}
+
+
+@dataclasses.dataclass
+class LoopRun:
+    done: list[Finished]  # in prompt order
+    wall_s: float  # first submission to last finish
+    most_in_flight: int
+    steps: int  # target steps that did work
+
+
+def closed_loop(target, prompts: list[list[int]], concurrency: int) -> LoopRun:
+    """Every prompt through `target` with `concurrency` requests in flight (a new one as soon as one finishes)."""
+    pending = list(enumerate(prompts))
+    in_flight: dict[int, Any] = {}
+    done: list[Finished | None] = [None] * len(prompts)
+    most = steps = 0
+    start = time.perf_counter()
+    while pending or in_flight:
+        while pending and len(in_flight) < concurrency:
+            index, ids = pending.pop(0)
+            in_flight[index] = target.submit(ids)
+        most = max(most, len(in_flight))
+        if not target.step():
+            raise SpecbuildError(f"the load target stopped with {len(in_flight)} requests unfinished")
+        steps += 1
+        for index, handle in list(in_flight.items()):
+            record = target.finished(handle)
+            if record is not None:
+                done[index] = record
+                del in_flight[index]
+    return LoopRun(done, time.perf_counter() - start, most, steps)
+
+
+# ---------------------------------------------------------------- summaries
+def _percentiles(values: list[float], name: str, qs=(50, 90, 99)) -> dict[str, float | None]:
+    arr = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    return {f"{name}_p{q}_ms": (1000 * float(np.percentile(arr, q)) if arr.size else None) for q in qs}
+
+
+def summarize_load(run: LoopRun) -> dict[str, Any]:
+    done, wall_s = run.done, run.wall_s
+    tokens = sum(len(r.output_ids) for r in done)
+    steps = sum(len(r.accepted_per_step) for r in done)
+    return {
+        "requests": len(done),
+        "tokens": tokens,
+        "wall_s": wall_s,
+        "tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
+        **_percentiles([r.ttft_s for r in done], "ttft"),
+        **_percentiles([r.itl_s for r in done], "itl"),
+        **_percentiles([r.latency_s for r in done], "latency", qs=(50, 90)),
+        "tau": sum(sum(r.accepted_per_step) for r in done) / steps if steps else None,
+        "steps": run.steps,
+        "most_in_flight": run.most_in_flight,
+    }
+
+
+def rss_mib() -> float:
+    """The process's resident memory now (Linux), else its peak."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def kv_mib_per_slot(layout) -> float:
+    """KV cache memory of one slot at the engine's full context (keys and values of every layer)."""
+    per_position = 2 * layout.num_layers * layout.kv_heads * layout.head_dim * np.dtype(layout.kv_dtype).itemsize
+    return per_position * layout.max_capacity / 2**20
+
+
+def cost_curve_report(engine) -> dict[str, Any]:
+    """The engine's measured call cost and its ms per call against rows per call (rows = sequences x tokens)."""
+    curve = engine.cost_curve()
+    slots = engine.layout.max_batch_size
+    measured_rows = curve.batches[-1] * curve.tokens[-1]
+    rows = [
+        {"rows": r, "ms": ms, "ms_per_row": ms / r, "extrapolated": r > measured_rows}
+        for r, ms in curve.rows_curve(list(CURVE_ROWS), slots)
+    ]
+    return {**curve.to_dict(), "slots": slots, "cached": curve.cached, "rows_curve": rows}
+
+
+def plain_ceiling(engine, concurrency: int) -> float:
+    """Tokens/s of plain decoding if every step were a full call of min(C, slots) rows with no host time or
+    prefill: what the engine's cost curve allows at this concurrency."""
+    rows = min(concurrency, engine.layout.max_batch_size)
+    return 1000 * rows / engine.cost_curve().cost(rows, 1)
+
+
+class OpenVINOLoad:
+    """OpenVINO GenAI's continuous batching (ContinuousBatchingPipeline, dynamic split-fuse) as a closed-loop target,
+    greedy on the same ids; TTFT and inter-token times from when each step's new tokens are read. Needs the
+    `openvino-genai` package and an OpenVINO model directory (see benchmark.OpenVINOTimer)."""
+
+    def __init__(self, model_dir, threads: int | None, max_num_seqs: int, max_new_tokens: int):
+        model_dir = Path(model_dir)
+        if not (model_dir / "openvino_model.xml").is_file():
+            raise SpecbuildError(f"{model_dir}: not an OpenVINO model directory (no openvino_model.xml)")
+        try:
+            import openvino as ov
+            import openvino_genai as ov_genai
+        except ImportError:
+            missing = "--openvino-model needs the openvino-genai package (pip install openvino-genai)"
+            raise SpecbuildError(missing) from None
+        scheduler_config = ov_genai.SchedulerConfig()
+        scheduler_config.cache_size = OPENVINO_CACHE_GB
+        scheduler_config.max_num_seqs = max_num_seqs
+        scheduler_config.dynamic_split_fuse = True
+        properties = {"INFERENCE_NUM_THREADS": threads} if threads else {}
+        try:
+            self.pipe = ov_genai.ContinuousBatchingPipeline(str(model_dir), scheduler_config, "CPU", properties)
+        except Exception as exc:  # noqa: BLE001 - OpenVINO raises RuntimeError for unreadable models
+            raise SpecbuildError(f"{model_dir}: OpenVINO GenAI cannot load it ({exc})") from None
+        self.config = self.pipe.get_config()  # the model's EOS ids
+        self.config.do_sample = False
+        self.max_new_tokens = max_new_tokens
+        self.ov, self.status = ov, ov_genai.GenerationStatus
+        self.label = f"OpenVINO GenAI CB {model_dir.name}"
+        self._next_id = 0
+        self._live: list[dict] = []
+
+    def submit(self, ids: list[int]) -> dict:
+        self._next_id += 1
+        inputs = self.ov.Tensor(np.array([ids], dtype=np.int64))
+        self.config.max_new_tokens = self.max_new_tokens  # the request keeps its own copy
+        request = {"handle": self.pipe.add_request(self._next_id, inputs, self.config), "ids": [], "times": []}
+        request["arrival"] = time.perf_counter()
+        self._live.append(request)
+        return request
+
+    def step(self) -> bool:
+        if not self.pipe.has_non_finished_requests():
+            return False
+        self.pipe.step()
+        for request in self._live:
+            self._read(request)
+        return True
+
+    def _read(self, request: dict) -> None:
+        handle, now = request["handle"], time.perf_counter() - request["arrival"]
+        while handle.can_read():
+            for output in handle.read().values():
+                new = [int(t) for t in output.generated_ids]
+                request["ids"] += new
+                request["times"] += [now] * len(new)
+
+    def finished(self, request: dict) -> Finished | None:
+        status = request["handle"].get_status()
+        if status == self.status.RUNNING:
+            return None
+        self._read(request)
+        self._live.remove(request)
+        if status != self.status.FINISHED:
+            raise SpecbuildError(f"{self.label}: a request ended {status.name} (cache too small?)")
+        times = request["times"] or [time.perf_counter() - request["arrival"]]
+        return Finished(request["ids"], times[0], times[-1], time.perf_counter() - request["arrival"])
+
+    def counters(self) -> dict[str, int]:
+        return {}
+
+
+# ---------------------------------------------------------------- the run
+def measure(target, prompts: list[list[int]], concurrency: int, max_new_tokens: int) -> tuple[dict, list]:
+    """A short warm-up loop (every batch size up to C seen once), then the measured closed loop: its row and outputs."""
+    target.max_new_tokens = WARMUP_TOKENS
+    closed_loop(target, [prompts[i % len(prompts)] for i in range(concurrency)], concurrency)
+    target.max_new_tokens = max_new_tokens
+    before = target.counters()
+    run = closed_loop(target, prompts, concurrency)
+    row = {**summarize_load(run), "rss_mib": rss_mib()}
+    counts = {name: value - before[name] for name, value in target.counters().items()}
+    if counts:
+        decided = counts["drafted_steps"] + counts["plain_steps"]
+        row.update(counts, drafted_share=counts["drafted_steps"] / decided if decided else 0.0)
+    return row, [r.output_ids for r in run.done]
+
+
+def run_load(
+    engines: list,
+    labels: list[str],
+    prompts: list[list[int]],
+    concurrency: list[int],
+    max_new_tokens: int,
+    peers: list = (),
+    log: Callable[[str], None] = print,
+) -> dict[str, dict]:
+    """{str(C): {"engines": {label: row}, "peers": {label: row}}}, concurrency outermost; rows compared afterwards
+    (compare_rows)."""
+    results: dict[str, dict] = {}
+    outputs: dict[tuple[str, int], list] = {}
+    for c in concurrency:
+        rows, peer_rows = {}, {}
+        for label, engine in zip(labels, engines):
+            log(f"concurrency {c}: {label}")
+            target = SchedulerLoad(engine, c, max_new_tokens)
+            rows[label], outputs[label, c] = measure(target, prompts, c, max_new_tokens)
+            rows[label]["slots"] = target.scheduler.batch.slots
+        for peer in peers:
+            log(f"concurrency {c}: {peer.label}")
+            peer_rows[peer.label], outputs[peer.label, c] = measure(peer, prompts, c, max_new_tokens)
+        results[str(c)] = {"engines": rows, "peers": peer_rows}
+    compare_rows(results, outputs, engines, labels)
+    return results
+
+
+def _precision(engine) -> tuple:
+    weights = engine.manifest.get("weights", {})
+    return weights.get("precision"), weights.get("activations", "float")
+
+
+def compare_rows(results: dict[str, dict], outputs: dict, engines: list, labels: list[str]) -> None:
+    """Per row: outputs equal to the first `none` engine's at the lowest concurrency (and to the own-precision
+    `none` engine's), speed-up over the own-precision `none` engine at the same C (peers: over the first `none`),
+    scaling over the same row at the lowest C, tokens/s against the first peer at the same C, and for `none`
+    engines the cost curve's ceiling and the share of it achieved."""
+    plain = [_is_plain(e) for e in engines]
+    own_none = {
+        label: next((labels[i] for i, e in enumerate(engines) if plain[i] and _precision(e) == _precision(eng)), None)
+        for label, eng in zip(labels, engines)
+    }
+    baseline = next((lab for lab, p in zip(labels, plain) if p), None)
+    lowest = min(int(c) for c in results)
+    for c, res in results.items():
+        first_peer = next(iter(res["peers"].values()), None)
+        rows = [(label, row, "engines", own_none[label]) for label, row in res["engines"].items()]
+        rows += [(label, row, "peers", baseline) for label, row in res["peers"].items()]
+        for label, row, kind, ref in rows:
+            got = outputs[label, int(c)]
+            if baseline is not None:
+                row["matches_baseline"] = _matches(got, outputs[baseline, lowest])
+            if ref not in (None, baseline):
+                row["own_none"] = ref
+                row["matches_own_none"] = _matches(got, outputs[ref, lowest])
+            row["speedup"] = _ratio(row, res["engines"].get(ref))
+            row["scaling"] = _ratio(row, results[str(lowest)][kind][label])
+            row["vs_peer"] = _ratio(row, first_peer) if row is not first_peer else None
+        for label, engine, is_plain in zip(labels, engines, plain):
+            if is_plain:
+                row = res["engines"][label]
+                row["ceiling_tokens_per_s"] = plain_ceiling(engine, int(c))
+                row["ceiling_share"] = row["tokens_per_s"] / row["ceiling_tokens_per_s"]
+
+
+def _matches(got: list, want: list) -> int:
+    return sum(a == b for a, b in zip(got, want))
+
+
+def _ratio(row: dict, other: dict | None) -> float | None:
+    return row["tokens_per_s"] / other["tokens_per_s"] if other and other["tokens_per_s"] else None
+
+
+def interleaved_prompts(engine, prompt_sets: list[str], num_prompts: int) -> list[list[int]]:
+    """Token ids (the engine's tokenizer) of every set's prompts, the sets interleaved (mixed lengths in flight
+    together)."""
+    from specbuild.prompts import is_chat, load_prompt_set
+
+    codec = engine.codec
+    per_set = []
+    for name in prompt_sets:
+        texts = load_prompt_set(name, num_prompts)
+        per_set.append([codec.encode(codec.apply_chat(t) if is_chat(name) else t) for t in texts])
+    longest = max(len(group) for group in per_set)
+    return [group[i] for i in range(longest) for group in per_set if i < len(group)]
+
+
+def run_load_benchmark(
+    engine_dirs: list[str | Path],
+    prompt_sets: list[str],
+    concurrency: list[int],
+    num_prompts: int = 8,
+    max_new_tokens: int = 128,
+    threads: int | None = None,
+    log: Callable[[str], None] = print,
+    allow_lossy: bool = False,
+    openvino_dirs: list[str | Path] = (),
+) -> dict[str, Any]:
+    """`specbuild bench --concurrency`: the report (settings, engines with their cost curves, rows per C)."""
+    from specbuild.benchmark import _label
+    from specbuild.runtime.engine import Engine
+    from specbuild.runtime.row_invariance import cpu_description
+
+    if not engine_dirs:
+        raise SpecbuildError("give at least one --engine-dir")
+    if max_new_tokens < 1:
+        raise SpecbuildError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    engines, labels, used = [], [], set()
+    for d in engine_dirs:
+        engine = Engine(d, threads=threads, allow_lossy=allow_lossy)
+        engines.append(engine)
+        labels.append(_label(Path(d), engine.manifest["speculative_mode"], used))
+    prompts = interleaved_prompts(engines[0], prompt_sets, num_prompts)
+    peers = [OpenVINOLoad(d, threads, max(concurrency), max_new_tokens) for d in openvino_dirs]
+    log("measuring each engine's call cost")
+    curves = [cost_curve_report(e) for e in engines]
+    results = run_load(engines, labels, prompts, concurrency, max_new_tokens, peers, log)
+    return {
+        "settings": {
+            "prompt_sets": prompt_sets,
+            "num_prompts": num_prompts,
+            "requests": len(prompts),
+            "max_new_tokens": max_new_tokens,
+            "concurrency": concurrency,
+            "threads": threads,
+            "openvino_dirs": [str(d) for d in openvino_dirs],
+            "cpu": cpu_description(),
+        },
+        "engines": [
+            {
+                "label": label,
+                "path": str(e.path),
+                "mode": e.manifest["speculative_mode"],
+                "precision": list(_precision(e)),
+                "max_batch_size": e.layout.max_batch_size,
+                "kv_mib_per_slot": kv_mib_per_slot(e.layout),
+                "lossless": e.lossless,
+                "cost_curve": curve,
+            }
+            for label, e, curve in zip(labels, engines, curves)
+        ],
+        "baseline": next((lab for lab, e in zip(labels, engines) if _is_plain(e)), None),
+        "load": results,
+    }
+
+
+def _is_plain(engine) -> bool:
+    from specbuild.plugins.registry import get_mode
+
+    return get_mode(engine.manifest["speculative_mode"]).baseline
+
+
+# ---------------------------------------------------------------- rendering
+def _fmt(value, spec: str, scale: float = 1.0) -> str:
+    return "-" if value is None else format(value * scale, spec)
+
+
+def _same(row: dict) -> str:
+    same = f"{row['matches_baseline']}/{row['requests']}" if "matches_baseline" in row else "-"
+    if "matches_own_none" in row:
+        same += f" (own {row['matches_own_none']}/{row['requests']})"
+    return same
+
+
+def load_table(report: dict[str, Any]):
+    from rich.markup import escape
+    from rich.table import Table
+
+    settings = report["settings"]
+    lowest = min(settings["concurrency"])
+    table = Table(
+        title=f"closed loop: {settings['requests']} requests ({', '.join(settings['prompt_sets'])}), greedy, max "
+        f"{settings['max_new_tokens']} new tokens, C in flight (baseline {report['baseline'] or '-'}) on "
+        f"{settings.get('cpu', 'this CPU')}",
+        title_justify="left",
+    )
+    cols = ["C", "engine", "tok/s", "vs none", f"vs C={lowest}", "vs peer", "TTFT ms p50/p99", "ITL ms p50/p99"]
+    cols += ["τ", "drafted %", "ceiling %", "steps", "RSS MiB", "same"]
+    for col in cols:
+        table.add_column(col, justify="left" if col == "engine" else "right")
+    for c, res in report["load"].items():
+        for label, r in [*res["engines"].items(), *res["peers"].items()]:
+            table.add_row(
+                c,
+                escape(label),
+                _fmt(r["tokens_per_s"], ".1f"),
+                _fmt(r.get("speedup"), ".2f"),
+                _fmt(r.get("scaling"), ".2f"),
+                _fmt(r.get("vs_peer"), ".2f"),
+                f"{_fmt(r['ttft_p50_ms'], '.0f')}/{_fmt(r['ttft_p99_ms'], '.0f')}",
+                f"{_fmt(r['itl_p50_ms'], '.1f')}/{_fmt(r['itl_p99_ms'], '.1f')}",
+                _fmt(r.get("tau"), ".2f"),
+                _fmt(r.get("drafted_share"), ".0f", 100),
+                _fmt(r.get("ceiling_share"), ".0f", 100),
+                str(r["steps"]),
+                _fmt(r["rss_mib"], ".0f"),
+                _same(r),
+            )
+        table.add_section()
+    return table
+
+
+def curve_table(report: dict[str, Any]):
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(
+        title="call cost: ms per call (ms per row) against rows per call (sequences x tokens); * extrapolated",
+        title_justify="left",
+    )
+    table.add_column("engine", justify="left")
+    table.add_column("slots", justify="right")
+    table.add_column("KV MiB/slot", justify="right")
+    for r in CURVE_ROWS:
+        table.add_column(str(r), justify="right")
+    for engine in report["engines"]:
+        curve = engine["cost_curve"]
+        cells = [f"{p['ms']:.1f} ({p['ms_per_row']:.2f})" + "*" * p["extrapolated"] for p in curve["rows_curve"]]
+        table.add_row(escape(engine["label"]), str(curve["slots"]), f"{engine['kv_mib_per_slot']:.1f}", *cells)
+    return table
+
+
+def render_load(report: dict[str, Any], console=None) -> None:
+    if console is None:
+        from rich.console import Console
+
+        console = Console()
+        console = console if console.is_terminal else Console(width=200)  # a pipe or a file: no wrapped rows
+    console.print(load_table(report))
+    console.print(curve_table(report))
+    for c, res in report["load"].items():
+        for label, r in res["engines"].items():
+            if "ceiling_tokens_per_s" in r:
+                console.print(
+                    f"C={c} {label}: ceiling {r['ceiling_tokens_per_s']:.1f} tok/s (full calls of {r['slots']} rows, "
+                    f"no host time or prefill), achieved {100 * r['ceiling_share']:.0f} %",
+                    markup=False,
+                )
