@@ -3,14 +3,15 @@
 For each concurrency C (outer loop) and each engine (inner loop, so that the engines at one C are measured back to
 back and share the machine's noise): a Scheduler with min(C, the engine's KV slots) slots gets C requests at once,
 and whenever one finishes the next prompt is submitted, until every prompt is done (after a warm-up loop of C
-requests of WARMUP_TOKENS tokens on the same scheduler, not counted). Per (engine, C): aggregate
-output tokens/s (all output tokens / wall time from the first submission to the last finish), TTFT, inter-token
-latency (per request: (last token - first token) / (tokens - 1), as vLLM and AIPerf define it) and request latency
-percentiles, τ (accepted tokens per decode step over all requests), the share of steps that drafted, and how many
-outputs equal those of the first `none` engine at the lowest concurrency. Each engine's cost curve (ms per call
-against rows per call, runtime/speculation.py) bounds what batching can give on this machine: a `none` engine's
-ceiling at C is min(C, slots) tokens per call of min(C, slots) rows. OpenVINO GenAI's ContinuousBatchingPipeline
-runs the same prompts through the same closed loop as the peer (--openvino-model; imported only then).
+requests of WARMUP_TOKENS tokens on the same scheduler, not counted). Per (engine, C): aggregate output tokens/s
+(all output tokens / wall time from the first submission to the last finish), TTFT, inter-token latency (per
+request: (last token - first token) / (tokens - 1), as vLLM and AIPerf define it) and request latency percentiles, τ
+(accepted tokens per decode step over all requests), the share of steps that drafted, and how many outputs equal
+those of the first `none` engine at the lowest concurrency. Each engine's cost curve (ms per call against rows per
+call, runtime/speculation.py) bounds what batching can give on this machine: a `none` engine's ceiling at C is the
+run's own prompt engine time plus full decode calls of min(C, slots) rows, at the curve's cost. OpenVINO GenAI's
+ContinuousBatchingPipeline runs the same prompts through the same closed loop as the peer (--openvino-model;
+imported only then).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Finished:
     last_token_s: float
     latency_s: float
     accepted_per_step: list[int] = dataclasses.field(default_factory=list)
+    prefill_engine_s: float | None = None  # engine time of its prompt (our engines only)
 
     @property
     def itl_s(self) -> float | None:
@@ -81,7 +83,10 @@ class SchedulerLoad:
             raise handle.error
         last = handle.token_times[-1] if handle.token_times else handle.finished_at
         ttft = handle.first_token_at if handle.first_token_at is not None else handle.finished_at
-        return Finished(list(handle.output_ids), ttft, last, handle.finished_at, list(handle.accepted_per_step))
+        return Finished(
+            list(handle.output_ids), ttft, last, handle.finished_at, list(handle.accepted_per_step),
+            handle.prefill_engine_s,
+        )  # fmt: skip
 
     def counters(self) -> dict[str, int]:
         """Decode steps so far that verified drafts and that decoded plainly (the speculation policy's choices)."""
@@ -141,6 +146,7 @@ def summarize_load(run: LoopRun) -> dict[str, Any]:
         "tau": sum(sum(r.accepted_per_step) for r in done) / steps if steps else None,
         "steps": run.steps,
         "most_in_flight": run.most_in_flight,
+        "prefill_engine_s": sum(r.prefill_engine_s or 0.0 for r in done),
     }
 
 
@@ -165,19 +171,17 @@ def cost_curve_report(engine) -> dict[str, Any]:
     """The engine's measured call cost and its ms per call against rows per call (rows = sequences x tokens)."""
     curve = engine.cost_curve()
     slots = engine.layout.max_batch_size
-    measured_rows = curve.batches[-1] * curve.tokens[-1]
-    rows = [
-        {"rows": r, "ms": ms, "ms_per_row": ms / r, "extrapolated": r > measured_rows}
-        for r, ms in curve.rows_curve(list(CURVE_ROWS), slots)
-    ]
+    rows = [{"rows": r, "ms": ms, "ms_per_row": ms / r} for r, ms in curve.rows_curve(list(CURVE_ROWS), slots)]
     return {**curve.to_dict(), "slots": slots, "cached": curve.cached, "rows_curve": rows}
 
 
-def plain_ceiling(engine, concurrency: int) -> float:
-    """Tokens/s of plain decoding if every step were a full call of min(C, slots) rows with no host time or
-    prefill: what the engine's cost curve allows at this concurrency."""
+def plain_ceiling(engine, concurrency: int, row: dict) -> float:
+    """Tokens/s of plain decoding if, after the prompts' own engine time (measured in the run), every decode step
+    were a full call of min(C, slots) rows with no host time: what the engine's cost curve allows for this run."""
     rows = min(concurrency, engine.layout.max_batch_size)
-    return 1000 * rows / engine.cost_curve().cost(rows, 1)
+    decode_steps = (row["tokens"] - row["requests"]) / rows  # the first token of each request comes from its prompt
+    seconds = row["prefill_engine_s"] + decode_steps * engine.cost_curve().cost(rows, 1) / 1000
+    return row["tokens"] / seconds if seconds > 0 else 0.0
 
 
 class OpenVINOLoad:
@@ -330,7 +334,7 @@ def compare_rows(results: dict[str, dict], outputs: dict, engines: list, labels:
         for label, engine, is_plain in zip(labels, engines, plain):
             if is_plain:
                 row = res["engines"][label]
-                row["ceiling_tokens_per_s"] = plain_ceiling(engine, int(c))
+                row["ceiling_tokens_per_s"] = plain_ceiling(engine, int(c), row)
                 row["ceiling_share"] = row["tokens_per_s"] / row["ceiling_tokens_per_s"]
 
 
@@ -476,7 +480,7 @@ def curve_table(report: dict[str, Any]):
     from rich.table import Table
 
     table = Table(
-        title="call cost: ms per call (ms per row) against rows per call (sequences x tokens); * extrapolated",
+        title="call cost: ms per call (ms per row) against rows per call (sequences x tokens, up to the KV slots)",
         title_justify="left",
     )
     table.add_column("engine", justify="left")
@@ -486,7 +490,7 @@ def curve_table(report: dict[str, Any]):
         table.add_column(str(r), justify="right")
     for engine in report["engines"]:
         curve = engine["cost_curve"]
-        cells = [f"{p['ms']:.1f} ({p['ms_per_row']:.2f})" + "*" * p["extrapolated"] for p in curve["rows_curve"]]
+        cells = [f"{p['ms']:.1f} ({p['ms_per_row']:.2f})" for p in curve["rows_curve"]]
         table.add_row(escape(engine["label"]), str(curve["slots"]), f"{engine['kv_mib_per_slot']:.1f}", *cells)
     return table
 
@@ -503,7 +507,7 @@ def render_load(report: dict[str, Any], console=None) -> None:
         for label, r in res["engines"].items():
             if "ceiling_tokens_per_s" in r:
                 console.print(
-                    f"C={c} {label}: ceiling {r['ceiling_tokens_per_s']:.1f} tok/s (full calls of {r['slots']} rows, "
-                    f"no host time or prefill), achieved {100 * r['ceiling_share']:.0f} %",
+                    f"C={c} {label}: ceiling {r['ceiling_tokens_per_s']:.1f} tok/s (the prompts' engine time, then "
+                    f"full calls of {r['slots']} rows, no host time), achieved {100 * r['ceiling_share']:.0f} %",
                     markup=False,
                 )

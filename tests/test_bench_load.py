@@ -234,7 +234,7 @@ def test_render_shows_peers_and_own_none(load_engines):
     row.update({f"{k}_p{q}_ms": 1.0 for k in ("ttft", "itl") for q in (50, 99)}, speedup=1.1, scaling=1.0)
     row.update(matches_baseline=1, own_none="int4 none", matches_own_none=2, vs_peer=0.8)
     peer = dict(row, tau=None, drafted_share=None, vs_peer=None)
-    curve = {"slots": 1, "rows_curve": [dict(rows=r, ms=r, ms_per_row=1.0, extrapolated=r > 1) for r in (1, 2)]}
+    curve = {"slots": 1, "rows_curve": [dict(rows=r, ms=r, ms_per_row=1.0) for r in (1, 2)]}
     report = {
         "settings": dict(requests=2, prompt_sets=["humaneval"], max_new_tokens=4, concurrency=[2]),
         "baseline": "none",
@@ -244,4 +244,4 @@ def test_render_shows_peers_and_own_none(load_engines):
     console = Console(record=True, width=260)
     render_load(report, console)
     text = console.export_text()
-    assert "1/2 (own 2/2)" in text and "OpenVINO GenAI CB ov4" in text and "2.0 (1.00)*" in text
+    assert "1/2 (own 2/2)" in text and "OpenVINO GenAI CB ov4" in text and "2.0 (1.00)" in text

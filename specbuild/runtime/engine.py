@@ -192,8 +192,8 @@ class Engine:
         return self._scheduler
 
     def cost_curve(self):
-        """ms per call of B sequences x T tokens on this machine (runtime/speculation.py): kept in the user cache,
-        else measured now (a second or two) on this engine's own graph."""
+        """ms per call of B sequences x T tokens on this machine (runtime/speculation.CostCurve): each shape is
+        measured on this engine's own graph the first time it is needed, and kept in the user cache."""
         if self._cost_curve is None:
             import onnxruntime as ort
 
@@ -202,23 +202,32 @@ class Engine:
 
             sha = self.manifest["checksums"][self.graph["file"]]["sha256"]
             key = f"{speculation.COST_VERSION}|{sha}|{cpu_key()}|{ort.__version__}|{self.threads}|{self.min_rows}"
-            slots, step_tokens = self.layout.max_batch_size, self.layout.step_tokens
-            self._cost_curve = speculation.measure(self._timed_call, slots, step_tokens, key, cpu_description())
+            self._cost_batches: dict = {}
+            self._cost_curve = speculation.CostCurve(self._timed_call, key, cpu_description(), self.layout.step_tokens)
         return self._cost_curve
 
     def _timed_call(self, batch: int, tokens: int) -> float:
-        """Engine seconds of one call of `batch` fresh sequences x `tokens` chained tokens (cost measurement)."""
+        """Engine seconds of one call of `batch` sequences x `tokens` chained tokens after COST_CONTEXT cached ones
+        (cost measurement; the sequences of a batch size are kept between calls, their cache contents are zeros)."""
         from specbuild.runtime.batch import Batch, Call, Sequence
         from specbuild.runtime.slots import initial_capacity
+        from specbuild.runtime.speculation import COST_CONTEXT
 
-        run = Batch(self.layout, self.backend, batch, initial_capacity(self.layout, tokens))
-        for _ in range(batch):
-            run.add(Sequence(self.layout, SamplingParams()))
+        context = min(COST_CONTEXT, self.max_seq_len - tokens)
+        run = self._cost_batches.get(batch)
+        if run is None:
+            run = Batch(self.layout, self.backend, batch, initial_capacity(self.layout, context + tokens))
+            for _ in range(batch):
+                run.add(Sequence(self.layout, SamplingParams()))
+            self._cost_batches[batch] = run
+        for array in (run.kv, *run.states.arrays.values()):  # every slot holds `context` positions
+            array.lengths[:] = [context] * batch
         chain = np.tril(np.ones((tokens, tokens), dtype=np.bool_))
         offsets = np.arange(tokens, dtype=np.int64)
         call = Call(np.ones(tokens, dtype=np.int64), chain, offsets, offsets[None], tokens, False)
+        before = run.engine_s
         run.run([call] * batch)
-        return run.engine_s
+        return run.engine_s - before
 
     def generate(
         self,

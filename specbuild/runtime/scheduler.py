@@ -2,10 +2,11 @@
 
 Requests are submitted and cancelled at any time (from any thread). Each `step()`:
 1. drops cancelled requests (their KV slot is freed at once);
-2. admits the next waiting request when a KV slot is free (requests beyond the engine's slots wait);
-3. prefills the request being admitted by one chunk (`prefill_chunk` tokens) in a staging slot of its own, so a
-   long prompt never stalls the others for more than one chunk; after its last chunk the request joins the batch
-   (its cache is copied into a slot: O(prompt));
+2. admits waiting requests while KV slots are free (requests beyond the engine's slots wait);
+3. prefills the requests being admitted, `prefill_chunk` prompt tokens per step in all (a chunk per call, each
+   request in a staging slot of its own), so that a long prompt or a burst of arrivals never stalls the others for
+   more than that many tokens; after its last chunk a request joins the batch (its cache is copied into a slot:
+   O(prompt));
 4. runs one engine call for every running request: each proposes with its own drafter (propose -> verify/accept
    -> commit), the step verifies the proposals or only the roots as runtime/speculation.py decides from the
    engine's measured cost, and each request takes its accepted tokens up to EOS, its max_new_tokens, a stop string
@@ -204,11 +205,12 @@ class Scheduler:
         self.engine = engine
         self.layout = layout
         self.batch = Batch(layout, engine.backend, slots, initial_capacity(layout, 0))
+        # a graph that keeps per-position state (EAGLE's draft KV) is prefilled a whole prompt per call
         self.chunked = not any(s.grow_axis is not None for s in layout.states)
-        self.prefill_chunk = prefill_chunk if self.chunked else layout.max_seq_len
+        self.prefill_chunk = prefill_chunk
         self.speculation = Speculation(speculation, engine.cost_curve)
         self._waiting: collections.deque[Handle] = collections.deque()
-        self._admitting: Handle | None = None
+        self._admitting: list[Handle] = []  # being prefilled, in arrival order (each holds a slot)
         self._running: dict[int, Handle] = {}  # id(sequence) -> handle
         self._cancel: set[Handle] = set()
         self._lock = threading.Lock()
@@ -248,7 +250,7 @@ class Scheduler:
     @property
     def active(self) -> int:
         """Requests holding a KV slot or being prefilled."""
-        return len(self._running) + (self._admitting is not None)
+        return len(self._running) + len(self._admitting)
 
     @property
     def waiting(self) -> int:
@@ -264,8 +266,11 @@ class Scheduler:
         self._apply_cancellations()
         self._admit()
         did = False
-        if self._admitting is not None:
-            self._prefill_chunk(self._admitting)
+        budget = self.prefill_chunk  # prompt tokens this step, shared by the requests being admitted
+        for handle in list(self._admitting):
+            if budget <= 0:
+                break
+            budget -= self._prefill_chunk(handle, budget)
             did = True
         if self._running:
             self._decode()
@@ -284,55 +289,57 @@ class Scheduler:
                 if handle in self._waiting:
                     self._waiting.remove(handle)
         for handle in cancelled:
-            if handle is self._admitting:
-                self._admitting = None
+            if handle in self._admitting:
+                self._admitting.remove(handle)
             elif handle.sequence is not None and id(handle.sequence) in self._running:
                 self._leave(handle)
             handle._finish("cancelled")
 
     def _admit(self) -> None:
-        if self._admitting is not None or len(self._running) >= self.batch.slots:
-            return
-        with self._lock:
-            if not self._waiting:
-                return
-            handle = self._waiting.popleft()
-        request = handle.request
-        try:
-            drafter = self.engine.new_drafter(request.ids)
-            handle.sequence = Sequence(self.layout, request.sampling, drafter)
-            handle._staging = Batch(
-                self.layout, self.engine.backend, 1, initial_capacity(self.layout, len(request.ids))
-            )
-            handle._staging.add(handle.sequence)
-        except Exception as exc:  # noqa: BLE001 - a request's failure ends that request only
-            handle._finish("error", exc)
-            return
-        self._admitting = handle
+        """Waiting requests take the free KV slots (their prefill starts this step)."""
+        while self.active < self.batch.slots:
+            with self._lock:
+                if not self._waiting:
+                    return
+                handle = self._waiting.popleft()
+            request = handle.request
+            try:
+                handle.sequence = Sequence(self.layout, request.sampling, self.engine.new_drafter(request.ids))
+                handle._staging = Batch(
+                    self.layout, self.engine.backend, 1, initial_capacity(self.layout, len(request.ids))
+                )
+                handle._staging.add(handle.sequence)
+            except Exception as exc:  # noqa: BLE001 - a request's failure ends that request only
+                handle._finish("error", exc)
+                continue
+            self._admitting.append(handle)
 
-    def _prefill_chunk(self, handle: Handle) -> None:
+    def _prefill_chunk(self, handle: Handle, budget: int) -> int:
+        """The next chunk (at most `budget` tokens) of a request's prompt in its staging slot; after the last one the
+        request joins the batch. Returns the tokens prefilled."""
         ids = handle.request.ids
         start = handle._prefilled
-        end = min(len(ids), start + self.prefill_chunk)
+        end = min(len(ids), start + budget) if self.chunked else len(ids)
         staging = handle._staging
         try:
             result = staging.run([Call.prompt(ids[start:end])])[0]
         except Exception as exc:  # noqa: BLE001
-            self._admitting = None
+            self._admitting.remove(handle)
             handle._finish("error", exc)
-            return
+            return end - start
         handle.prefill_engine_s = staging.engine_s
         handle._prefilled = end
         if end < len(ids):
-            return  # a chunk: its accepted token is not the request's (the prompt goes on)
-        self._admitting = None
+            return end - start  # a chunk: its accepted token is not the request's (the prompt goes on)
+        self._admitting.remove(handle)
         handle._emit(result.tokens, self.engine.eos_ids, self._codec(handle))
         if handle.stop_reason is not None:
             handle._finish()
-            return
+            return end - start
         self.batch.add(handle.sequence, staged=staging)
         handle._staging = None
         self._running[id(handle.sequence)] = handle
+        return end - start
 
     def _decode(self) -> None:
         batch = self.batch
@@ -410,8 +417,7 @@ class Scheduler:
             self._stopping = True
             if cancel:
                 self._cancel.update(self._waiting)
-                if self._admitting is not None:
-                    self._cancel.add(self._admitting)
+                self._cancel.update(self._admitting)
                 self._cancel.update(self._running.values())
             self._wake.notify()
         if self._thread is not None:

@@ -1,21 +1,20 @@
-"""How much to draft under load: the engine's measured cost per call against the tokens the drafts are expected to
-add, so that speculation never costs throughput.
+"""How much to draft under load: the engine's measured cost per call against the tokens the drafts are expected to add,
+so that speculation never costs throughput.
 
-A call of B sequences x T tokens costs `CostCurve.ms(B, T)`, measured on the machine that runs the engine (the
-engine's own graph with its drafting, so that a root-only call of an engine-drafted mode is priced with the
-drafting it still does) and kept in the user cache. Each step the scheduler has one proposal per running sequence;
-rows are padded to the longest, so a step either verifies the proposals (T = the longest) or only the roots
-(T = 1, plain decoding through the same graph). Expected tokens: 1 per row plainly, 1 + a * (N_i - 1) for a
-proposal of N_i tokens, where `a` is the running share of drafted tokens accepted, learnt from the steps that
-drafted. The step takes whichever gives more tokens per millisecond: at low concurrency a CPU call of a few more
-rows costs little and the drafts pay; as B grows each extra row costs more and plain decoding wins exactly where
-the expected gain falls below the cost -- a continuous trade-off, no threshold to fall off. While plain decoding is
-chosen, one step in EXPLORE_EVERY still drafts, so that `a` follows the text.
+A call of B sequences x T tokens costs `CostCurve.cost(B, T)`, measured on the machine that runs the engine the
+first time that shape is needed (the engine's own graph with its drafting, so that a root-only call of an engine-
+drafted mode is priced with the drafting it still does) and kept in the user cache. Each step the scheduler has one
+proposal per running sequence; rows are padded to the longest, so a step either verifies the proposals (T = the
+longest) or only the roots (T = 1, plain decoding through the same graph). Expected tokens: 1 per row plainly, 1 + a
+* (N_i - 1) for a proposal of N_i tokens, where `a` is the running share of drafted tokens accepted, learnt from the
+steps that drafted. The step takes whichever gives more tokens per millisecond: at low concurrency a CPU call of a
+few more rows costs little and the drafts pay; as B grows each extra row costs more and plain decoding wins exactly
+where the expected gain falls below the cost -- a continuous trade-off, no threshold to fall off. While plain
+decoding is chosen, one step in EXPLORE_EVERY still drafts, so that `a` follows the text.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import numpy as np
@@ -23,69 +22,57 @@ import numpy as np
 from specbuild.runtime import user_cache
 
 CACHE_NAME = "call-cost"
-COST_VERSION = 1
+COST_VERSION = 3
 PRIOR_ACCEPTANCE = 0.5  # share of drafted tokens accepted before any step measured it
 EMA = 0.05  # weight of one row's observation in the running share
 EXPLORE_EVERY = 16
-REPEATS = 3
+WARMUP = 3  # calls of a new shape before it is timed: ONNX Runtime's first calls of a shape are slower
+REPEATS = 5
+COST_CONTEXT = 128  # cached positions of every sequence in a timed call
 
 
-@dataclasses.dataclass
 class CostCurve:
-    """Milliseconds per call measured on a grid of batch sizes x tokens per row; interpolated in between."""
+    """Milliseconds per call of B sequences x T tokens, measured on this machine the first time a shape is needed
+    (WARMUP calls, then the median of REPEATS) and kept in the user cache. T is taken up to the next of
+    1, 2, 4, 8, ... (and the engine's most tokens per step), so a few shapes cover every call."""
 
-    batches: list[int]
-    tokens: list[int]
-    ms: list[list[float]]  # [len(batches)][len(tokens)]
-    cpu: str = ""
-    seconds: float = 0.0
-    cached: bool = False
+    def __init__(self, run_call, key: str, cpu: str, step_tokens: int):
+        """run_call(b, t) -> engine seconds of one b x t call."""
+        self._run_call, self.key, self.cpu, self.step_tokens = run_call, key, cpu, step_tokens
+        kept = user_cache.get(CACHE_NAME, key)
+        self.points: dict[tuple[int, int], float] = {}
+        if isinstance(kept, dict):
+            for name, ms in kept.get("points", {}).items():
+                b, _, t = name.partition("x")
+                if b.isdigit() and t.isdigit() and isinstance(ms, (int, float)):
+                    self.points[int(b), int(t)] = float(ms)
+        self.cached = bool(self.points)  # some points came from an earlier run
+        self.seconds = 0.0  # spent measuring in this process
+
+    def snap(self, tokens: int) -> int:
+        """The measured token count that prices a call of `tokens` tokens per row."""
+        t = 1
+        while t < tokens:
+            t *= 2
+        return min(t, max(self.step_tokens, tokens))
 
     def cost(self, batch: int, tokens: int) -> float:
-        """Interpolated (linearly in each axis; extrapolated linearly past the grid) ms of a B x T call."""
-        grid = np.asarray(self.ms)
-        per_b = np.array([_interp(tokens, self.tokens, row) for row in grid])
-        return float(_interp(batch, self.batches, per_b))
+        key = (batch, self.snap(tokens))
+        if key not in self.points:
+            start = time.perf_counter()
+            for _ in range(WARMUP):
+                self._run_call(*key)
+            self.points[key] = 1000 * float(np.median([self._run_call(*key) for _ in range(REPEATS)]))
+            self.seconds += time.perf_counter() - start
+            user_cache.put(CACHE_NAME, self.key, self.to_dict())
+        return self.points[key]
 
     def rows_curve(self, rows: list[int], slots: int) -> list[tuple[int, float]]:
         """(rows per call, ms) with rows = B x T, B = min(rows, slots): what batching can give on this machine."""
-        return [(r, self.cost(min(r, slots), max(1, -(-r // min(r, slots))))) for r in rows]
+        return [(r, self.cost(min(r, slots), -(-r // min(r, slots)))) for r in rows]
 
     def to_dict(self) -> dict:
-        return {"batches": self.batches, "tokens": self.tokens, "ms": self.ms, "cpu": self.cpu}
-
-
-def _interp(x: float, xs: list[int], ys) -> float:
-    xs = np.asarray(xs, dtype=np.float64)
-    ys = np.asarray(ys, dtype=np.float64)
-    if len(xs) == 1:
-        return float(ys[0] * x / xs[0])
-    if x > xs[-1]:  # past the grid: the last segment's slope
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-        return float(ys[-1] + slope * (x - xs[-1]))
-    return float(np.interp(x, xs, ys))
-
-
-def grid(slots: int, step_tokens: int) -> tuple[list[int], list[int]]:
-    batches = sorted({1, *[b for b in (2, 4, 8, 16, 32, 64) if b < slots], slots})
-    tokens = sorted({1, *[t for t in (2, 4, 8, 16) if t < step_tokens], step_tokens})
-    return batches, tokens
-
-
-def measure(run_call, slots: int, step_tokens: int, key: str, cpu: str) -> CostCurve:
-    """The engine's cost grid, from the user cache or measured now. run_call(b, t) -> seconds of one b x t call."""
-    batches, tokens = grid(slots, step_tokens)
-    kept = user_cache.get(CACHE_NAME, key)
-    if isinstance(kept, dict) and kept.get("batches") == batches and kept.get("tokens") == tokens:
-        return CostCurve(batches, tokens, kept["ms"], kept.get("cpu", cpu), 0.0, cached=True)
-    start = time.perf_counter()
-    ms = []
-    for b in batches:
-        run_call(b, tokens[0])  # warm-up: allocations for this batch size
-        ms.append([1000 * float(np.median([run_call(b, t) for _ in range(REPEATS)])) for t in tokens])
-    curve = CostCurve(batches, tokens, ms, cpu, time.perf_counter() - start)
-    user_cache.put(CACHE_NAME, key, curve.to_dict())
-    return curve
+        return {"points": {f"{b}x{t}": ms for (b, t), ms in sorted(self.points.items())}, "cpu": self.cpu}
 
 
 class Speculation:

@@ -198,16 +198,41 @@ def test_async_stream_with_a_background_scheduler(mode_engines):
         scheduler.submit(Request(PROMPTS[0]))
 
 
-def test_speculation_follows_the_measured_cost():
+def _curve(ms: dict, step_tokens: int = 8) -> CostCurve:
+    """A cost curve whose measurements are `ms[(b, t)]` (seconds = ms / 1000), counting the calls made."""
+    calls = []
+
+    def run_call(b, t):
+        calls.append((b, t))
+        return ms[b, t] / 1000
+
+    curve = CostCurve(run_call, "test", "cpu", step_tokens)
+    curve.calls = calls
+    return curve
+
+
+def test_speculation_follows_the_measured_cost(monkeypatch):
     """Drafting pays where extra rows are cheap (small batches) and not where each row costs its full price."""
-    cheap_rows = CostCurve([1, 16], [1, 8], [[10.0, 11.0], [20.0, 150.0]])
+    monkeypatch.setenv("SPECBUILD_CACHE_DIR", "off")
+    cheap_rows = _curve({(1, 1): 10.0, (1, 8): 11.0, (16, 1): 20.0, (16, 8): 150.0})
     policy = Speculation("auto", lambda: cheap_rows)
     assert policy.draft([8])  # batch 1: 8 rows cost 10 % more, 1 + 0.5 * 7 tokens expected
     assert not policy.draft([8] * 16)  # batch 16: 7.5x the cost for 4.5x the tokens
-    policy.observe([8] * 16, [8] * 16)  # every draft accepted, many times over
-    for _ in range(200):
+    for _ in range(200):  # every draft accepted, many times over
         policy.observe([8], [8])
     assert policy.draft([8] * 16)
     assert not Speculation("off", lambda: cheap_rows).draft([8])
     assert Speculation("always", lambda: None).draft([8] * 16)
     assert not Speculation("auto", lambda: None).draft([1, 1])  # nothing drafted: no cost needed
+
+
+def test_call_costs_are_measured_once_per_shape_and_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBUILD_CACHE_DIR", str(tmp_path))
+    ms = {(b, t): 10.0 * b + t for b in (1, 2, 3) for t in (1, 2, 4, 6)}
+    curve = _curve(ms, step_tokens=6)
+    assert curve.cost(3, 5) == ms[3, 6]  # 5 tokens per row are priced as the engine's 6 (the next measured count)
+    assert curve.cost(3, 3) == ms[3, 4] and curve.cost(1, 1) == ms[1, 1]
+    measured = len(curve.calls)
+    assert curve.cost(3, 6) == ms[3, 6] and len(curve.calls) == measured  # not measured again
+    again = _curve(ms, step_tokens=6)  # another process: from the user cache
+    assert again.cost(3, 4) == ms[3, 4] and again.calls == [] and again.cached
