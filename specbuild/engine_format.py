@@ -29,7 +29,7 @@ KV_SHARED = "shared"
 WEIGHTS = ("fp32", "fp16", "int8", "int4")
 
 # Step-graph I/O (stable names; recorded in engine.yaml).
-BATCH = "batch"  # the B dimension: sequences advanced by one call (each with its own length, tree and KV slot)
+BATCH = "num_sequences"  # the B dimension: sequences advanced by one call (each with its own length, tree and KV slot)
 MAX_BATCH_SIZE = 256  # the largest --max-batch-size a graph is exported for
 INPUT_IDS = "input_ids"  # [B,T] int64
 POSITION_IDS = "position_ids"  # [B,T] int64
@@ -46,7 +46,7 @@ RAND_ACCEPT = "rand_accept"  # [B,W] float32 uniform [0,1): one draw per verifie
 # W, the dimension WINDOW of rand_accept: the graph verifies the last W of the T new tokens (they alone get logits and
 # acceptance): the whole tree in decode, the last prompt token in prefill. The runtime chooses W by this input's shape.
 WINDOW = "window"
-UNIFORMS_PER_POSITION = "per_position"  # engine.yaml sampling.uniforms: rand_accept[b, i] is position_ids[b, i] + 1's
+UNIFORMS_PER_POSITION = "by_position"  # engine.yaml sampling.uniforms: rand_accept[b, i] is position_ids[b, i] + 1's
 RAND_SAMPLE = "rand_sample"  # [B] float32 uniform [0,1): the bonus/residual draw
 # [M] bool, values unused (int8-activation ONNX Runtime graphs): every row-wise kernel of the call sees at least M
 # rows (copies of the last token pad a shorter call); M chosen at load by runtime/row_invariance.py

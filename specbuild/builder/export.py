@@ -193,9 +193,9 @@ def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads
     out_names = [o.name for o in sess.get_outputs()]
     aliases = aliased_outputs(names)
     worst = 0.0
-    # prefill-like chain, decode-like window, a padded one-token call, then three sequences of different lengths
-    # (greedy and sampled rows) in one call
-    calls = ((7, 1, 8, 0, 0.0, 1), (5, 5, 16, 6, 0.8, 1), (1, 1, 8, 4, 0.0, 1), (3, 3, 16, 2, 0.8, 3))
+    # prefill-like chain, decode-like window, a padded one-token call, then two sequences of different lengths
+    # (greedy and sampled rows) in one call (trees of several sequences are checked end to end by the runtime's tests)
+    calls = ((7, 1, 8, 0, 0.0, 1), (5, 5, 16, 6, 0.8, 1), (1, 1, 8, 4, 0.0, 1), (2, 1, 12, 2, 0.8, 2))
     for t, w, cap, past, temp, batch in calls:
         args = example_inputs(step, t=t, w=w, capacity=cap, past=past, seed=t, temperature=temp, batch=batch)
         feeds = {n: (a.float() if a.dtype == torch.bfloat16 else a).numpy().copy() for n, a in zip(names, args)}

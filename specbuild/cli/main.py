@@ -329,6 +329,11 @@ def generate_and_print(engine, prompt, input_ids, max_new_tokens, sampling, chat
 )
 @click.option("--threads", type=int, help="Intra-op threads for ONNX Runtime.")
 @click.option("--allow-lossy", is_flag=True, help=ALLOW_LOSSY_HELP)
+@click.option(
+    "--speculation",
+    help="auto (default; or $SPECBUILD_SPECULATION): verify drafts when the measured cost says they pay; always; "
+    "off: plain decoding through the engine.",
+)
 @handle_errors
 def run(
     engine_dir,
@@ -345,6 +350,7 @@ def run(
     graph,
     threads,
     allow_lossy,
+    speculation,
 ):
     """Generate from an engine directory."""
     from specbuild.runtime.engine import Engine, SamplingParams
@@ -359,7 +365,9 @@ def run(
     _check_choice("--backend", backend, BACKEND_CHOICES)
     _check_choice("--graph", graph, BACKEND_CHOICES)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    engine = Engine(engine_dir, backend=backend, threads=threads, graph=graph, allow_lossy=allow_lossy)
+    engine = Engine(
+        engine_dir, backend=backend, threads=threads, graph=graph, allow_lossy=allow_lossy, speculation=speculation
+    )
     if not engine.lossless and engine.manifest.get("lossless", True):
         click.echo(f"warning: this run is LOSSY (--allow-lossy), {engine.exactness.verified}", err=True)
     generate_and_print(engine, prompt, ids, max_new_tokens, sampling, chat, as_json)

@@ -28,6 +28,7 @@ from specbuild.runtime.manifest import load_manifest
 from specbuild.runtime.sampling import SamplingParams
 from specbuild.runtime.scheduler import Request, Scheduler
 from specbuild.runtime.session import Session
+from specbuild.runtime.speculation import resolve_policy
 
 
 @dataclasses.dataclass
@@ -80,11 +81,15 @@ class Engine:
         threads: int | None = None,
         graph: str | None = None,
         allow_lossy: bool = False,
+        speculation: str | None = None,
     ):
         """backend: onnxruntime or tensorrt (default: tensorrt when the engine has a plan). graph: the backend whose
         graph to run (default: the backend's own; `Engine(d, graph="tensorrt")` runs the portable graph on ONNX
         Runtime, e.g. to check it against the fused one). allow_lossy: run a speculative engine that cannot be exact
-        on this CPU, labelled lossy (`exactness`), instead of refusing it."""
+        on this CPU, labelled lossy (`exactness`), instead of refusing it. speculation: how the engine's scheduler
+        drafts (runtime/speculation.py): auto (by measured cost), always, or off (roots only); default
+        $SPECBUILD_SPECULATION, else auto."""
+        self.speculation = resolve_policy(speculation)
         threads = resolve_threads(threads)
         self.path = Path(engine_dir)
         self.manifest = load_manifest(self.path)  # validated; recorded file sizes checked
@@ -188,7 +193,7 @@ class Engine:
     def scheduler(self) -> Scheduler:
         """The engine's scheduler (made on first use): every request of `generate` goes through it."""
         if self._scheduler is None:
-            self._scheduler = Scheduler(self)
+            self._scheduler = Scheduler(self, speculation=self.speculation)
         return self._scheduler
 
     def cost_curve(self):

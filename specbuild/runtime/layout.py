@@ -73,7 +73,7 @@ def _state(spec: dict, kv_dtype) -> StateLayout:
     if spec["dtype"] == "float32" and kv_dtype == np.float16:
         dtype = np.float16  # float states follow the engine's dtype
     shape = tuple(1 if d == "B" else (0 if d == "C" else d) for d in spec["shape"])
-    batch_axis = spec["shape"].index("B")
+    batch_axis = spec["shape"].index("B") if "B" in spec["shape"] else 0
     return StateLayout(spec["name"], shape, dtype, spec.get("fill", 0), spec.get("grow_axis"), batch_axis)
 
 

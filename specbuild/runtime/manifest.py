@@ -158,12 +158,8 @@ SCHEMA: dict[str, Any] = {
         {
             "name": text(),
             "shape": Check(
-                'a list of dimensions (integers >= 0, "B" once or "C")',
-                lambda v: (
-                    isinstance(v, list)
-                    and all((_is_int(d) and d >= 0) or d in ("B", "C") for d in v)
-                    and v.count("B") == 1
-                ),
+                'a list of dimensions (integers >= 0, "B" or "C")',
+                lambda v: isinstance(v, list) and all((_is_int(d) and d >= 0) or d in ("B", "C") for d in v),
             ),
             "dtype": one_of(STATE_DTYPES),
             "fill": number(optional=True),

@@ -36,7 +36,7 @@ from specbuild.runtime.batch import Batch, Call, Sequence
 from specbuild.runtime.drafter import StepResult
 from specbuild.runtime.sampling import SamplingParams
 from specbuild.runtime.slots import initial_capacity
-from specbuild.runtime.speculation import Speculation
+from specbuild.runtime.speculation import Speculation, resolve_policy
 
 DEFAULT_PREFILL_CHUNK = 256
 _DONE = object()
@@ -189,7 +189,7 @@ class Scheduler:
         engine,
         max_batch_size: int | None = None,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-        speculation: str = "auto",
+        speculation: str | None = None,
     ):
         layout = engine.layout
         slots = engine.layout.max_batch_size
@@ -208,7 +208,7 @@ class Scheduler:
         # a graph that keeps per-position state (EAGLE's draft KV) is prefilled a whole prompt per call
         self.chunked = not any(s.grow_axis is not None for s in layout.states)
         self.prefill_chunk = prefill_chunk
-        self.speculation = Speculation(speculation, engine.cost_curve)
+        self.speculation = Speculation(resolve_policy(speculation or engine.speculation), engine.cost_curve)
         self._waiting: collections.deque[Handle] = collections.deque()
         self._admitting: list[Handle] = []  # being prefilled, in arrival order (each holds a slot)
         self._running: dict[int, Handle] = {}  # id(sequence) -> handle

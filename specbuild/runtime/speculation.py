@@ -15,12 +15,16 @@ decoding is chosen, one step in EXPLORE_EVERY still drafts, so that `a` follows 
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
 
+from specbuild.errors import SpecbuildError
 from specbuild.runtime import user_cache
 
+SPECULATION_POLICIES = ("auto", "always", "off")
+POLICY_VARIABLE = "SPECBUILD_SPECULATION"  # the default policy when none is given (the tests pin `always`)
 CACHE_NAME = "call-cost"
 COST_VERSION = 3
 PRIOR_ACCEPTANCE = 0.5  # share of drafted tokens accepted before any step measured it
@@ -73,6 +77,14 @@ class CostCurve:
 
     def to_dict(self) -> dict:
         return {"points": {f"{b}x{t}": ms for (b, t), ms in sorted(self.points.items())}, "cpu": self.cpu}
+
+
+def resolve_policy(policy: str | None = None) -> str:
+    """`policy`, else $SPECBUILD_SPECULATION, else auto; anything else is a one-line SpecbuildError."""
+    policy = policy or os.environ.get(POLICY_VARIABLE, "").strip() or "auto"
+    if policy not in SPECULATION_POLICIES:
+        raise SpecbuildError(f"--speculation must be one of {', '.join(SPECULATION_POLICIES)}, got {policy!r}")
+    return policy
 
 
 class Speculation:

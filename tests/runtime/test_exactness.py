@@ -134,7 +134,10 @@ def test_the_probe_covers_the_longest_call_of_the_engine(int8_engines, monkeypat
     exactness.decide(engine_dir, manifest, graph, ef.BACKEND_ONNXRUNTIME, 1, allow_lossy=True)
     manifest["limits"]["max_new_tokens_per_step"] = 25  # e.g. 24 drafts
     exactness.decide(engine_dir, manifest, graph, ef.BACKEND_ONNXRUNTIME, 1, allow_lossy=True)
-    assert seen == [ri.MAX_PROBE_ROWS, 26]  # 25 tokens and the attention pad row
+    manifest["limits"]["max_batch_size"] = 1
+    exactness.decide(engine_dir, manifest, graph, ef.BACKEND_ONNXRUNTIME, 1, allow_lossy=True)
+    slots = 16  # the default --max-batch-size: a call holds every slot's tokens and attention pad row
+    assert seen == [slots * (4 + 1), slots * (25 + 1), 25 + 1]
 
 
 def test_forced_probe_needing_more_rows_than_the_graph_pads(int8_engines, force_probe):
