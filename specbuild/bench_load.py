@@ -372,19 +372,10 @@ def run_load_benchmark(
     openvino_dirs: list[str | Path] = (),
 ) -> dict[str, Any]:
     """`specbuild bench --concurrency`: the report (settings, engines with their cost curves, rows per C)."""
-    from specbuild.benchmark import _label
-    from specbuild.runtime.engine import Engine
+    from specbuild.benchmark import load_engines
     from specbuild.runtime.row_invariance import cpu_description
 
-    if not engine_dirs:
-        raise SpecbuildError("give at least one --engine-dir")
-    if max_new_tokens < 1:
-        raise SpecbuildError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    engines, labels, used = [], [], set()
-    for d in engine_dirs:
-        engine = Engine(d, threads=threads, allow_lossy=allow_lossy)
-        engines.append(engine)
-        labels.append(_label(Path(d), engine.manifest["speculative_mode"], used))
+    engines, labels = load_engines(engine_dirs, max_new_tokens, threads, allow_lossy)
     prompts = interleaved_prompts(engines[0], prompt_sets, num_prompts)
     peers = [OpenVINOLoad(d, threads, max(concurrency), max_new_tokens) for d in openvino_dirs]
     log("measuring each engine's call cost")

@@ -262,6 +262,22 @@ def _label(path: Path, mode: str, used: set[str]) -> str:
     return label
 
 
+def load_engines(engine_dirs, max_new_tokens: int, threads: int | None, allow_lossy: bool) -> tuple[list, list[str]]:
+    """The engines to benchmark and their row labels, after the checks every benchmark makes."""
+    from specbuild.runtime.engine import Engine
+
+    if not engine_dirs:
+        raise SpecbuildError("give at least one --engine-dir")
+    if max_new_tokens < 1:
+        raise SpecbuildError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    engines, labels, used = [], [], set()
+    for d in engine_dirs:
+        engine = Engine(d, threads=threads, allow_lossy=allow_lossy)
+        engines.append(engine)
+        labels.append(_label(Path(d), engine.manifest["speculative_mode"], used))
+    return engines, labels
+
+
 def context_sweep(engine, max_new_tokens: int, log: Callable[[str], None]) -> dict[str, Any]:
     """Host and engine ms per decode step at ~64 and ~1024 tokens of context (EOS ignored)."""
     if engine.max_seq_len < SWEEP_MIN_SEQ_LEN:
@@ -298,19 +314,10 @@ def run_benchmark(
     allow_lossy: bool = False,
     openvino_dirs: list[str | Path] = (),
 ) -> dict[str, Any]:
-    from specbuild.runtime.engine import Engine
     from specbuild.runtime.row_invariance import cpu_description
 
-    if not engine_dirs:
-        raise SpecbuildError("give at least one --engine-dir")
-    if max_new_tokens < 1:
-        raise SpecbuildError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    engines, labels = load_engines(engine_dirs, max_new_tokens, threads, allow_lossy)
     prompts = {name: load_prompt_set(name, num_prompts) for name in prompt_sets}
-    engines, labels, used = [], [], set()
-    for d in engine_dirs:
-        eng = Engine(d, threads=threads, allow_lossy=allow_lossy)
-        engines.append(eng)
-        labels.append(_label(Path(d), eng.manifest["speculative_mode"], used))
     plain = [get_mode(e.manifest["speculative_mode"]).baseline for e in engines]
     base_idx = next((i for i, e in enumerate(engines) if plain[i]), None)
     # an engine's reference is the none engine of the same weights and activations (int8 activations change output)

@@ -80,17 +80,23 @@ def build_tensorrt_plan(
     return plan_path
 
 
-def optimization_profiles(cfg, plugin, max_seq_len: int) -> dict:
-    """min/opt/max shapes per dynamic input of the portable graph for the TensorRT optimization profile (batch 1)."""
+def optimization_profiles(cfg, plugin, max_seq_len: int, max_batch_size: int = 1) -> dict:
+    """min/opt/max shapes per dynamic input of the portable graph for the TensorRT optimization profile: 1 to
+    max_batch_size sequences (opt: one full step of min(4, max_batch_size) sequences)."""
     n = plugin.max_new_tokens_per_step()
-    kv = (cfg.num_layers, 2, 1, cfg.num_kv_heads)
-    d = cfg.head_dim
+    b = max_batch_size
+    o = min(4, b)
+    kv = (cfg.num_layers, 2)
+    h, d = cfg.num_kv_heads, cfg.head_dim
     depth = max(1, plugin.tree().depth + 1 if plugin.tree() is not None else n)
+    per_sequence = {name: ((1,), (o,), (b,)) for name in (ef.PAST_LENGTH, ef.TEMPERATURE, ef.TOP_K, ef.TOP_P)}
     return {
-        ef.INPUT_IDS: ((1, 1), (1, n), (1, max_seq_len)),
-        ef.POSITION_IDS: ((1, 1), (1, n), (1, max_seq_len)),
-        ef.TREE_MASK: ((1, 1, 1), (1, n, n), (1, max_seq_len, max_seq_len)),
-        ef.KV_CACHE: ((*kv, 1, d), (*kv, 1024, d), (*kv, max_seq_len, d)),
-        ef.PATHS: ((1, 1, 1), (1, n, depth), (1, n, depth)),
-        ef.RAND_ACCEPT: ((1, 1), (1, n), (1, n)),
+        ef.INPUT_IDS: ((1, 1), (o, n), (b, max_seq_len)),
+        ef.POSITION_IDS: ((1, 1), (o, n), (b, max_seq_len)),
+        ef.TREE_MASK: ((1, 1, 1), (o, n, n), (b, max_seq_len, max_seq_len)),
+        ef.KV_CACHE: ((*kv, 1, h, 1, d), (*kv, o, h, min(1024, max_seq_len), d), (*kv, b, h, max_seq_len, d)),
+        ef.PATHS: ((1, 1, 1), (o, n, depth), (b, n, depth)),
+        ef.RAND_ACCEPT: ((1, 1), (o, n), (b, n)),
+        ef.RAND_SAMPLE: ((1,), (o,), (b,)),
+        **per_sequence,
     }
