@@ -1,5 +1,6 @@
 """How much to draft under load: the engine's measured cost per call against the tokens the drafts are expected to add,
-so that speculation never costs throughput.
+so that speculation is only used where it pays (measured so far: it pays alone, not yet under load -- see the
+issue-28 note: the forced exploration steps and padding to the longest proposal still cost throughput at C >= 4).
 
 A call of B sequences x T tokens costs `CostCurve.cost(B, T)`, measured on the machine that runs the engine the
 first time that shape is needed (the engine's own graph with its drafting, so that a root-only call of an engine-
