@@ -6,12 +6,12 @@ A call of B sequences x T tokens costs `CostCurve.cost(B, T)`, measured on the m
 first time that shape is needed (the engine's own graph with its drafting, so that a root-only call of an engine-
 drafted mode is priced with the drafting it still does) and kept in the user cache. Each step the scheduler has one
 proposal per running sequence; rows are padded to the longest, so a step either verifies the proposals (T = the
-longest) or only the roots (T = 1, plain decoding through the same graph). Expected tokens: 1 per row plainly, 1 + a
-* (N_i - 1) for a proposal of N_i tokens, where `a` is the running share of drafted tokens accepted, learnt from the
-steps that drafted. The step takes whichever gives more tokens per millisecond: at low concurrency a CPU call of a
-few more rows costs little and the drafts pay; as B grows each extra row costs more and plain decoding wins exactly
-where the expected gain falls below the cost -- a continuous trade-off, no threshold to fall off. While plain
-decoding is chosen, one step in EXPLORE_EVERY still drafts, so that `a` follows the text.
+longest) or only the roots (T = 1, plain decoding through the same graph); a lone sequence always drafts. Expected
+tokens: 1 per row plainly, 1 + a * (N_i - 1) for a proposal of N_i tokens, where `a` is the running share of drafted
+tokens accepted, learnt from the steps that drafted. The step takes whichever gives more tokens per millisecond: at
+low concurrency a CPU call of a few more rows costs little and the drafts pay; as B grows each extra row costs more
+and plain decoding wins exactly where the expected gain falls below the cost -- a continuous trade-off, no threshold
+to fall off. While plain decoding is chosen, one step in EXPLORE_EVERY still drafts, so that `a` follows the text.
 """
 
 from __future__ import annotations
@@ -109,6 +109,10 @@ class Speculation:
             return longest > 1
         if self.policy == "off":
             return False
+        if len(sizes) == 1:
+            # one sequence: a few more rows of a CPU call cost little (SmolLM2: 1.15x for 6 more), every mode's
+            # measured batch-1 speed-up stands (docs/benchmarks), and nothing is measured before the first tokens
+            return True
         if self.curve is None:
             self.curve = self._curve_source()
         b = len(sizes)
