@@ -190,15 +190,9 @@ class OpenVINOLoad:
     `openvino-genai` package and an OpenVINO model directory (see benchmark.OpenVINOTimer)."""
 
     def __init__(self, model_dir, threads: int | None, max_num_seqs: int, max_new_tokens: int):
-        model_dir = Path(model_dir)
-        if not (model_dir / "openvino_model.xml").is_file():
-            raise SpecbuildError(f"{model_dir}: not an OpenVINO model directory (no openvino_model.xml)")
-        try:
-            import openvino as ov
-            import openvino_genai as ov_genai
-        except ImportError:
-            missing = "--openvino-model needs the openvino-genai package (pip install openvino-genai)"
-            raise SpecbuildError(missing) from None
+        from specbuild.benchmark import import_openvino
+
+        model_dir, ov, ov_genai = import_openvino(model_dir)
         scheduler_config = ov_genai.SchedulerConfig()
         scheduler_config.cache_size = OPENVINO_CACHE_GB
         scheduler_config.max_num_seqs = max_num_seqs

@@ -211,6 +211,20 @@ class OrtGenAITimer:
         return Sample(out, steps, accepted, total, ttft or total, decode_engine_s=0.0)
 
 
+def import_openvino(model_dir):
+    """(model dir, openvino, openvino_genai) for an OpenVINO model directory; one-line errors otherwise."""
+    model_dir = Path(model_dir)
+    if not (model_dir / "openvino_model.xml").is_file():
+        raise SpecbuildError(f"{model_dir}: not an OpenVINO model directory (no openvino_model.xml)")
+    try:
+        import openvino as ov
+        import openvino_genai as ov_genai
+    except ImportError:
+        missing = "--openvino-model needs the openvino-genai package (pip install openvino-genai)"
+        raise SpecbuildError(missing) from None
+    return model_dir, ov, ov_genai
+
+
 class OpenVINOTimer:
     """OpenVINO GenAI's LLMPipeline (what an Intel/AMD CPU user would also run) on the same ids: greedy, or with its
     prompt lookup (`num_assistant_tokens` 5, `max_ngram_size` 3, its documented example). Needs the `openvino-genai`
@@ -220,15 +234,7 @@ class OpenVINOTimer:
     PROMPT_LOOKUP = {"num_assistant_tokens": 5, "max_ngram_size": 3}
 
     def __init__(self, model_dir, threads: int | None, prompt_lookup: bool = False):
-        model_dir = Path(model_dir)
-        if not (model_dir / "openvino_model.xml").is_file():
-            raise SpecbuildError(f"{model_dir}: not an OpenVINO model directory (no openvino_model.xml)")
-        try:
-            import openvino as ov
-            import openvino_genai as ov_genai
-        except ImportError:
-            missing = "--openvino-model needs the openvino-genai package (pip install openvino-genai)"
-            raise SpecbuildError(missing) from None
+        model_dir, ov, ov_genai = import_openvino(model_dir)
         self.ov, self.ov_genai, self.ngram = ov, ov_genai, prompt_lookup
         properties = {"INFERENCE_NUM_THREADS": threads} if threads else {}
         if prompt_lookup:
