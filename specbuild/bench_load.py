@@ -91,7 +91,15 @@ class SchedulerLoad:
     def counters(self) -> dict[str, int]:
         """Decode steps so far that verified drafts and that decoded plainly (the speculation policy's choices)."""
         spec = self.scheduler.speculation
-        return {"drafted_steps": spec.drafted_steps, "plain_steps": spec.plain_steps}
+        return {
+            "drafted_steps": spec.drafted_steps, "plain_steps": spec.plain_steps, "token_rows": spec.rows,
+            "padded_rows": spec.padded_rows,
+        }  # fmt: skip
+
+    def prepare(self) -> None:
+        """Measure the call costs the run's steps can need before it is timed (the speculation policy's)."""
+        if self.scheduler.speculation.policy == "auto" and self.scheduler.engine.layout.step_tokens > 1:
+            self.scheduler.engine.cost_curve().prepare(self.scheduler.batch.slots)
 
 
 @dataclasses.dataclass
@@ -256,6 +264,8 @@ def measure(target, prompts: list[list[int]], concurrency: int, max_new_tokens: 
     target.max_new_tokens = WARMUP_TOKENS
     closed_loop(target, [prompts[i % len(prompts)] for i in range(concurrency)], concurrency)
     target.max_new_tokens = max_new_tokens
+    if hasattr(target, "prepare"):
+        target.prepare()
     before = target.counters()
     run = closed_loop(target, prompts, concurrency)
     row = {**summarize_load(run), "rss_mib": rss_mib()}
@@ -263,6 +273,7 @@ def measure(target, prompts: list[list[int]], concurrency: int, max_new_tokens: 
     if counts:
         decided = counts["drafted_steps"] + counts["plain_steps"]
         row.update(counts, drafted_share=counts["drafted_steps"] / decided if decided else 0.0)
+        row["padding_share"] = counts["padded_rows"] / counts["token_rows"] if counts["token_rows"] else 0.0
     return row, [r.output_ids for r in run.done]
 
 
@@ -435,7 +446,7 @@ def load_table(report: dict[str, Any]):
         title_justify="left",
     )
     cols = ["C", "engine", "tok/s", "vs none", f"vs C={lowest}", "vs peer", "TTFT ms p50/p99", "ITL ms p50/p99"]
-    cols += ["τ", "drafted %", "ceiling %", "steps", "RSS MiB", "same"]
+    cols += ["τ", "drafted %", "pad %", "ceiling %", "steps", "RSS MiB", "same"]
     for col in cols:
         table.add_column(col, justify="left" if col == "engine" else "right")
     for c, res in report["load"].items():
@@ -451,6 +462,7 @@ def load_table(report: dict[str, Any]):
                 f"{_fmt(r['itl_p50_ms'], '.1f')}/{_fmt(r['itl_p99_ms'], '.1f')}",
                 _fmt(r.get("tau"), ".2f"),
                 _fmt(r.get("drafted_share"), ".0f", 100),
+                _fmt(r.get("padding_share"), ".0f", 100),
                 _fmt(r.get("ceiling_share"), ".0f", 100),
                 str(r["steps"]),
                 _fmt(r["rss_mib"], ".0f"),

@@ -59,6 +59,11 @@ class Proposal:
             np.zeros((1, 1, 1), dtype=np.int64),
         )
 
+    def chain_prefix(self, tokens: int) -> Proposal:
+        """The first `tokens` tokens of a chain (a proposal whose node i sits at depth i)."""
+        offsets = self.offsets[:tokens]
+        return Proposal(self.tokens[:, :tokens], self.mask[:, :tokens, :tokens], offsets, offsets[None, None])
+
     @classmethod
     def from_tree(cls, tokens, tree: Tree) -> Proposal:
         return cls(

@@ -208,7 +208,9 @@ class Engine:
             sha = self.manifest["checksums"][self.graph["file"]]["sha256"]
             key = f"{speculation.COST_VERSION}|{sha}|{cpu_key()}|{ort.__version__}|{self.threads}|{self.min_rows}"
             self._cost_batches: dict = {}
-            self._cost_curve = speculation.CostCurve(self._timed_call, key, cpu_description(), self.layout.step_tokens)
+            self._cost_curve = speculation.CostCurve(
+                self._timed_call, key, cpu_description(), self.layout.step_tokens, self.layout.max_batch_size
+            )
         return self._cost_curve
 
     def _timed_call(self, batch: int, tokens: int) -> float:

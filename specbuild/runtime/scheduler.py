@@ -8,9 +8,9 @@ Requests are submitted and cancelled at any time (from any thread). Each `step()
    more than that many tokens; after its last chunk a request joins the batch (its cache is copied into a slot:
    O(prompt));
 4. runs one engine call for every running request: each proposes with its own drafter (propose -> verify/accept
-   -> commit), the step verifies the proposals or only the roots as runtime/speculation.py decides from the
-   engine's measured cost, and each request takes its accepted tokens up to EOS, its max_new_tokens, a stop string
-   or the context limit. A finished request leaves the batch.
+   -> commit), the step verifies the whole proposals, the first tokens of chains, or only the roots, as
+   runtime/speculation.py decides from the engine's measured cost, and each request takes its accepted tokens up
+   to EOS, its max_new_tokens, a stop string or the context limit. A finished request leaves the batch.
 Each request gets only its new tokens: a callback, an iterator or an async iterator. `Engine.generate`, `specbuild
 run` and `specbuild bench` all go through here (batch 1 is one request in the batch).
 
@@ -33,10 +33,10 @@ import numpy as np
 
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.batch import Batch, Call, Sequence
-from specbuild.runtime.drafter import StepResult
+from specbuild.runtime.drafter import Proposal, StepResult
 from specbuild.runtime.sampling import SamplingParams
 from specbuild.runtime.slots import initial_capacity
-from specbuild.runtime.speculation import Speculation, resolve_policy
+from specbuild.runtime.speculation import Shape, Speculation, resolve_policy
 
 DEFAULT_PREFILL_CHUNK = 256
 _DONE = object()
@@ -363,10 +363,10 @@ class Scheduler:
                 handle._finish("error", exc)
         if len(proposals) < len(handles):
             return  # the batch changed: the next step proposes again
-        sizes = [p.size if p.size <= room else 1 for p in proposals]
-        drafted = self.speculation.draft(sizes)
-        self.speculation.count(drafted)
-        calls = [Call.tree(p if drafted and n > 1 else p.root_only()) for p, n in zip(proposals, sizes)]
+        fitting = [p if p.size <= room else p.root_only() for p in proposals]
+        tokens = self.speculation.plan([Shape.of(p) for p in fitting])
+        calls = [Call.tree(_verified_part(p, tokens)) for p in fitting]
+        self.speculation.count(tokens, [c.size for c in calls])
         try:
             results = batch.run(calls)
         except Exception as exc:  # noqa: BLE001 - the engine failed: every running request ends with the error
@@ -374,8 +374,8 @@ class Scheduler:
                 self._leave(handle)
                 handle._finish("error", exc)
             return
-        if drafted:
-            self.speculation.observe([c.size for c in calls], [len(r.tokens) for r in results])
+        for seq, proposal, result in zip(sequences, proposals, results):
+            self.speculation.observe(id(seq), proposal, result.tokens)
         for handle, result in zip(handles, results):
             handle.accepted_per_step.append(len(result.tokens))
             handle._emit(result.tokens, self.engine.eos_ids, self._codec(handle))
@@ -384,6 +384,7 @@ class Scheduler:
                 handle._finish()
 
     def _leave(self, handle: Handle) -> None:
+        self.speculation.forget(id(handle.sequence))
         self.batch.remove(handle.sequence)
         del self._running[id(handle.sequence)]
 
@@ -424,6 +425,14 @@ class Scheduler:
             self._thread.join(timeout)
         else:
             self.run_until_idle()
+
+
+def _verified_part(proposal: Proposal, tokens: int) -> Proposal:
+    """What a row verifies in a step of `tokens` tokens per row: its whole proposal, a chain's first tokens, or the
+    root alone."""
+    if proposal.size <= tokens:
+        return proposal
+    return proposal.chain_prefix(tokens) if Shape.of(proposal).chain else proposal.root_only()
 
 
 def _check_max_new_tokens(value) -> None:

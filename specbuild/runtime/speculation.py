@@ -1,21 +1,29 @@
-"""How much to draft under load: the engine's measured cost per call against the tokens the drafts are expected to add,
-so that speculation is only used where it pays (measured so far: it pays alone, not yet under load -- see the
-issue-28 note: the forced exploration steps and padding to the longest proposal still cost throughput at C >= 4).
+"""How many tokens each step verifies: the engine's measured cost per call against the tokens the drafts are expected
+to add, so that speculation is only used where it pays and a speculative engine never runs slower than itself with
+speculation off.
 
-A call of B sequences x T tokens costs `CostCurve.cost(B, T)`, measured on the machine that runs the engine the
-first time that shape is needed (the engine's own graph with its drafting, so that a root-only call of an engine-
-drafted mode is priced with the drafting it still does) and kept in the user cache. Each step the scheduler has one
-proposal per running sequence; rows are padded to the longest, so a step either verifies the proposals (T = the
-longest) or only the roots (T = 1, plain decoding through the same graph); a lone sequence always drafts. Expected
-tokens: 1 per row plainly, 1 + a * (N_i - 1) for a proposal of N_i tokens, where `a` is the running share of drafted
-tokens accepted, learnt from the steps that drafted. The step takes whichever gives more tokens per millisecond: at
-low concurrency a CPU call of a few more rows costs little and the drafts pay; as B grows each extra row costs more
-and plain decoding wins exactly where the expected gain falls below the cost -- a continuous trade-off, no threshold
-to fall off. While plain decoding is chosen, one step in EXPLORE_EVERY still drafts, so that `a` follows the text.
+A call of B sequences x T tokens costs `CostCurve.cost(B, T)`: measured on the machine that runs the engine the first
+time it is needed (the engine's own graph with its drafting, so that a root-only call of an engine-drafted mode is
+priced with the drafting it still does), for B on a grid (1, 2, 4, ... and the slots), the token counts of one B
+timed in turns so that their ratio -- all the choice depends on -- is not skewed by a slow moment; other B are
+interpolated; kept in the user cache.
+
+Each step the scheduler has one proposal per running sequence; rows are padded to the step's T. `Speculation.plan`
+picks T: 1 (plain decoding through the same graph), the longest proposal, or a power of two in between when the
+longer proposals are chains (a chain's first T tokens are a proposal of their own; a tree is verified whole or not at
+all). It takes the T with the most expected tokens per millisecond. A row verifying a chain or tree of depth D is
+expected to give 1 + sum_j prod_{d<=j} q_d tokens, q_d being the learnt chance that the draft at depth d is accepted
+once the ones above it were. q is learnt from every proposal, verified or not: each is compared with the tokens the
+sequence then emits (its `Shadow`), which is exactly what verifying it would have accepted -- greedy, and sampled
+too, since a row's random numbers belong to its positions (runtime/batch.py). So plain steps teach as much as drafted
+ones, no step drafts only to learn, and the choice moves continuously with the batch size: no threshold to fall off.
+A lone sequence verifies its whole proposal (every mode's measured batch-1 speed-up stands, nothing is measured before
+its first tokens).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -27,23 +35,31 @@ from specbuild.runtime import user_cache
 SPECULATION_POLICIES = ("auto", "always", "off")
 POLICY_VARIABLE = "SPECBUILD_SPECULATION"  # the default policy when none is given (the tests pin `always`)
 CACHE_NAME = "call-cost"
-COST_VERSION = 3
-PRIOR_ACCEPTANCE = 0.5  # share of drafted tokens accepted before any step measured it
-EMA = 0.05  # weight of one row's observation in the running share
-EXPLORE_EVERY = 16
-WARMUP = 3  # calls of a new shape before it is timed: ONNX Runtime's first calls of a shape are slower
+COST_VERSION = 4
+PRIOR_ACCEPTANCE = 0.5  # chance of a draft being accepted after its parent, before anything was observed
+EMA = 0.02  # weight of one observation in the running chances
+WARMUP = 3  # rounds of a new batch size before it is timed: ONNX Runtime's first calls of a shape are slower
 REPEATS = 5
-COST_CONTEXT = 128  # cached positions of every sequence in a timed call
+COST_CONTEXT = 256  # cached positions of every sequence in a timed call
+
+
+def _powers_of_two_upto(limit: int) -> list[int]:
+    out, p = [], 1
+    while p < limit:
+        out.append(p)
+        p *= 2
+    return [*out, limit]
 
 
 class CostCurve:
-    """Milliseconds per call of B sequences x T tokens, measured on this machine the first time a shape is needed
-    (WARMUP calls, then the median of REPEATS) and kept in the user cache. T is taken up to the next of
-    1, 2, 4, 8, ... (and the engine's most tokens per step), so a few shapes cover every call."""
+    """Milliseconds per call of B sequences x T tokens on this machine (see the module docstring): B measured at
+    1, 2, 4, ... and `slots`, interpolated between; T at 1, 2, 4, ... and the engine's most tokens per step, a count
+    in between priced as the next measured one."""
 
-    def __init__(self, run_call, key: str, cpu: str, step_tokens: int):
+    def __init__(self, run_call, key: str, cpu: str, step_tokens: int, slots: int = 1):
         """run_call(b, t) -> engine seconds of one b x t call."""
         self._run_call, self.key, self.cpu, self.step_tokens = run_call, key, cpu, step_tokens
+        self.batch_grid = _powers_of_two_upto(max(1, slots))
         kept = user_cache.get(CACHE_NAME, key)
         self.points: dict[tuple[int, int], float] = {}
         if isinstance(kept, dict):
@@ -61,16 +77,48 @@ class CostCurve:
             t *= 2
         return min(t, max(self.step_tokens, tokens))
 
+    def _grid_around(self, batch: int) -> tuple[int, int]:
+        for lo, hi in zip(self.batch_grid, self.batch_grid[1:]):
+            if lo <= batch <= hi:
+                return lo, hi
+        top = max(self.batch_grid[-1], batch)
+        return top, top
+
+    def costs(self, batch: int, tokens: list[int]) -> list[float]:
+        """ms of a call of `batch` sequences for each entry of `tokens`; the missing points are measured together."""
+        snapped = [self.snap(t) for t in tokens]
+        lo, hi = self._grid_around(batch)
+        for b in sorted({lo, hi}):
+            self._measure(b, sorted({t for t in snapped if (b, t) not in self.points}))
+        share = 0.0 if hi == lo else (batch - lo) / (hi - lo)
+        return [self.points[lo, t] + share * (self.points[hi, t] - self.points[lo, t]) for t in snapped]
+
     def cost(self, batch: int, tokens: int) -> float:
-        key = (batch, self.snap(tokens))
-        if key not in self.points:
-            start = time.perf_counter()
-            for _ in range(WARMUP):
-                self._run_call(*key)
-            self.points[key] = 1000 * float(np.median([self._run_call(*key) for _ in range(REPEATS)]))
-            self.seconds += time.perf_counter() - start
-            user_cache.put(CACHE_NAME, self.key, self.to_dict())
-        return self.points[key]
+        return self.costs(batch, [tokens])[0]
+
+    def _measure(self, batch: int, tokens: list[int]) -> None:
+        """Time the calls of `batch` x each of `tokens` in turns (WARMUP rounds, then the median of REPEATS)."""
+        if not tokens:
+            return
+        start = time.perf_counter()
+        for _ in range(WARMUP):
+            for t in tokens:
+                self._run_call(batch, t)
+        times = {t: [] for t in tokens}
+        for _ in range(REPEATS):
+            for t in tokens:
+                times[t].append(self._run_call(batch, t))
+        for t in tokens:
+            self.points[batch, t] = 1000 * float(np.median(times[t]))
+        self.seconds += time.perf_counter() - start
+        user_cache.put(CACHE_NAME, self.key, self.to_dict())
+
+    def prepare(self, batch: int) -> None:
+        """Measure every point a step of up to `batch` sequences can need (each grid B up to it, every T)."""
+        tokens = _powers_of_two_upto(self.step_tokens)
+        for b in self.batch_grid:
+            if b <= batch or b == self._grid_around(batch)[1]:
+                self.costs(b, tokens)
 
     def rows_curve(self, rows: list[int], slots: int) -> list[tuple[int, float]]:
         """(rows per call, ms) with rows = B x T, B = min(rows, slots): what batching can give on this machine."""
@@ -88,51 +136,118 @@ def resolve_policy(policy: str | None = None) -> str:
     return policy
 
 
-class Speculation:
-    """The per-step choice between verifying the proposals and plain decoding (see the module docstring).
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """What the plan needs of a proposal: its tokens (root included), depth, and whether its first k tokens are a
+    proposal too (a chain)."""
 
-    policy: "auto" (the cost model), "always" (verify every proposal) or "off" (roots only)."""
+    size: int
+    depth: int
+    chain: bool
+
+    @classmethod
+    def of(cls, proposal) -> Shape:
+        depth = int(proposal.offsets.max()) if proposal.size else 0
+        return cls(proposal.size, depth, depth == proposal.size - 1)
+
+    def verified(self, tokens: int) -> int:
+        """Depth verified when the step has `tokens` tokens per row: a chain's first ones, a tree whole or not."""
+        if self.size <= tokens:
+            return self.depth
+        return tokens - 1 if self.chain else 0
+
+
+class Shadow:
+    """One proposal's drafts (its root-to-leaf token paths), compared with the tokens its sequence emits next until
+    one differs or the deepest is matched: the drafts that verifying it would have accepted."""
+
+    def __init__(self, paths: list[tuple[int, ...]]):
+        self.paths, self.matched = paths, 0
+        self.depth = max(len(p) for p in paths)
+
+    @classmethod
+    def of(cls, proposal) -> Shadow | None:
+        tokens = proposal.tokens[0]
+        paths = {tuple(int(tokens[n]) for n in row[1:] if n >= 0) for row in proposal.paths[0]}
+        paths.discard(())
+        return cls(sorted(paths)) if paths else None
+
+    def feed(self, token: int) -> bool:
+        """Advance by one emitted token; True when the outcome is known (`matched` drafts)."""
+        paths = [p for p in self.paths if len(p) > self.matched and p[self.matched] == token]
+        if not paths:
+            return True
+        self.paths, self.matched = paths, self.matched + 1
+        return self.matched >= self.depth
+
+
+class Speculation:
+    """The per-step choice of how many tokens each row verifies (see the module docstring).
+
+    policy: "auto" (the cost model), "always" (every proposal whole) or "off" (roots only)."""
 
     def __init__(self, policy: str = "auto", curve_source=None):
         self.policy = policy
         self._curve_source = curve_source  # () -> CostCurve, measured on first need
         self.curve: CostCurve | None = None
-        self.acceptance = PRIOR_ACCEPTANCE
-        self._plain_steps = 0
+        self.q = np.full(1, PRIOR_ACCEPTANCE)  # q[d - 1]: chance of depth d after depth d - 1 was accepted
+        self._shadows: dict[object, list[Shadow]] = {}
         self.drafted_steps = 0
         self.plain_steps = 0
+        self.rows = 0  # token rows of the steps (sequences x T)
+        self.padded_rows = 0  # of which padding
 
-    def draft(self, sizes: list[int]) -> bool:
-        """Whether this step verifies proposals of `sizes` tokens (one per row) rather than the roots alone."""
-        longest = max(sizes)
-        if longest <= 1 or self.policy == "always":
-            return longest > 1
-        if self.policy == "off":
-            return False
-        if len(sizes) == 1:
-            # one sequence: a few more rows of a CPU call cost little (SmolLM2: 1.15x for 6 more), every mode's
-            # measured batch-1 speed-up stands (docs/benchmarks), and nothing is measured before the first tokens
-            return True
+    def expected(self, depth: int) -> float:
+        """Tokens a row verifying drafts down to `depth` is expected to give (the bonus token included)."""
+        if depth > len(self.q):
+            self.q = np.concatenate([self.q, np.full(depth - len(self.q), PRIOR_ACCEPTANCE)])
+        return 1.0 + float(np.cumprod(self.q[:depth]).sum())
+
+    def plan(self, shapes: list[Shape]) -> int:
+        """Tokens per row of this step: 1 (roots only) up to the longest proposal."""
+        longest = max(s.size for s in shapes)
+        if self.policy == "off" or longest <= 1:
+            return 1
+        if self.policy == "always" or len(shapes) == 1:
+            return longest
+        candidates = [1] + [t for t in _powers_of_two_upto(longest)[1:-1] if all(s.chain for s in shapes if s.size > t)]
+        candidates.append(longest)
         if self.curve is None:
             self.curve = self._curve_source()
-        b = len(sizes)
-        plain = b / self.curve.cost(b, 1)
-        expected = sum(1.0 + self.acceptance * (n - 1) for n in sizes)
-        drafted = expected / self.curve.cost(b, longest)
-        if drafted >= plain:
-            self._plain_steps = 0
-            return True
-        self._plain_steps += 1
-        return self._plain_steps % EXPLORE_EVERY == 0  # keep the acceptance estimate current
+        costs = self.curve.costs(len(shapes), candidates)
+        rates = [sum(self.expected(s.verified(t)) for s in shapes) / ms for t, ms in zip(candidates, costs)]
+        return candidates[int(np.argmax(rates))]
 
-    def observe(self, sizes: list[int], accepted: list[int]) -> None:
-        """A drafted step's rows: proposal sizes and accepted tokens (bonus included)."""
-        for n, got in zip(sizes, accepted):
-            if n > 1:
-                self.acceptance += EMA * ((got - 1) / (n - 1) - self.acceptance)
+    def observe(self, key, proposal, emitted: list[int]) -> None:
+        """After a step: `proposal` was this sequence's (`key`) proposal before it (verified whole, in part or not at
+        all) and `emitted` the tokens the step accepted for it. Earlier proposals still being compared go on."""
+        shadows = self._shadows.setdefault(key, [])
+        new = Shadow.of(proposal)
+        if new is not None:
+            shadows.append(new)
+        alive = []
+        for shadow in shadows:
+            if any(shadow.feed(token) for token in emitted):
+                self._learn(shadow.matched, shadow.depth)
+            else:
+                alive.append(shadow)
+        self._shadows[key] = alive
 
-    def count(self, drafted: bool) -> None:
-        if drafted:
+    def _learn(self, matched: int, depth: int) -> None:
+        self.expected(depth)  # q covers depth
+        reached = min(matched + 1, depth)
+        hits = np.arange(1, reached + 1) <= matched
+        self.q[:reached] += EMA * (hits - self.q[:reached])
+
+    def forget(self, key) -> None:
+        """The sequence left: its proposals are no longer compared."""
+        self._shadows.pop(key, None)
+
+    def count(self, tokens: int, sizes: list[int]) -> None:
+        """A step of `tokens` tokens per row whose rows verified `sizes` tokens."""
+        if tokens > 1:
             self.drafted_steps += 1
         else:
             self.plain_steps += 1
+        self.rows += tokens * len(sizes)
+        self.padded_rows += sum(tokens - s for s in sizes)

@@ -10,7 +10,7 @@ import pytest
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine, SamplingParams
 from specbuild.runtime.scheduler import Request, Scheduler
-from specbuild.runtime.speculation import CostCurve, Speculation
+from specbuild.runtime.speculation import PRIOR_ACCEPTANCE, CostCurve, Shape, Speculation
 from tests.conftest import ORT_ONLY, quiet
 
 pytestmark = pytest.mark.xdist_group("batching")
@@ -106,6 +106,17 @@ def test_seeded_sampling_ignores_what_was_drafted(mode_engines):
     assert outputs[0] == outputs[1]
 
 
+def test_chains_cut_short_give_the_batch_one_output(mode_engines, monkeypatch):
+    """Steps that verify only the first tokens of the n-gram chains (the cost model's cut) change no token."""
+    monkeypatch.setattr(Speculation, "plan", lambda self, shapes: min(2, max(s.size for s in shapes)))
+    engine = Engine(mode_engines["ngram", "fp32"], threads=1)
+    for temperature in (0.0, 0.9):
+        want = _alone(engine, temperature)
+        scheduler, handles = _batched(engine, temperature, speculation="auto")
+        assert [h.output_ids for h in handles] == want, temperature
+        assert scheduler.speculation.drafted_steps > 0 and scheduler.speculation.padded_rows > 0
+
+
 def test_requests_beyond_the_slots_wait_and_cancelled_ones_free_their_slot(mode_engines):
     engine = Engine(mode_engines["ngram", "fp32"], threads=1)
     want = _alone(engine, 0.0)
@@ -198,7 +209,7 @@ def test_async_stream_with_a_background_scheduler(mode_engines):
         scheduler.submit(Request(PROMPTS[0]))
 
 
-def _curve(ms: dict, step_tokens: int = 8) -> CostCurve:
+def _curve(ms: dict, step_tokens: int = 8, slots: int = 16) -> CostCurve:
     """A cost curve whose measurements are `ms[(b, t)]` (seconds = ms / 1000), counting the calls made."""
     calls = []
 
@@ -206,33 +217,87 @@ def _curve(ms: dict, step_tokens: int = 8) -> CostCurve:
         calls.append((b, t))
         return ms[b, t] / 1000
 
-    curve = CostCurve(run_call, "test", "cpu", step_tokens)
+    curve = CostCurve(run_call, "test", "cpu", step_tokens, slots)
     curve.calls = calls
     return curve
 
 
+def _proposal(tokens: list[int], parents: list[int] | None = None):
+    """A chain of `tokens` (root first), or the tree with these parents (parents[i] of node i + 1)."""
+    from specbuild.runtime.drafter import Proposal
+    from specbuild.tree import Tree
+
+    if parents is None:
+        parents = list(range(len(tokens) - 1))
+    choices, paths = [], {0: ()}
+    for node, parent in enumerate(parents, 1):
+        siblings = sum(1 for p in parents[: node - 1] if p == parent)
+        paths[node] = (*paths[parent], siblings)
+        choices.append(list(paths[node]))
+    return Proposal.from_tree(tokens, Tree.from_choices(choices))
+
+
+CHAIN = {"chain": True}
+
+
 def test_speculation_follows_the_measured_cost(monkeypatch):
-    """Drafting pays where extra rows are cheap (small batches) and not where each row costs its full price."""
+    """Drafting pays where extra rows are cheap (small batches) and not where each row costs its full price; a lone
+    sequence verifies its whole proposal; `off` and `always` ignore the cost."""
     monkeypatch.setenv("SPECBUILD_CACHE_DIR", "off")
-    cheap_rows = _curve({(1, 1): 10.0, (1, 8): 11.0, (16, 1): 20.0, (16, 8): 150.0})
-    policy = Speculation("auto", lambda: cheap_rows)
-    assert policy.draft([8])  # batch 1: 8 rows cost 10 % more, 1 + 0.5 * 7 tokens expected
-    assert not policy.draft([8] * 16)  # batch 16: 7.5x the cost for 4.5x the tokens
-    for _ in range(200):  # every draft accepted, many times over
-        policy.observe([8], [8])
-    assert policy.draft([8] * 16)
-    assert not Speculation("off", lambda: cheap_rows).draft([8])
-    assert Speculation("always", lambda: None).draft([8] * 16)
-    assert not Speculation("auto", lambda: None).draft([1, 1])  # nothing drafted: no cost needed
+    ms = {(b, t): 10.0 + b + (0.2 if b <= 2 else 0.3) * b * (t - 1) for b in (1, 2, 4, 8, 16) for t in (1, 2, 4, 8)}
+    policy = Speculation("auto", lambda: _curve(ms))
+    tree = Shape(8, 3, False)
+    assert policy.plan([tree]) == 8  # alone: no cost measured
+    assert policy.plan([tree] * 2) == 8  # 2 rows: 8 tokens for +23 % of the cost, 1 + 0.5 + 0.25 + 0.125 expected
+    assert policy.plan([tree] * 16) == 1  # 16 rows: each token row costs its full price
+    for _ in range(400):  # every draft accepted, many times over
+        policy.observe("seq", _proposal([1, 2, 3, 4]), [2, 3, 4, 5])
+    assert policy.expected(3) > 3.9 and policy.plan([tree] * 16) == 8
+    assert Speculation("off", lambda: None).plan([tree] * 2) == 1
+    assert Speculation("always", lambda: None).plan([tree] * 16) == 8
+    assert Speculation("auto", lambda: None).plan([Shape(1, 0, True)] * 2) == 1  # nothing drafted: no cost needed
 
 
-def test_call_costs_are_measured_once_per_shape_and_kept(tmp_path, monkeypatch):
+def test_chains_are_verified_as_deep_as_pays(monkeypatch):
+    """Chains can be cut to their first T tokens: with depth 1 almost always accepted and the rest never, T = 2 gives
+    the most tokens per ms; a tree among the rows is verified whole or not at all, so the cut is not offered."""
+    monkeypatch.setenv("SPECBUILD_CACHE_DIR", "off")
+    ms = {(b, t): 10.0 * b * (1 + 0.1 * t) for b in (1, 2, 4) for t in (1, 2, 4, 8)}
+    policy = Speculation("auto", lambda: _curve(ms, slots=4))
+    for _ in range(400):
+        policy.observe("seq", _proposal([1, 2, 3, 4, 5]), [2, 9])
+    assert abs(policy.q[0] - 1) < 1e-3 and policy.q[1] < 1e-3
+    chains = [Shape(8, 7, True), Shape(5, 4, True), Shape(1, 0, True), Shape(8, 7, True)]
+    assert policy.plan(chains) == 2
+    assert policy.plan([*chains[:3], Shape(8, 3, False)]) in (1, 8)
+
+
+def test_shadows_learn_what_verification_would_have_accepted():
+    """A proposal not verified (a plain step) is compared with the tokens its sequence emits next: it counts the
+    drafts along its best-matching path, across steps, until one differs."""
+    policy = Speculation("off")
+    tree = _proposal([0, 5, 6, 7, 8], parents=[0, 0, 1, 2])  # paths 5-7 and 6-8
+    policy.observe("a", tree, [6])  # plain step: 6 matches the second branch
+    assert policy.q[0] == PRIOR_ACCEPTANCE  # not known yet
+    policy.observe("a", _proposal([6]), [8])  # the next plain step: 8 -- the whole path matched
+    assert policy.q[0] > PRIOR_ACCEPTANCE and policy.q[1] > PRIOR_ACCEPTANCE
+    before = policy.q.copy()
+    policy.observe("b", _proposal([0, 1, 2]), [3, 4])  # a drafted step that accepted nothing: known at once
+    assert policy.q[0] < before[0] and policy.q[1] == before[1]
+    policy.observe("c", _proposal([0, 1, 2]), [1])
+    policy.forget("c")  # its sequence left: nothing more learnt from it
+    assert "c" not in policy._shadows
+
+
+def test_call_costs_are_measured_in_turns_on_a_grid_and_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBUILD_CACHE_DIR", str(tmp_path))
-    ms = {(b, t): 10.0 * b + t for b in (1, 2, 3) for t in (1, 2, 4, 6)}
-    curve = _curve(ms, step_tokens=6)
-    assert curve.cost(3, 5) == ms[3, 6]  # 5 tokens per row are priced as the engine's 6 (the next measured count)
-    assert curve.cost(3, 3) == ms[3, 4] and curve.cost(1, 1) == ms[1, 1]
+    ms = {(b, t): 10.0 * b + t for b in (1, 2, 4, 6) for t in (1, 2, 4, 6)}
+    curve = _curve(ms, step_tokens=6, slots=6)
+    assert curve.batch_grid == [1, 2, 4, 6]
+    assert curve.cost(4, 5) == ms[4, 6]  # 5 tokens per row are priced as the engine's 6 (the next measured count)
+    assert curve.costs(3, [1, 3]) == [(ms[2, 1] + ms[4, 1]) / 2, (ms[2, 4] + ms[4, 4]) / 2]  # between grid points
     measured = len(curve.calls)
-    assert curve.cost(3, 6) == ms[3, 6] and len(curve.calls) == measured  # not measured again
-    again = _curve(ms, step_tokens=6)  # another process: from the user cache
-    assert again.cost(3, 4) == ms[3, 4] and again.calls == [] and again.cached
+    assert curve.calls[-4:] == [(4, 1), (4, 4)] * 2  # the token counts of one batch size timed in turns
+    assert curve.cost(4, 6) == ms[4, 6] and len(curve.calls) == measured  # not measured again
+    again = _curve(ms, step_tokens=6, slots=6)  # another process: from the user cache
+    assert again.cost(4, 4) == ms[4, 4] and again.calls == [] and again.cached
