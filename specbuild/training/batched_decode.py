@@ -71,11 +71,12 @@ def decode_batch(
     tail: int = 8,
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
+    keep_features: bool = True,
 ) -> DecodeResult:
     """Greedy (temperature 0) or sampled continuations of `prompts`, with their features (see DecodeResult).
 
     capture: decoder-layer indices whose inputs follow the final hidden state in each feature row (the layer
-    features a mode declares)."""
+    features a mode declares). keep_features=False: ids alone (features are empty lists), nothing kept per step."""
     _check_supported(model.config)
     embed, layers, norm, rotary, lm_head = _layers(model)
     device = embed.weight.device
@@ -114,9 +115,9 @@ def decode_batch(
     position = positions[:, -1:] + 1
     for step in range(max_new_tokens):
         token = torch.where(done, torch.full_like(token, pad_id), token)
-        emitted = token.tolist()
+        emitted, finished = token.tolist(), done.tolist()  # one device sync per step, not one per row
         for row in range(b):
-            if not bool(done[row]):
+            if not finished[row]:
                 gens[row].append(emitted[row])
         done = done | torch.isin(token, eos)
         if bool(done.all()) or step == max_new_tokens - 1:
@@ -126,9 +127,12 @@ def decode_batch(
         feats, hidden = _forward(
             embed, layers, norm, rotary, cache, token[:, None], position, column, valid[:, None, None, :], capture
         )
-        rows.append(feats[:, 0])
+        if keep_features:
+            rows.append(feats[:, 0])
         token = _next(lm_head(hidden[:, 0]), temperature, generator)
         position = position + 1
+    if not keep_features:
+        return DecodeResult(gens, [])
     stacked = torch.stack(rows, dim=1) if rows else features.new_zeros((b, 0, features.shape[-1]))
     out = []
     for row in range(b):
