@@ -1,4 +1,4 @@
-"""The `specbuild` command line: convert, build, run, inspect, prepare-default-model, demo, bench and train.
+"""The `specbuild` command line: convert, build, run, inspect, prepare-default-model, demo, bench, train and corpus.
 
 Every command turns a SpecbuildError into one line `error: <message>` on stderr and exit code 1; a value outside an
 option's choices is a one-line error too (OneLineChoice). Heavy imports happen inside commands, and a command that
@@ -641,6 +641,12 @@ def train(recipe, device):
 
     metrics = run_recipe(recipe, device=device)
     click.echo(json.dumps(metrics, indent=2, default=str))
+
+
+# ---------------------------------------------------------------- corpus
+from specbuild.cli.corpus import corpus  # noqa: E402
+
+cli.add_command(corpus)
 
 
 if __name__ == "__main__":
