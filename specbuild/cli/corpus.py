@@ -4,7 +4,8 @@
   save it, so a host without the sources grows from the same keys;
 - `grow --corpus-dir D [--prompt-pool POOL.npz] [--minutes M] ...`: add the base model's continuations of prompts
   the corpus does not hold yet, a chunk every --chunk-minutes;
-- `show --corpus-dir D`: totals per source and per chunk.
+- `show --corpus-dir D`: totals per source and per chunk;
+- `merge --from D1 --into D2`: append a corpus grown elsewhere to another (renumbered, no key repeated).
 Errors are one line `error: ...` and exit 1, as for every specbuild command.
 """
 
@@ -60,19 +61,31 @@ MODEL_DIR = click.option(
 @click.option("--max", "max_n", type=int, default=None, help="Keep a random subset of this many prompts.")
 @click.option("--max-prompt-tokens", type=int, default=256, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--exclude-corpus",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Leave out the prompts this corpus already holds (for a run that grows a fresh corpus elsewhere).",
+)
 @MODEL_DIR
 @handle_errors
 @needs_extra("train")
-def prompts(out, max_n, max_prompt_tokens, seed, model_dir):
+def prompts(out, max_n, max_prompt_tokens, seed, exclude_corpus, model_dir):
     """Build the prompt pool and save it as a compressed npz of token ids."""
     _positive(max=max_n, max_prompt_tokens=max_prompt_tokens)
     from transformers import AutoTokenizer
 
+    from specbuild.training import corpus as corpus_mod
     from specbuild.training import prompt_pool
 
+    if exclude_corpus is not None and corpus_mod.load_index(exclude_corpus) is None:
+        raise SpecbuildError(f"--exclude-corpus {exclude_corpus}: no corpus index ({corpus_mod.INDEX})")
     tok = AutoTokenizer.from_pretrained(str(_model_dir(model_dir)))
     pool = prompt_pool.build_pool(tok, max_prompt_tokens, seed, log=lambda m: click.echo(m, err=True))
     click.echo(f"pool: {len(pool)} prompts {json.dumps(prompt_pool.source_counts(pool))}")
+    if exclude_corpus is not None:
+        done = corpus_mod.corpus_keys(exclude_corpus)
+        pool = [p for p in pool if p["key"] not in done]
+        click.echo(f"{len(pool)} prompts not in {exclude_corpus}")
     counts = prompt_pool.save_pool(out, pool, len(tok), max_n, seed)
     click.echo(f"wrote {out}: {sum(counts.values())} prompts {json.dumps(counts)}, {out.stat().st_size} bytes")
 
@@ -152,3 +165,18 @@ def show(corpus_dir, as_json):
     for c in index["chunks"]:
         click.echo(f"  {c['file']}: {c['sequences']} seqs, {c['generated_tokens']} gen tokens, "
                    f"{c.get('tokens_per_s')} tok/s, {c.get('hardware')}, {c.get('created')}")  # fmt: skip
+
+
+@corpus.command()
+@click.option("--from", "src", required=True, type=click.Path(path_type=Path, file_okay=False), help="Grown corpus.")
+@click.option(
+    "--into", "dst", required=True, type=click.Path(path_type=Path, file_okay=False), help="Corpus to extend."
+)
+@handle_errors
+def merge(src, dst):
+    """Append the chunks of a corpus grown elsewhere (e.g. on a GPU host) to another, renumbered."""
+    from specbuild.training import corpus as corpus_mod
+
+    for entry in corpus_mod.merge(src, dst):
+        click.echo(f"{entry['merged_from']} -> {entry['file']}: {entry['sequences']} sequences")
+    click.echo(json.dumps(corpus_mod.totals(dst), indent=1))

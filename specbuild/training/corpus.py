@@ -12,7 +12,8 @@ A prompt pool (`prompt_pool`) is the same layout without generations (prompt_len
 index.json: the format version, the base model (name and the sha256 of the file its weights came from) and one
 entry per chunk (file, counts, settings, hardware, seconds, tokens/s, created). A chunk is written to a temporary
 file and renamed, then the index is rewritten the same way: an interrupted write leaves the corpus as it was (at
-worst an orphan chunk file the index does not list, which the next write replaces).
+worst an orphan chunk file the index does not list, which the next write replaces). `merge` appends the chunks
+of a corpus grown elsewhere.
 """
 
 from __future__ import annotations
@@ -225,3 +226,24 @@ def totals(corpus_dir: str | Path) -> dict:
         "seconds": round(sum(c.get("seconds", 0.0) for c in chunks), 1),
         "sources": dict(sorted(sources.items())),
     }
+
+
+COUNT_FIELDS = ("file", "sequences", "prompt_tokens", "generated_tokens", "sources")
+
+
+def merge(src_dir: str | Path, dst_dir: str | Path) -> list[dict]:
+    """Append every chunk of the corpus at `src_dir` (grown elsewhere, e.g. on a GPU host) to the corpus at
+    `dst_dir` (created where there is none), renumbered, with its settings and lineage; sequences whose key
+    `dst_dir` already holds are left out. Returns the new index entries."""
+    src = load_index(src_dir)
+    if src is None:
+        raise SpecbuildError(f"{src_dir}: no corpus index ({INDEX})")
+    open_corpus(dst_dir, src["base_model"], src["vocab_size"])
+    added = []
+    for entry, arrays in iter_chunks(src_dir):
+        seen = corpus_keys(dst_dir)
+        records = [r for r in unpack(arrays) if r["key"] not in seen]
+        if records:
+            info = {k: v for k, v in entry.items() if k not in COUNT_FIELDS}
+            added.append(append_chunk(dst_dir, records, {**info, "merged_from": entry["file"]}))
+    return added

@@ -247,3 +247,20 @@ def test_cli_grows_from_a_saved_pool_and_shows_it(tmp_path, tiny):
     assert shown.exit_code == 0 and "5 sequences" in shown.output and "chunk-0000.npz" in shown.output
     index = corpus.load_index(tmp_path / "c")
     assert index["base_model"]["file"] == "model.safetensors" and len(index["base_model"]["sha256"]) == 64
+
+
+def test_a_corpus_grown_elsewhere_merges_renumbered_without_repeats(tmp_path):
+    for name, seeds in (("here", (0,)), ("gpu", (1, 0, 2))):
+        corpus.open_corpus(tmp_path / name, BASE, VOCAB)
+        for seed in seeds:
+            corpus.append_chunk(tmp_path / name, _records(3, seed), {"hardware": name, "seconds": 1.0})
+    result = CliRunner().invoke(
+        cli, ["corpus", "merge", "--from", str(tmp_path / "gpu"), "--into", str(tmp_path / "here")]
+    )
+    assert result.exit_code == 0, result.output
+    index = corpus.load_index(tmp_path / "here")
+    assert [c["file"] for c in index["chunks"]] == ["chunk-0000.npz", "chunk-0001.npz", "chunk-0002.npz"]
+    assert [c.get("merged_from") for c in index["chunks"]] == [None, "chunk-0000.npz", "chunk-0002.npz"]
+    assert index["chunks"][1]["hardware"] == "gpu"
+    got = list(corpus.iter_sequences(tmp_path / "here"))
+    assert got == _as_read(_records(3, 0) + _records(3, 1) + _records(3, 2))
