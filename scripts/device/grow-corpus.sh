@@ -29,7 +29,9 @@ stash() {
     [ -f "$d/part" ] && cp "$d/part" "$STASH/$(basename "$d")" && echo "stashed $d/part ($(stat -c %s "$d/part") bytes)"
   done
   [ -f .device/SHA256 ] && cp .device/SHA256 "$STASH/SHA256"
+  [ -f "$pool" ] && cp "$pool" "$STASH/pool.npz" && echo "stashed $pool"  # either call may carry the pool
   ls -l "$STASH"
+  return 0
 }
 
 check_host() {
@@ -56,8 +58,9 @@ reassemble() {
 grow() {
   local minutes=${1:-6} batch=${2:-512} probe=()
   if [ "$batch" = probe ]; then batch=512; probe=(--probe); fi
-  [ -f "$pool" ] || { echo "error: no prompt pool at $pool (carry .device/pool)"; exit 1; }
   stash
+  pool=$STASH/pool.npz
+  [ -f "$pool" ] || { echo "error: no prompt pool (carry .device/pool in call 1 or 2)"; exit 1; }
   reassemble
   if compgen -G ".whl/*.whl" > /dev/null; then
     "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
