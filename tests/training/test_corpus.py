@@ -264,3 +264,19 @@ def test_a_corpus_grown_elsewhere_merges_renumbered_without_repeats(tmp_path):
     assert index["chunks"][1]["hardware"] == "gpu"
     got = list(corpus.iter_sequences(tmp_path / "here"))
     assert got == _as_read(_records(3, 0) + _records(3, 1) + _records(3, 2))
+
+
+def test_dropping_ended_rows_from_the_batch_keeps_every_row_s_ids(tiny):
+    from collections import Counter
+
+    from specbuild.training.batched_decode import decode_batch
+
+    model = tiny[0]
+    rng = random.Random(5)
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randrange(1, 12))] for _ in range(24)]
+    free = decode_batch(model, prompts, 12, set(), 0).gens
+    eos = {t for t, _ in Counter(t for g in free for t in g[:6]).most_common(3)}  # rows end at different steps
+    full = decode_batch(model, prompts, 12, eos, 0)  # features kept: no row is dropped
+    slim = decode_batch(model, prompts, 12, eos, 0, keep_features=False)
+    assert slim.gens == full.gens and slim.features == []
+    assert len({len(g) for g in full.gens}) > 3  # several end steps, so the batch shrank several times
