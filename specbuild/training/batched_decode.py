@@ -71,11 +71,13 @@ def decode_batch(
     tail: int = 8,
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
+    keep_features: bool = True,
 ) -> DecodeResult:
     """Greedy (temperature 0) or sampled continuations of `prompts`, with their features (see DecodeResult).
 
     capture: decoder-layer indices whose inputs follow the final hidden state in each feature row (the layer
-    features a mode declares)."""
+    features a mode declares). keep_features=False: ids alone (features are empty lists), nothing kept per step,
+    and rows that ended are dropped from the batch (cache included) once a quarter of the rows left have ended."""
     _check_supported(model.config)
     embed, layers, norm, rotary, lm_head = _layers(model)
     device = embed.weight.device
@@ -112,23 +114,34 @@ def decode_batch(
     done = torch.zeros(b, dtype=torch.bool, device=device)
     eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
     position = positions[:, -1:] + 1
+    live = list(range(b))  # the prompt index of each row still in the batch
     for step in range(max_new_tokens):
         token = torch.where(done, torch.full_like(token, pad_id), token)
-        emitted = token.tolist()
-        for row in range(b):
-            if not bool(done[row]):
-                gens[row].append(emitted[row])
+        emitted, finished = token.tolist(), done.tolist()  # one device sync per step, not one per row
+        for i, row in enumerate(live):
+            if not finished[i]:
+                gens[row].append(emitted[i])
         done = done | torch.isin(token, eos)
-        if bool(done.all()) or step == max_new_tokens - 1:
+        ended = [f or e in eos_ids for f, e in zip(finished, emitted)]
+        if all(ended) or step == max_new_tokens - 1:
             break
+        if not keep_features and 4 * sum(ended) >= len(live):
+            keep = [i for i, e in enumerate(ended) if not e]
+            index = torch.tensor(keep, device=device)
+            cache = [(k.index_select(0, index), v.index_select(0, index)) for k, v in cache]
+            valid, position, token, done = valid[index], position[index], token[index], done[index]
+            live = [live[i] for i in keep]
         column = p + step
         valid[:, column] = True
         feats, hidden = _forward(
             embed, layers, norm, rotary, cache, token[:, None], position, column, valid[:, None, None, :], capture
         )
-        rows.append(feats[:, 0])
+        if keep_features:
+            rows.append(feats[:, 0])
         token = _next(lm_head(hidden[:, 0]), temperature, generator)
         position = position + 1
+    if not keep_features:
+        return DecodeResult(gens, [])
     stacked = torch.stack(rows, dim=1) if rows else features.new_zeros((b, 0, features.shape[-1]))
     out = []
     for row in range(b):

@@ -137,27 +137,37 @@ def stub_prompts(
             break
         taken = 0
         for f in funcs:
-            doc = ast.get_docstring(f)
-            if doc is None or f.name.startswith("__") or len(doc) < 30 or taken >= per_file:
+            if taken >= per_file:
                 continue
-            doc_node = f.body[0]
-            if doc_node.end_lineno - doc_node.lineno + 1 > max_doc_lines:
+            text = stub_text(lines, f, rng, max_doc_lines)
+            if text is None:
                 continue
-            text = textwrap.dedent("\n".join(lines[f.lineno - 1 : doc_node.end_lineno])) + "\n"
-            n_sig = doc_node.lineno - f.lineno  # signature lines (decorators are not included)
-            sig = "\n".join(text.split("\n")[:n_sig])
-            text = SELF_ARG.sub(lambda m: "(" if m.group(2).startswith(",") else "()", sig, count=1) + text[len(sig) :]
-            try:
-                ast.parse(text + "    pass\n")
-            except SyntaxError:
-                continue
-            used = [t for t in TYPING_NAMES if re.search(rf"\b{t}\[", sig)]
-            header = f"from typing import {', '.join(used)}\n\n\n" if used else ("\n" if rng.random() < 0.5 else "")
-            out.append(header + text)
+            out.append(text)
             taken += 1
             if len(out) >= n:
                 break
     return out
+
+
+def stub_text(lines: list[str], f, rng: random.Random, max_doc_lines: int = 16) -> str | None:
+    """The stub of function node `f` (see stub_prompts), or None where it has no usable docstring."""
+    doc = ast.get_docstring(f)
+    if doc is None or f.name.startswith("__") or len(doc) < 30:
+        return None
+    doc_node = f.body[0]
+    if doc_node.end_lineno - doc_node.lineno + 1 > max_doc_lines:
+        return None
+    text = textwrap.dedent("\n".join(lines[f.lineno - 1 : doc_node.end_lineno])) + "\n"
+    n_sig = doc_node.lineno - f.lineno  # signature lines (decorators are not included)
+    sig = "\n".join(text.split("\n")[:n_sig])
+    text = SELF_ARG.sub(lambda m: "(" if m.group(2).startswith(",") else "()", sig, count=1) + text[len(sig) :]
+    try:
+        ast.parse(text + "    pass\n")
+    except SyntaxError:
+        return None
+    used = [t for t in TYPING_NAMES if re.search(rf"\b{t}\[", sig)]
+    header = f"from typing import {', '.join(used)}\n\n\n" if used else ("\n" if rng.random() < 0.5 else "")
+    return header + text
 
 
 def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
@@ -233,7 +243,12 @@ def humaneval_prompts(n: int | None = None) -> list[str]:
 
 
 def chat_wrap(tok, text: str) -> list[int]:
-    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    return chat_wrap_messages(tok, [{"role": "user", "content": text}])
+
+
+def chat_wrap_messages(tok, messages: list[dict]) -> list[int]:
+    """The chat-template ids of `messages` ({role, content}) followed by the assistant's turn opening."""
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return list(ids)
