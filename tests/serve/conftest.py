@@ -58,6 +58,7 @@ class ServerProcess:
     """`python -m specbuild.cli.main serve` in a subprocess (its output in a log file)."""
 
     def __init__(self, engine_dir: Path, log_file: Path, *args: str):
+        self.model = engine_dir.name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_file = log_file

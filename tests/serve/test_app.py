@@ -45,6 +45,15 @@ def test_greedy_chat_and_completion_give_the_engines_text(none_server, reference
     assert completion.usage.completion_tokens == len(want_text.output_ids)
 
 
+def test_a_speculative_engine_serves_the_none_engines_text(ngram_server, reference_engine):
+    """Lossless: the ngram engine's greedy text over HTTP is the none engine's."""
+    want = reference_engine.generate(prompt="abcabcabcabc", chat=True, max_new_tokens=60)
+    got = ngram_server.client().chat.completions.create(
+        model=ngram_server.model, messages=[{"role": "user", "content": "abcabcabcabc"}], max_tokens=60, temperature=0
+    )
+    assert got.choices[0].message.content == want.text
+
+
 def test_stop_strings_end_the_text_before_them(none_server, reference_engine):
     full = reference_engine.generate(prompt=PROMPTS[0], max_new_tokens=40).text
     stop = full[10:12]
