@@ -42,14 +42,11 @@ def create_app(state, lifespan=None) -> Starlette:
 
 
 async def health(request: HTTPRequest) -> Response:
-    state = request.app.state.server
-    if state.ready:
-        return JSONResponse({"status": "ok"})
     try:
-        state.check_ready()
+        request.app.state.server.check_ready()
     except APIError as exc:
         return exc.response()
-    return APIError(503, "the server is not ready").response()
+    return JSONResponse({"status": "ok"})
 
 
 async def metrics(request: HTTPRequest) -> Response:
@@ -93,7 +90,7 @@ async def _generate(request: HTTPRequest, parse) -> Response:
         return Response(status_code=499)  # nobody reads it: the client has gone
     finished.result()  # raises the request's APIError
     result = generation.result()
-    return JSONResponse(responses.complete(result.text or "", generation.finish_reason, generation.usage()))
+    return JSONResponse(responses.complete(result.text or "", generation.finish_reason, generation.usage(result)))
 
 
 async def _run(generation: Generation) -> None:

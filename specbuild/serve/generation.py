@@ -42,8 +42,8 @@ class Generation:
     def result(self):
         return self.engine.result(self.handle)
 
-    def usage(self) -> dict:
-        result = self.result()
+    def usage(self, result) -> dict:
+        """The usage of the finished request's GenerationResult."""
         return usage(result.prompt_tokens, len(result.output_ids), result.mean_accepted_tokens)
 
     def record(self) -> None:

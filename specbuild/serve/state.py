@@ -45,10 +45,6 @@ class ServerState:
         self.scheduler = scheduler.start()
         return True
 
-    @property
-    def ready(self) -> bool:
-        return self.scheduler is not None and self.scheduler.running_in_background and not self.draining
-
     def check_ready(self) -> None:
         """An APIError (503) unless the server takes requests now."""
         if self.draining:

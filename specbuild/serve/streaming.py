@@ -26,12 +26,13 @@ async def events(generation: Generation, responses: Responses, include_usage: bo
             text = deltas.update(list(handle.output_ids))
             if text:
                 yield responses.chunk(text)
-        text = deltas.finish(generation.result().text or "")
+        result = generation.result()
+        text = deltas.finish(result.text or "")
         if text:
             yield responses.chunk(text)
         yield responses.chunk(finish_reason=generation.finish_reason)
         if include_usage:
-            yield responses.usage_chunk(generation.usage())
+            yield responses.usage_chunk(generation.usage(result))
     except APIError as exc:
         metrics.error(exc.status)
         yield exc.sse()
