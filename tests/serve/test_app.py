@@ -179,3 +179,20 @@ def test_metrics_count_requests_tokens_latency_and_drafts(ngram_server, serve_en
     assert drafts > 0 and draft_tokens >= drafts and 0 <= accepted <= draft_tokens
     assert ngram_server.metric("specbuild:spec_decode_num_accepted_tokens_per_pos_total") == accepted
     assert ngram_server.metric("specbuild:request_errors_total") >= 0
+
+
+def test_a_burst_of_connections_is_served_or_refused_and_the_server_keeps_serving(none_server):
+    """300 requests at once on 16 slots and 64 waiting places: each is answered, 200 or 429."""
+
+    async def burst():
+        limits = httpx.Limits(max_connections=300, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+            body = {"model": none_server.model, "prompt": "burst", "max_tokens": 20, "temperature": 0}
+            replies = await asyncio.gather(
+                *(client.post(none_server.url + "/v1/completions", json=body) for _ in range(300))
+            )
+        return [r.status_code for r in replies]
+
+    statuses = asyncio.run(burst())
+    assert set(statuses) <= {200, 429} and 200 in statuses
+    assert none_server.health().status_code == 200
