@@ -78,7 +78,7 @@ async def _generate(request: HTTPRequest, parse) -> Response:
     generation = Generation(state, handle)
     responses = Responses(wanted.chat, state.model_name)
     if wanted.stream:
-        stream = streaming.events(generation, responses, wanted.include_usage, state.metrics)
+        stream = streaming.events(generation, responses, wanted.include_usage)
         return StreamingResponse(stream, media_type="text/event-stream", headers=streaming.SSE_HEADERS)
     finished = asyncio.ensure_future(_run(generation))
     gone = asyncio.ensure_future(_disconnected(request))

@@ -15,7 +15,7 @@ from specbuild.serve.text_deltas import TextDeltas
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def events(generation: Generation, responses: Responses, include_usage: bool, metrics):
+async def events(generation: Generation, responses: Responses, include_usage: bool):
     """The request's SSE events (an async generator of str)."""
     handle = generation.handle
     deltas = TextDeltas(generation.engine.codec, handle.request.stop)
@@ -34,7 +34,7 @@ async def events(generation: Generation, responses: Responses, include_usage: bo
         if include_usage:
             yield responses.usage_chunk(generation.usage(result))
     except APIError as exc:
-        metrics.error(exc.status)
+        generation.metrics.error(exc.status)
         yield exc.sse()
     finally:
         generation.abandon()  # cancels it unless it finished (the client went away mid-stream)
