@@ -1,8 +1,8 @@
 """Package metadata for specbuild.
 
 `pip install specbuild` installs what running and inspecting an engine needs (the runtime: numpy + ONNX Runtime).
-Building, training and benchmarking against other stacks are extras; a command whose extra is missing says which
-one to install (specbuild/cli/extras.py).
+Building, training, serving and benchmarking against other stacks are extras; a command whose extra is missing says
+which one to install (specbuild/cli/extras.py).
 """
 
 from setuptools import find_packages, setup
@@ -29,6 +29,7 @@ BUILD = [
 ]
 TRAIN = BUILD  # training reads the base model through transformers and converts and builds what it trained
 TRT = ["tensorrt", "polygraphy"]
+SERVE = ["starlette>=0.40", "uvicorn>=0.30", "prometheus-client>=0.20"]
 BENCH = ["matplotlib", "onnxruntime-genai>=0.18", "openvino-genai"]
 DEV = [
     *BUILD,
@@ -40,6 +41,9 @@ DEV = [
     "ruff",
     "onnxruntime-genai>=0.18",
     "matplotlib",
+    *SERVE,
+    "openai",  # tests/serve: the client against a real server
+    "httpx",
 ]
 
 setup(
@@ -50,6 +54,6 @@ setup(
     package_data={"specbuild": ["data/*.yaml", "data/heads/*/*"]},
     python_requires=">=3.10",
     install_requires=RUNTIME,
-    extras_require={"build": BUILD, "train": TRAIN, "trt": TRT, "bench": BENCH, "dev": DEV},
+    extras_require={"build": BUILD, "train": TRAIN, "trt": TRT, "bench": BENCH, "serve": SERVE, "dev": DEV},
     entry_points={"console_scripts": ["specbuild=specbuild.cli.main:cli"]},
 )

@@ -114,6 +114,7 @@ def test_base_install_runs_and_inspects_without_torch(tmp_path):
         (["demo"], "build"),
         (["prepare-default-model"], "build"),
         (["train", "--recipe", __file__], "train"),
+        (["serve", "--engine-dir", "e"], "serve"),
     ],
 )
 def test_a_command_names_its_missing_extra(monkeypatch, tmp_path, args, extra):

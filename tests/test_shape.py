@@ -2,8 +2,8 @@
 - no step-graph I/O name (the string values engine_format.py declares for the graphs' inputs, outputs and states)
   is written as a string literal anywhere in specbuild/ but engine_format.py: code names them `ef.NAME`. A plugin's
   own declared names (e.g. eagle's DRAFT_KV) are not engine_format's and may be written where they are declared;
-- the runtime (specbuild/runtime) imports neither torch, the builder nor training, even inside functions (the import
-  at run time is checked in tests/runtime/test_imports.py).
+- the runtime (specbuild/runtime) and the server (specbuild/serve) import neither torch, the builder nor training,
+  even inside functions (the runtime's import at run time is checked in tests/runtime/test_imports.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ HOMONYMS = {
     ("input_ids", "specbuild/training/*.py"): "the Hugging Face tokenizer's output key",
     ("temperature", "specbuild/training/*.py"): "a training recipe key",
     ("window", "specbuild/inspect.py"): "the sliding-window attention field of inspect's checkpoint report",
+    ("temperature", "specbuild/serve/*.py"): "an OpenAI request field",
+    ("top_p", "specbuild/serve/*.py"): "an OpenAI request field",
+    ("top_k", "specbuild/serve/*.py"): "an OpenAI request field (an extension, as vLLM's)",
 }
 
 
@@ -103,10 +106,10 @@ def test_no_step_graph_io_name_is_a_string_literal_outside_engine_format():
     assert offenders == [], "use the engine_format constants (ef.NAME):\n" + "\n".join(offenders)
 
 
-def test_the_runtime_imports_neither_torch_nor_the_builder_nor_training():
+def test_the_runtime_and_the_server_import_neither_torch_nor_the_builder_nor_training():
     offenders = [
         f"{path.relative_to(ROOT.parent)}:{line}: import {module}"
-        for path in sorted((ROOT / "runtime").rglob("*.py"))
+        for path in sorted([*(ROOT / "runtime").rglob("*.py"), *(ROOT / "serve").rglob("*.py")])
         for line, module in imported_modules(path)
         if any(module == bad or module.startswith(bad + ".") for bad in RUNTIME_MUST_NOT_IMPORT)
     ]

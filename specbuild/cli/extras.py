@@ -17,6 +17,7 @@ from specbuild.errors import SpecbuildError
 EXTRA_MODULES = {
     "build": ("torch", "transformers", "onnxscript", "safetensors"),
     "train": ("torch", "transformers", "onnxscript", "safetensors"),
+    "serve": ("starlette", "uvicorn", "prometheus_client"),
 }
 
 

@@ -1,4 +1,5 @@
-"""The `specbuild` command line: convert, build, run, inspect, prepare-default-model, demo, bench, train and corpus.
+"""The `specbuild` command line: convert, build, run, serve, inspect, prepare-default-model, demo, bench, train and
+corpus.
 
 Every command turns a SpecbuildError into one line `error: <message>` on stderr and exit code 1; a value outside an
 option's choices is a one-line error too (OneLineChoice). Heavy imports happen inside commands, and a command that
@@ -337,6 +338,32 @@ def run(
     if not engine.lossless and engine.manifest.get("lossless", True):
         click.echo(f"warning: this run is LOSSY (--allow-lossy), {engine.exactness.verified}", err=True)
     generate_and_print(engine, prompt, ids, max_new_tokens, sampling, chat, as_json)
+
+
+# ---------------------------------------------------------------- serve
+@cli.command()
+@click.option("--engine-dir", required=True, type=click.Path(path_type=Path), help="Engine directory.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--threads", type=int, help="Intra-op threads for ONNX Runtime.")
+@click.option(
+    "--max-queue",
+    type=int,
+    default=64,
+    show_default=True,
+    help="Requests that may wait for a KV slot; more are refused (429).",
+)
+@click.option("--max-batch-size", type=int, help="KV slots to use (default: the engine's limits.max_batch_size).")
+@click.option("--model-name", help="The model id clients send (default: the engine directory's name).")
+@click.option("--allow-lossy", is_flag=True, help=ALLOW_LOSSY_HELP)
+@handle_errors
+@needs_extra("serve")
+def serve(engine_dir, host, port, threads, max_queue, max_batch_size, model_name, allow_lossy):
+    """Serve an engine over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, streaming),
+    with /health and Prometheus /metrics; SIGINT/SIGTERM stop it within seconds."""
+    from specbuild.serve.server import run_server
+
+    run_server(engine_dir, host, port, threads, max_queue, max_batch_size, model_name, allow_lossy)
 
 
 # ---------------------------------------------------------------- inspect

@@ -65,7 +65,8 @@ class Handle:
         self.request = request
         self.scheduler = scheduler
         self.output_ids: list[int] = []
-        self.accepted_per_step: list[int] = []
+        self.accepted_per_step: list[int] = []  # tokens each decode step accepted (drafts + the bonus token)
+        self.drafted_per_step: list[int] = []  # draft tokens each decode step verified
         self.stop_reason: str | None = None
         self.error: BaseException | None = None
         self.arrival = time.perf_counter()
@@ -376,7 +377,8 @@ class Scheduler:
             return
         for seq, proposal, result in zip(sequences, proposals, results):
             self.speculation.observe(id(seq), proposal, result.tokens)
-        for handle, result in zip(handles, results):
+        for handle, call, result in zip(handles, calls, results):
+            handle.drafted_per_step.append(call.size - 1)
             handle.accepted_per_step.append(len(result.tokens))
             handle._emit(result.tokens, self.engine.eos_ids, self._codec(handle))
             if handle.stop_reason is not None:

@@ -21,14 +21,18 @@ class TextCodec:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat(self, user_message: str, system: str | None = None) -> str:
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": user_message}
+        ]
+        return self.render_chat(messages)
+
+    def render_chat(self, messages: list[dict]) -> str:
+        """The chat template over a conversation ({"role", "content"} dicts), ready for the assistant's reply."""
         if not self.chat_template:
             raise SpecbuildError("this engine's tokenizer has no chat template; run without --chat")
         import jinja2
 
         env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-        messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": user_message}
-        ]
         return env.from_string(self.chat_template).render(messages=messages, add_generation_prompt=True)
 
     def stream(self):
