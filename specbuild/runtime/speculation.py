@@ -11,7 +11,8 @@ interpolated; kept in the user cache.
 Each step the scheduler has one proposal per running sequence; rows are padded to the step's T. `Speculation.plan`
 picks T: 1 (plain decoding through the same graph), the longest proposal, or a power of two in between when the
 longer proposals are chains (a chain's first T tokens are a proposal of their own; a tree is verified whole or not at
-all). It takes the T with the most expected tokens per millisecond. A row verifying a chain or tree of depth D is
+all). It takes the T with the most expected tokens per millisecond, a T > 1 only where that beats plain decoding by
+DRAFT_MARGIN. A row verifying a chain or tree of depth D is
 expected to give 1 + sum_j prod_{d<=j} q_d tokens, q_d being the learnt chance that the draft at depth d is accepted
 once the ones above it were. q is learnt from every proposal, verified or not: each is compared with the tokens the
 sequence then emits (its `Shadow`), which is exactly what verifying it would have accepted -- greedy, and sampled
@@ -41,6 +42,10 @@ EMA = 0.02  # weight of one observation in the running chances
 WARMUP = 3  # rounds of a new batch size before it is timed: ONNX Runtime's first calls of a shape are slower
 REPEATS = 5
 COST_CONTEXT = 256  # cached positions of every sequence in a timed call
+# a step drafts only where that is expected to give this many times the tokens per ms of plain decoding: what the
+# curve does not see (committing drafted rows, a drafter's host work, the spread of the measurement) must not turn
+# an expected small gain into a loss (measured: 1.0 cost 3-8 % at C=4-16 on SmolLM2's n-gram engines)
+DRAFT_MARGIN = 1.1
 
 
 def _powers_of_two_upto(limit: int) -> list[int]:
@@ -216,7 +221,8 @@ class Speculation:
             self.curve = self._curve_source()
         costs = self.curve.costs(len(shapes), candidates)
         rates = [sum(self.expected(s.verified(t)) for s in shapes) / ms for t, ms in zip(candidates, costs)]
-        return candidates[int(np.argmax(rates))]
+        best = 1 + int(np.argmax(rates[1:]))
+        return candidates[best] if rates[best] >= DRAFT_MARGIN * rates[0] else 1
 
     def observe(self, key, proposal, emitted: list[int]) -> None:
         """After a step: `proposal` was this sequence's (`key`) proposal before it (verified whole, in part or not at
