@@ -47,7 +47,7 @@ def test_rows_read_aiperf_metrics_in_milliseconds_and_compare_with_the_baseline(
     assert rows[1]["acceptance_length"] == pytest.approx(2.5) and rows[0]["acceptance_length"] is None
     table = markdown_table(rows, "none").splitlines()
     assert len(table) == 4 and "| eagle3 | eagle3 | 4 | 8 (0) | 150.0 | 1.50x |" in table[3]
-    assert table[3].endswith("| 2.50 |") and table[2].endswith("| - |")  # `none` never drafts
+    assert table[3].endswith("| 2.50 (10) |") and table[2].endswith("| - |")  # `none` never drafts
 
 
 def test_spec_decode_counters_are_counted_over_the_run():

@@ -75,10 +75,15 @@ def _percentiles(stats: dict) -> str:
     return " / ".join(_num(stats[s], 0 if (stats[s] or 0) >= 100 else 1) for s in ("p50", "p90", "p99"))
 
 
+def _acceptance(row: dict) -> str:
+    drafts = row["spec_decode"]["drafts"]
+    return f"{_num(row['acceptance_length'], 2)} ({drafts})" if drafts else "-"
+
+
 def markdown_table(rows: list[dict], baseline: str | None) -> str:
     header = [
         "engine", "mode", "C", "requests (errors)", "output tok/s", f"vs {baseline or '-'}", "tok/s per user",
-        "TTFT ms p50/p90/p99", "ITL ms p50/p90/p99", "latency ms p50/p90/p99", "ISL", "OSL", "accept len",
+        "TTFT ms p50/p90/p99", "ITL ms p50/p90/p99", "latency ms p50/p90/p99", "ISL", "OSL", "accept len (drafts)",
     ]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in sorted(rows, key=lambda r: r["concurrency"]):  # engines in their given order
@@ -87,7 +92,7 @@ def markdown_table(rows: list[dict], baseline: str | None) -> str:
             _num(r["output_tokens_per_s"]), _num(r.get("vs_baseline"), 2) + ("x" if r.get("vs_baseline") else ""),
             _num(r["output_tokens_per_s_per_user"]), _percentiles(r["ttft_ms"]), _percentiles(r["itl_ms"]),
             _percentiles(r["latency_ms"]), _num(r["input_tokens_mean"], 0), _num(r["output_tokens_mean"], 1),
-            _num(r["acceptance_length"], 2),
+            _acceptance(r),
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
