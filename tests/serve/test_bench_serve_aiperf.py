@@ -1,0 +1,33 @@
+"""scripts/bench-serve.sh's driver end to end: AIPerf against real `specbuild serve` processes on the tiny engines.
+Slow and needs AIPerf (not installed by the test venv): skipped unless SPECBUILD_AIPERF names an aiperf executable,
+e.g. SPECBUILD_AIPERF=.aiperf-venv/bin/aiperf after one run of scripts/bench-serve.sh."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from specbuild.bench_serve.run import Settings, run_benchmark
+
+AIPERF = os.environ.get("SPECBUILD_AIPERF")
+pytestmark = [
+    pytest.mark.xdist_group("serve"),
+    pytest.mark.skipif(not AIPERF, reason="slow, needs AIPerf: set SPECBUILD_AIPERF to an aiperf executable"),
+]
+
+
+def test_aiperf_measures_none_and_ngram_at_two_concurrencies(serve_engines, tmp_path):
+    engines = [serve_engines["none"], serve_engines["ngram"]]
+    settings = Settings(engines, [1, 2], requests=4, output_tokens=16, prompts="synthetic:16", out_dir=tmp_path,
+                        aiperf=AIPERF, threads=1)  # fmt: skip
+    report = run_benchmark(settings, log=lambda line: None)
+    rows = report["rows"]
+    assert [(r["engine"], r["concurrency"]) for r in rows] == [("none", 1), ("none", 2), ("ngram", 1), ("ngram", 2)]
+    for row in rows:  # the tiny engines have no EOS token: every request runs to its max tokens
+        assert row["requests"] == 4 and row["errors"] == 0 and row["output_tokens_mean"] == 16
+        assert row["output_tokens_per_s"] > 0 and row["ttft_ms"]["p50"] > 0 and row["itl_ms"]["p50"] > 0
+    assert rows[0]["acceptance_length"] is None  # `none` never drafts
+    assert json.loads((tmp_path / "summary.json").read_text())["rows"] == json.loads(json.dumps(rows))
+    assert len(report["commands"]) == 6 and "| ngram | ngram | 2 | 4 (0) |" in (tmp_path / "summary.md").read_text()
