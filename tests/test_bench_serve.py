@@ -33,12 +33,10 @@ def export(tokens_per_s: float, ttft_ns: float) -> dict:
 
 
 def test_rows_read_aiperf_metrics_in_milliseconds_and_compare_with_the_baseline():
-    no_drafts = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+    no_drafts = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
     rows = [
         summary_row("none", "none", 4, export(100.0, 2e6), no_drafts),
-        summary_row(
-            "eagle3", "eagle3", 4, export(150.0, 3e6), {"drafts": 10, "draft_tokens": 40, "accepted_tokens": 15}
-        ),
+        summary_row("eagle3", "eagle3", 4, export(150.0, 3e6), {"drafts": 10, "draft_tokens": 40, "accepted": 15}),
     ]
     speedups(rows, "none")
     assert rows[0]["requests"] == 8 and rows[0]["errors"] == 0
@@ -51,9 +49,9 @@ def test_rows_read_aiperf_metrics_in_milliseconds_and_compare_with_the_baseline(
 
 
 def test_spec_decode_counters_are_counted_over_the_run():
-    drafts, accepted = SPEC_COUNTERS["drafts"], SPEC_COUNTERS["accepted_tokens"]
+    drafts, accepted = SPEC_COUNTERS["drafts"], SPEC_COUNTERS["accepted"]
     counts = spec_decode_counts({drafts: 10.0, accepted: 15.0}, {drafts: 20.0, accepted: 30.0})
-    assert counts == {"drafts": 10, "draft_tokens": 0, "accepted_tokens": 15}
+    assert counts == {"drafts": 10, "draft_tokens": 0, "accepted": 15}
     text = '# HELP x\nspecbuild:spec_decode_num_drafts_total 3.0\na_total{position="0"} 1.0\na_total{position="1"} 2\n'
     assert metric_sums(text) == {drafts: 3.0, "a_total": 3.0}
 

@@ -46,7 +46,7 @@ def aiperf_command(
         "--random-seed", "0",
         *dataset_args,
         "--output-artifact-dir", str(artifact_dir),
-        "--ui-type", "none",
+        "--ui-type=none",  # no progress display
         "--no-server-metrics",  # read once per run by the driver instead (spec-decode counters)
         "--no-gpu-telemetry",
     ]  # fmt: skip

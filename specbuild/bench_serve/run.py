@@ -15,6 +15,7 @@ from specbuild.bench_serve.dataset import dataset_args
 from specbuild.bench_serve.server_process import ServedEngine
 from specbuild.bench_serve.summary import markdown_table, spec_decode_counts, speedups, summary_row
 from specbuild.errors import SpecbuildError
+from specbuild.plugins.registry import get_mode
 
 
 @dataclasses.dataclass
@@ -50,7 +51,7 @@ def run_benchmark(settings: Settings, log: Callable[[str], None] = print) -> dic
     inputs = dataset_args(settings.prompts, settings.requests, settings.output_tokens, out)
     labels = engine_labels(settings.engine_dirs)
     modes = [engine_mode(d) for d in settings.engine_dirs]
-    baseline = next((label for label, mode in zip(labels, modes) if mode == "none"), None)
+    baseline = next((label for label, mode in zip(labels, modes) if get_mode(mode).baseline), None)
     report = {"settings": _settings_json(settings, labels, modes, baseline), "commands": [], "rows": []}
     for engine_dir, label, mode in zip(settings.engine_dirs, labels, modes):
         (out / label).mkdir(exist_ok=True)

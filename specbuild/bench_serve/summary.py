@@ -13,7 +13,7 @@ TO_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3, "sec": 1e3}
 SPEC_COUNTERS = {
     "drafts": "specbuild:spec_decode_num_drafts_total",
     "draft_tokens": "specbuild:spec_decode_num_draft_tokens_total",
-    "accepted_tokens": "specbuild:spec_decode_num_accepted_tokens_total",
+    "accepted": "specbuild:spec_decode_num_accepted_tokens_total",
 }
 
 
@@ -36,7 +36,7 @@ def spec_decode_counts(before: dict[str, float], after: dict[str, float]) -> dic
 def acceptance_length(counts: dict[str, int]) -> float | None:
     """Mean acceptance length (vLLM's: 1 + accepted draft tokens / drafting steps); None if no step drafted (a
     `none` engine, or speculation switched off by the cost policy)."""
-    return 1.0 + counts["accepted_tokens"] / counts["drafts"] if counts["drafts"] else None
+    return 1.0 + counts["accepted"] / counts["drafts"] if counts["drafts"] else None
 
 
 def summary_row(engine: str, mode: str, concurrency: int, export: dict, spec: dict[str, int]) -> dict[str, Any]:
