@@ -96,24 +96,19 @@ def read_arrays(path: str | Path) -> dict[str, np.ndarray]:
 
 def write_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """np.savez_compressed to a temporary file in the same directory, then renamed over `path`."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez_compressed(fh, **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the file from other users
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _write_atomic(path, "wb", lambda fh: np.savez_compressed(fh, **arrays))
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
+    _write_atomic(path, "w", lambda fh: fh.write(text))
+
+
+def _write_atomic(path: Path, mode: str, write) -> None:
+    """write(fh) into a temporary file beside `path`, synced, then renamed over it (nothing left on failure)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, mode) as fh:
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the file from other users
