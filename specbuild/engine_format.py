@@ -51,6 +51,12 @@ RAND_SAMPLE = "rand_sample"  # [B] float32 uniform [0,1): the bonus/residual dra
 # [M] bool, values unused (int8-activation ONNX Runtime graphs): every row-wise kernel of the call sees at least M
 # rows (copies of the last token pad a shorter call); M chosen at load by runtime/row_invariance.py
 MIN_ROWS = "min_rows"
+# [R] int64: the rows (sequences) whose next tree the graph drafts, in order; the next-tree outputs (NEXT_*) have R
+# rows, the i-th being row DRAFT_ROWS[i]'s. Empty: the call only verifies, and an engine-drafted mode skips its
+# drafting (what plain decoding under load needs; the draft network's state is still committed for every row).
+# Graphs of modes that draft in the graph have it; the dimension is named DRAFTED.
+DRAFT_ROWS = "draft_rows"
+DRAFTED = "drafted_sequences"
 
 ACCEPTED_TOKENS = "accepted_tokens"  # [B,DP] int64
 NUM_ACCEPTED = "num_accepted"  # [B] int64 (accepted drafts + bonus)

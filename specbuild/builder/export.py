@@ -46,10 +46,12 @@ def example_inputs(
     temperature: float = 0.0,
     min_rows: int = 2,
     batch: int = 1,
+    draft_rows=None,
 ):
     """Inputs for one call: per sequence a causal chain of t new tokens after its cached ones, in the step's order.
     Sequence b has past + b cached tokens (each row its own length), so capacity needs room for past + batch - 1 + t
-    (+ min_rows - t spare slots after the tokens: the step padding of a row_padding graph)."""
+    (+ min_rows - t spare slots after the tokens: the step padding of a row_padding graph). draft_rows: the rows
+    drafted for (default every row)."""
     cfg = step.net.cfg
     dtype = step.net.embed_tokens.weight.dtype
     g = torch.Generator().manual_seed(seed)
@@ -84,8 +86,9 @@ def example_inputs(
         torch.rand(batch, generator=g),
     ]
     head = [input_ids, position_ids, tree_mask, pasts]
+    rows = torch.arange(batch) if draft_rows is None else torch.as_tensor(draft_rows, dtype=torch.int64)
     fixed, tail = step.arrange(
-        head, step.kv_inputs(kv), [paths], sampling, [torch.zeros(min_rows, dtype=torch.bool)], states
+        head, step.kv_inputs(kv), [paths], sampling, [torch.zeros(min_rows, dtype=torch.bool)], states, [rows]
     )
     return (*fixed, *tail)
 
@@ -105,14 +108,17 @@ def _dynamic_shapes(step: StepModule):
         {i: {"B": b, "C": c}[d] for i, d in enumerate(s.shape) if isinstance(d, str)} for s in step.plugin.state_specs()
     ]
     min_rows = [{0: dim(ef.MIN_ROWS, min=1, max=64)}]
-    fixed, tail = step.arrange(head, step.kv_dims(b, c), [paths], sampling, min_rows, states)
+    rows = [{0: dim(ef.DRAFTED, min=0, max=ef.MAX_BATCH_SIZE)}]
+    fixed, tail = step.arrange(head, step.kv_dims(b, c), [paths], sampling, min_rows, states, rows)
     return (*fixed, tuple(tail)) if tail else tuple(fixed)  # the var-positional inputs: one entry
 
 
 def io_names(step: StepModule) -> tuple[list[str], list[str]]:
     """(input names, output names) of the step graph, in order."""
     states = [ef.STATE_PREFIX + n for n in step.state_names]
-    fixed, tail = step.arrange(HEAD_INPUTS, step.kv_input_names(), [ef.PATHS], SAMPLING_INPUTS, [ef.MIN_ROWS], states)
+    fixed, tail = step.arrange(
+        HEAD_INPUTS, step.kv_input_names(), [ef.PATHS], SAMPLING_INPUTS, [ef.MIN_ROWS], states, [ef.DRAFT_ROWS]
+    )
     return fixed + tail, step.output_names()
 
 
@@ -194,15 +200,21 @@ def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads
     aliases = aliased_outputs(names)
     worst = 0.0
     # prefill-like chain, decode-like window, a padded one-token call, then two sequences of different lengths
-    # (greedy and sampled rows) in one call (trees of several sequences are checked end to end by the runtime's tests)
-    calls = ((7, 1, 8, 0, 0.0, 1), (5, 5, 16, 6, 0.8, 1), (1, 1, 8, 4, 0.0, 1), (2, 1, 12, 2, 0.8, 2))
-    for t, w, cap, past, temp, batch in calls:
-        args = example_inputs(step, t=t, w=w, capacity=cap, past=past, seed=t, temperature=temp, batch=batch)
+    # (greedy and sampled rows) in one call (trees of several sequences are checked end to end by the runtime's tests);
+    # a graph that drafts per row also drafts for the second row alone and for none
+    calls = [(7, 1, 8, 0, 0.0, 1, None), (5, 5, 16, 6, 0.8, 1, None), (1, 1, 8, 4, 0.0, 1, None)]
+    calls.append((2, 1, 12, 2, 0.8, 2, None))
+    if step.selects_rows:
+        calls += [(2, 2, 12, 2, 0.0, 2, [1]), (1, 1, 12, 2, 0.0, 2, [])]
+    for t, w, cap, past, temp, batch, rows in calls:
+        args = example_inputs(
+            step, t=t, w=w, capacity=cap, past=past, seed=t, temperature=temp, batch=batch, draft_rows=rows
+        )
         feeds = {n: (a.float() if a.dtype == torch.bfloat16 else a).numpy().copy() for n, a in zip(names, args)}
         with torch.no_grad():
             ref = step(*args)
         got, _ = run_bound(sess, feeds, out_names, aliases)
-        _check_declared_outputs(step, dict(zip(out_names, ref)), batch)
+        _check_declared_outputs(step, dict(zip(out_names, ref)), batch if rows is None else len(rows))
         for name, r in zip(out_names, ref):
             g = got[name]
             r = r.float().numpy() if r.is_floating_point() else r.numpy()
@@ -218,7 +230,8 @@ def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads
 
 
 def _check_declared_outputs(step: StepModule, outputs: dict, batch: int) -> None:
-    """The mode's draft outputs have the dtype and shape its plugin declares (draft_outputs())."""
+    """The mode's draft outputs have the dtype and shape its plugin declares (draft_outputs()); batch: the rows
+    drafted for."""
     for spec in step.plugin.draft_outputs():
         value = outputs[spec.name]
         shape = tuple(batch if d == "B" else d for d in spec.shape)

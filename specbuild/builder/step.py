@@ -40,13 +40,24 @@ class StepModule(nn.Module):
         self.typical = typical
         self.state_names = [s.name for s in plugin.state_specs()]
         self.draft_output_names = [o.name for o in plugin.draft_outputs()] + plugin.state_output_names()
+        self.selects_rows = plugin.selects_rows  # an ef.DRAFT_ROWS input, last
         # a mode that never drafts verifies a lone root: the acceptance block reduces to drawing the next token
         self.root_only = plugin.max_new_tokens_per_step() == 1 and typical is None
 
     # ---- the layout: where the KV cache goes (export reads these)
-    def arrange(self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list):
-        """(fixed inputs, var-positional inputs) in forward's order, from the parts of one call."""
-        return [*head, *kv, *paths, *sampling], list(states)
+    def arrange(self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list, rows: list):
+        """(fixed inputs, var-positional inputs) in forward's order, from the parts of one call (rows: the
+        draft_rows input, taken where `selects_rows`)."""
+        return [*head, *kv, *paths, *sampling], [*states, *self._rows(rows)]
+
+    def _rows(self, rows: list) -> list:
+        return list(rows) if self.selects_rows else []
+
+    def split_states(self, tail) -> tuple[list, torch.Tensor | None]:
+        """(mode states, draft_rows or None) from the end of forward's var-positional inputs."""
+        if self.selects_rows:
+            return list(tail[:-1]), tail[-1]
+        return list(tail), None
 
     def kv_inputs(self, kv: torch.Tensor) -> list:
         """The KV cache [L,2,B,Hkv,C,D] as this layout takes it."""
@@ -83,14 +94,15 @@ class StepModule(nn.Module):
         hidden, new_kv, captured = self.net(
             input_ids, position_ids, tree_mask, past_length, kv_cache, capture_layers=self.plugin.capture_layers
         )
+        states, draft_rows = self.split_states(states)
         return self.accept_and_draft(
             hidden, captured, [new_kv], input_ids, position_ids, tree_mask, past_length, paths,
-            (temperature, top_k, top_p, rand_accept, rand_sample), states,
+            (temperature, top_k, top_p, rand_accept, rand_sample), states, draft_rows=draft_rows,
         )  # fmt: skip
 
     def accept_and_draft(
         self, hidden, captured, kv_out, input_ids, position_ids, tree_mask, past_length, paths, sampling, states,
-        min_rows=None,
+        min_rows=None, draft_rows=None,
     ):  # fmt: skip
         """Verification of the new tokens' tree, acceptance and the mode's drafting of the next tree (both graphs):
         the graph's outputs in output_names() order.
@@ -136,6 +148,7 @@ class StepModule(nn.Module):
             last_node=last_w + off,
             bonus=acc_tokens.gather(1, (num_acc - 1).unsqueeze(1)).squeeze(1),
             states=dict(zip(self.state_names, states)),
+            draft_rows=draft_rows,
         )
         drafted = self.plugin.draft(ctx)
         if set(drafted) != set(self.draft_output_names):
@@ -174,9 +187,9 @@ class FusedStepModule(StepModule):
         # attention kernel's own causal mask and positions serve, without the mask's ~25 nodes and bias reads
         self.causal_chain = chain_drafts or plugin.max_new_tokens_per_step() == 1
 
-    def arrange(self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list):
+    def arrange(self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list, rows: list):
         padding = list(min_rows) if self.row_padding else []
-        return [*head, *paths, *sampling], [*padding, *kv, *states]
+        return [*head, *paths, *sampling], [*padding, *kv, *states, *self._rows(rows)]
 
     def kv_inputs(self, kv: torch.Tensor) -> list:
         return [kv[i, j].clone() for i in range(kv.shape[0]) for j in range(2)]
@@ -218,7 +231,8 @@ class FusedStepModule(StepModule):
             attention_pad=self.attention_pad,
             min_rows=min_rows,
         )
+        states, draft_rows = self.split_states(tail[n_kv:])
         return self.accept_and_draft(
             hidden, captured, presents, input_ids, position_ids, tree_mask, past_length, paths,
-            (temperature, top_k, top_p, rand_accept, rand_sample), tail[n_kv:], min_rows,
+            (temperature, top_k, top_p, rand_accept, rand_sample), states, min_rows, draft_rows,
         )  # fmt: skip

@@ -90,6 +90,8 @@ def optimization_profiles(cfg, plugin, max_seq_len: int, max_batch_size: int = 1
     h, d = cfg.num_kv_heads, cfg.head_dim
     depth = max(1, plugin.tree().depth + 1 if plugin.tree() is not None else n)
     per_sequence = {name: ((1,), (o,), (b,)) for name in (ef.PAST_LENGTH, ef.TEMPERATURE, ef.TOP_K, ef.TOP_P)}
+    if plugin.selects_rows:  # from no row drafted (plain calls) to every row
+        per_sequence[ef.DRAFT_ROWS] = ((0,), (o,), (b,))
     return {
         ef.INPUT_IDS: ((1, 1), (o, n), (b, max_seq_len)),
         ef.POSITION_IDS: ((1, 1), (o, n), (b, max_seq_len)),

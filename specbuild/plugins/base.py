@@ -61,6 +61,34 @@ class DraftContext:
     last_node: torch.Tensor  # [B]
     bonus: torch.Tensor  # [B] next root token
     states: dict
+    draft_rows: torch.Tensor | None = None  # [R] the rows to draft for (ef.DRAFT_ROWS; None: every row)
+
+    def drafting(self) -> DraftContext:
+        """This context narrowed to the rows to draft for (the draft outputs have R rows): a plugin that drafts in
+        the graph (`selects_rows`) drafts from it, after committing what every row's state needs."""
+        if self.draft_rows is None:
+            return self
+        pick = self.select_rows
+        return dataclasses.replace(
+            self,
+            hidden=pick(self.hidden),
+            captured=[pick(c) for c in self.captured],
+            input_ids=pick(self.input_ids),
+            position_ids=pick(self.position_ids),
+            tree_mask=pick(self.tree_mask),
+            past_length=pick(self.past_length),
+            accepted_tokens=pick(self.accepted_tokens),
+            num_accepted=pick(self.num_accepted),
+            accepted_nodes=pick(self.accepted_nodes),
+            last_node=pick(self.last_node),
+            bonus=pick(self.bonus),
+            states={},
+            draft_rows=None,
+        )
+
+    def select_rows(self, x: torch.Tensor, axis: int = 0) -> torch.Tensor:
+        """x's rows (on its batch axis) that are drafted for."""
+        return x if self.draft_rows is None else x.index_select(axis, self.draft_rows)
 
 
 class ModePlugin(nn.Module):
@@ -70,6 +98,9 @@ class ModePlugin(nn.Module):
 
     name = "none"
     capture_layers: tuple = ()
+    # drafting happens in the graph and can be skipped per row: the graph takes ef.DRAFT_ROWS and draft() drafts
+    # from ctx.drafting() (its draft outputs have one row per drafted row)
+    selects_rows = False
 
     def draft_outputs(self) -> list[OutputSpec]:
         """The outputs draft() returns besides the state outputs, in graph order (export reads this declaration)."""

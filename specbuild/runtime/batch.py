@@ -91,25 +91,28 @@ class Sequence:
 
 
 class RowOutputs(Mapping):
-    """Row `row` of a batched call's outputs, each with a batch axis of 1 (what a drafter reads)."""
+    """Row `row` of a batched call's outputs, each with a batch axis of 1 (what a drafter reads); `hidden`: the
+    outputs this row has none of (the next tree of a call that drafted for no row)."""
 
-    def __init__(self, outputs: Mapping, row: int, logits_rows: int):
-        self._outputs, self._row, self._logits_rows = outputs, row, logits_rows
+    def __init__(self, outputs: Mapping, row: int, logits_rows: int, hidden: frozenset = frozenset()):
+        self._outputs, self._row, self._logits_rows, self._hidden = outputs, row, logits_rows, hidden
 
     def __getitem__(self, name):
+        if name in self._hidden:
+            raise KeyError(name)
         value = self._outputs[name]
         if name == ef.LOGITS:
             return value[self._row : self._row + 1, : self._logits_rows]
         return value[self._row : self._row + 1]
 
     def __iter__(self):
-        return iter(self._outputs)
+        return (name for name in self._outputs if name not in self._hidden)
 
     def __len__(self) -> int:
-        return len(self._outputs)
+        return len(self._outputs) - len(self._hidden)
 
     def __contains__(self, name) -> bool:
-        return name in self._outputs
+        return name in self._outputs and name not in self._hidden
 
 
 class Batch:
@@ -155,8 +158,9 @@ class Batch:
         if row < len(self.sequences):
             self.sequences[row] = last
 
-    def run(self, calls: list[Call]) -> list[StepResult]:
-        """One engine call: row i verifies calls[i] after its committed tokens; commits what each row accepted."""
+    def run(self, calls: list[Call], draft: bool = True) -> list[StepResult]:
+        """One engine call: row i verifies calls[i] after its committed tokens; commits what each row accepted.
+        draft=False: a graph that drafts per row (layout.selects_rows) drafts no next tree (plain decoding)."""
         n = len(calls)
         if n != len(self.sequences) or n == 0:
             raise ValueError(f"a call needs one entry per sequence of the batch ({len(self.sequences)}), got {n}")
@@ -172,12 +176,15 @@ class Batch:
         self.kv.ensure(needed + self.layout.scratch_rows)
         self.states.ensure(needed)
         feeds = self._feeds(calls, t, w, lengths)
+        feeds[ef.DRAFT_ROWS] = np.arange(n if draft else 0, dtype=np.int64)
         feeds.update(self.states.feeds())
         out = self.backend.run(feeds, self.kv.aliases, self.kv.feeds())
         seconds = self.backend.last_engine_s
         self.engine_s += seconds
         self.calls += 1
         num, tokens, accepted_nodes = out[ef.NUM_ACCEPTED], out[ef.ACCEPTED_TOKENS], out[ef.ACCEPTED_NODES]
+        # the next-tree outputs of a call that drafted for no row have none (they have one row per drafted row)
+        hidden = frozenset() if draft else frozenset(k for k, v in out.items() if v.ndim and v.shape[0] == 0)
         results = []
         for row, (seq, call) in enumerate(zip(self.sequences, calls)):
             count = int(num[row])
@@ -185,7 +192,9 @@ class Batch:
             self.kv.commit(row, out, nodes, call.size)
             self.states.commit(row, out, nodes, call.size)
             seq.engine_s += seconds
-            seq.last = StepResult(tokens[row, :count].tolist(), nodes, RowOutputs(out, row, call.size - (t - w)))
+            seq.last = StepResult(
+                tokens[row, :count].tolist(), nodes, RowOutputs(out, row, call.size - (t - w), hidden)
+            )
             results.append(seq.last)
         return results
 

@@ -52,17 +52,22 @@ class Proposal:
 
     def root_only(self) -> Proposal:
         """The root alone (near the end of the cache)."""
-        return Proposal(
-            self.tokens[:, :1],
-            np.ones((1, 1, 1), dtype=np.bool_),
-            np.zeros(1, dtype=np.int64),
-            np.zeros((1, 1, 1), dtype=np.int64),
-        )
+        return Proposal.root(int(self.tokens[0, 0]))
 
     def chain_prefix(self, tokens: int) -> Proposal:
         """The first `tokens` tokens of a chain (a proposal whose node i sits at depth i)."""
         offsets = self.offsets[:tokens]
         return Proposal(self.tokens[:, :tokens], self.mask[:, :tokens, :tokens], offsets, offsets[None, None])
+
+    @classmethod
+    def root(cls, token: int) -> Proposal:
+        """`token` alone: plain decoding."""
+        return cls(
+            np.array([[token]], dtype=np.int64),
+            np.ones((1, 1, 1), dtype=np.bool_),
+            np.zeros(1, dtype=np.int64),
+            np.zeros((1, 1, 1), dtype=np.int64),
+        )
 
     @classmethod
     def from_tree(cls, tokens, tree: Tree) -> Proposal:
@@ -101,6 +106,8 @@ class GraphDrafter(Drafter):
 
     def propose(self, step: StepResult) -> Proposal:
         out, tree = step.outputs, self.settings
+        if ef.NEXT_INPUT_IDS not in out:  # the call did not draft for this sequence (ef.DRAFT_ROWS)
+            return Proposal.root(step.tokens[-1])
         if tree is not None:
             return Proposal(out[ef.NEXT_INPUT_IDS], tree.ancestor_mask[None], tree.depths, tree.paths[None])
         offsets = out[ef.NEXT_POSITION_OFFSETS][0]

@@ -209,13 +209,19 @@ class Engine:
             key = f"{speculation.COST_VERSION}|{sha}|{cpu_key()}|{ort.__version__}|{self.threads}|{self.min_rows}"
             self._cost_batches: dict = {}
             self._cost_curve = speculation.CostCurve(
-                self._timed_call, key, cpu_description(), self.layout.step_tokens, self.layout.max_batch_size
+                self._timed_call,
+                key,
+                cpu_description(),
+                self.layout.step_tokens,
+                self.layout.max_batch_size,
+                self.layout.selects_rows,
             )
         return self._cost_curve
 
-    def _timed_call(self, batch: int, tokens: int) -> float:
-        """Engine seconds of one call of `batch` sequences x `tokens` chained tokens after COST_CONTEXT cached ones
-        (cost measurement; the sequences of a batch size are kept between calls, their cache contents are zeros)."""
+    def _timed_call(self, batch: int, tokens: int, draft: bool = True) -> float:
+        """Engine seconds of one call of `batch` sequences x `tokens` chained tokens after COST_CONTEXT cached ones,
+        drafting the next trees or not (cost measurement; the sequences of a batch size are kept between calls, their
+        cache contents are zeros)."""
         from specbuild.runtime.batch import Batch, Call, Sequence
         from specbuild.runtime.slots import initial_capacity
         from specbuild.runtime.speculation import COST_CONTEXT
@@ -233,7 +239,7 @@ class Engine:
         offsets = np.arange(tokens, dtype=np.int64)
         call = Call(np.ones(tokens, dtype=np.int64), chain, offsets, offsets[None], tokens, False)
         before = run.engine_s
-        run.run([call] * batch)
+        run.run([call] * batch, draft)
         return run.engine_s - before
 
     def generate(

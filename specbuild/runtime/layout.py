@@ -38,6 +38,7 @@ class Layout:
     states: tuple[StateLayout, ...]
     max_batch_size: int  # KV slots (limits.max_batch_size; 1 for engines built before batching)
     per_position_uniforms: bool  # sampling.uniforms: rand_accept is drawn per sequence position (builder/acceptance)
+    selects_rows: bool  # the graph drafts only for the rows in ef.DRAFT_ROWS (engine-drafted modes built since)
 
     @classmethod
     def read(cls, manifest: dict, graph: dict, min_rows: int) -> Layout:
@@ -57,6 +58,7 @@ class Layout:
             states=tuple(_state(spec, kv_dtype) for spec in manifest.get("states") or []),
             max_batch_size=int(manifest["limits"].get("max_batch_size", 1)),
             per_position_uniforms=(manifest.get("sampling") or {}).get("uniforms") == ef.UNIFORMS_PER_POSITION,
+            selects_rows=any(i["name"] == ef.DRAFT_ROWS for i in graph["io"]["inputs"]),
         )
 
     @property

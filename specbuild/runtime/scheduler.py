@@ -9,7 +9,8 @@ Requests are submitted and cancelled at any time (from any thread). Each `step()
    O(prompt));
 4. runs one engine call for every running request: each proposes with its own drafter (propose -> verify/accept
    -> commit), the step verifies the whole proposals, the first tokens of chains, or only the roots, as
-   runtime/speculation.py decides from the engine's measured cost, and each request takes its accepted tokens up
+   runtime/speculation.py decides from the engine's measured cost (which also decides whether a graph that drafts
+   the next trees drafts them this call, or the rows decode plainly), and each request takes its accepted tokens up
    to EOS, its max_new_tokens, a stop string or the context limit. A finished request leaves the batch.
 Each request gets only its new tokens: a callback, an iterator or an async iterator. `Engine.generate`, `specbuild
 run` and `specbuild bench` all go through here (batch 1 is one request in the batch).
@@ -209,7 +210,9 @@ class Scheduler:
         # a graph that keeps per-position state (EAGLE's draft KV) is prefilled a whole prompt per call
         self.chunked = not any(s.grow_axis is not None for s in layout.states)
         self.prefill_chunk = prefill_chunk
-        self.speculation = Speculation(resolve_policy(speculation or engine.speculation), engine.cost_curve)
+        self.speculation = Speculation(
+            resolve_policy(speculation or engine.speculation), engine.cost_curve, layout.selects_rows
+        )
         self._waiting: collections.deque[Handle] = collections.deque()
         self._admitting: list[Handle] = []  # being prefilled, in arrival order (each holds a slot)
         self._running: dict[int, Handle] = {}  # id(sequence) -> handle
@@ -365,11 +368,13 @@ class Scheduler:
         if len(proposals) < len(handles):
             return  # the batch changed: the next step proposes again
         fitting = [p if p.size <= room else p.root_only() for p in proposals]
-        tokens = self.speculation.plan([Shape.of(p) for p in fitting])
+        shapes = [Shape.of(p) for p in fitting]
+        draft = self.speculation.drafts(shapes)  # this call drafts the next trees
+        tokens = self.speculation.plan(shapes) if draft else 1
         calls = [Call.tree(_verified_part(p, tokens)) for p in fitting]
         self.speculation.count(tokens, [c.size for c in calls])
         try:
-            results = batch.run(calls)
+            results = batch.run(calls, draft)
         except Exception as exc:  # noqa: BLE001 - the engine failed: every running request ends with the error
             for handle in handles:
                 self._leave(handle)

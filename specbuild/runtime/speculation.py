@@ -3,9 +3,9 @@ to add, so that speculation is only used where it pays and a speculative engine 
 speculation off.
 
 A call of B sequences x T tokens costs `CostCurve.cost(B, T)`: measured on the machine that runs the engine the first
-time it is needed (the engine's own graph with its drafting, so that a root-only call of an engine-drafted mode is
-priced with the drafting it still does), for B on a grid (1, 2, 4, ... and the slots), the token counts of one B
-timed in turns so that their ratio -- all the choice depends on -- is not skewed by a slow moment; other B are
+time it is needed (the engine's own graph, drafting the next trees; a graph that can skip its drafting also has the
+price of a plain B x 1 call that drafts nothing), for B on a grid (1, 2, 4, ... and the slots), the token counts of
+one B timed in turns so that their ratio -- all the choice depends on -- is not skewed by a slow moment; other B are
 interpolated; kept in the user cache.
 
 Each step the scheduler has one proposal per running sequence; rows are padded to the step's T. `Speculation.plan`
@@ -18,8 +18,12 @@ once the ones above it were. q is learnt from every proposal, verified or not: e
 sequence then emits (its `Shadow`), which is exactly what verifying it would have accepted -- greedy, and sampled
 too, since a row's random numbers belong to its positions (runtime/batch.py). So plain steps teach as much as drafted
 ones, no step drafts only to learn, and the choice moves continuously with the batch size: no threshold to fall off.
-A lone sequence verifies its whole proposal (every mode's measured batch-1 speed-up stands, nothing is measured before
-its first tokens).
+An engine whose graph drafts the next trees (EAGLE, Medusa, ReDrafter) pays for that drafting in every call that
+does it, whatever T the next step takes: each call, `Speculation.drafts` compares drafting and verifying whole trees
+every call with plain calls that draft nothing (ef.DRAFT_ROWS empty; both priced by the curve at this batch size),
+so under load such an engine falls back to the cost of plain decoding instead of paying for drafts it does not
+verify. A lone sequence verifies its whole proposal (every mode's measured batch-1 speed-up stands, nothing is
+measured before its first tokens).
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from specbuild.runtime import user_cache
 SPECULATION_POLICIES = ("auto", "always", "off")
 POLICY_VARIABLE = "SPECBUILD_SPECULATION"  # the default policy when none is given (the tests pin `always`)
 CACHE_NAME = "call-cost"
-COST_VERSION = 4
+COST_VERSION = 5
+PLAIN_SUFFIX = "-plain"  # a cost point's name: BxT, or Bx1-plain for a call that drafts no next tree
 PRIOR_ACCEPTANCE = 0.5  # chance of a draft being accepted after its parent, before anything was observed
 EMA = 0.02  # weight of one observation in the running chances
 WARMUP = 3  # rounds of a new batch size before it is timed: ONNX Runtime's first calls of a shape are slower
@@ -59,19 +64,21 @@ def _powers_of_two_upto(limit: int) -> list[int]:
 class CostCurve:
     """Milliseconds per call of B sequences x T tokens on this machine (see the module docstring): B measured at
     1, 2, 4, ... and `slots`, interpolated between; T at 1, 2, 4, ... and the engine's most tokens per step, a count
-    in between priced as the next measured one."""
+    in between priced as the next measured one. A graph that can skip its drafting (`plain_calls`) also has the
+    price of a plain call (T = 1, no next tree drafted), timed in turns with the others."""
 
-    def __init__(self, run_call, key: str, cpu: str, step_tokens: int, slots: int = 1):
-        """run_call(b, t) -> engine seconds of one b x t call."""
+    def __init__(self, run_call, key: str, cpu: str, step_tokens: int, slots: int = 1, plain_calls: bool = False):
+        """run_call(b, t, draft) -> engine seconds of one b x t call (draft=False: one that drafts no next tree)."""
         self._run_call, self.key, self.cpu, self.step_tokens = run_call, key, cpu, step_tokens
+        self.plain_calls = plain_calls
         self.batch_grid = _powers_of_two_upto(max(1, slots))
         kept = user_cache.get(CACHE_NAME, key)
-        self.points: dict[tuple[int, int], float] = {}
+        self.points: dict[tuple[int, int, bool], float] = {}  # (B, T, drafting) -> ms
         if isinstance(kept, dict):
             for name, ms in kept.get("points", {}).items():
-                b, _, t = name.partition("x")
+                b, _, t = name.removesuffix(PLAIN_SUFFIX).partition("x")
                 if b.isdigit() and t.isdigit() and isinstance(ms, (int, float)):
-                    self.points[int(b), int(t)] = float(ms)
+                    self.points[int(b), int(t), not name.endswith(PLAIN_SUFFIX)] = float(ms)
         self.cached = bool(self.points)  # some points came from an earlier run
         self.seconds = 0.0  # spent measuring in this process
 
@@ -91,46 +98,58 @@ class CostCurve:
 
     def costs(self, batch: int, tokens: list[int]) -> list[float]:
         """ms of a call of `batch` sequences for each entry of `tokens`; the missing points are measured together."""
-        snapped = [self.snap(t) for t in tokens]
-        lo, hi = self._grid_around(batch)
-        for b in sorted({lo, hi}):
-            self._measure(b, sorted({t for t in snapped if (b, t) not in self.points}))
-        share = 0.0 if hi == lo else (batch - lo) / (hi - lo)
-        return [self.points[lo, t] + share * (self.points[hi, t] - self.points[lo, t]) for t in snapped]
+        return self._priced(batch, [(self.snap(t), True) for t in tokens])
 
     def cost(self, batch: int, tokens: int) -> float:
         return self.costs(batch, [tokens])[0]
 
-    def _measure(self, batch: int, tokens: list[int]) -> None:
-        """Time the calls of `batch` x each of `tokens` in turns (WARMUP rounds, then the median of REPEATS)."""
-        if not tokens:
+    def plain_and_drafting(self, batch: int) -> tuple[float, float]:
+        """ms of a plain call (T = 1, no next tree drafted) and of one verifying and drafting whole trees."""
+        plain, drafting = self._priced(batch, [(1, not self.plain_calls), (self.step_tokens, True)])
+        return plain, drafting
+
+    def _priced(self, batch: int, shapes: list[tuple[int, bool]]) -> list[float]:
+        lo, hi = self._grid_around(batch)
+        for b in sorted({lo, hi}):
+            self._measure(b, sorted({s for s in shapes if (b, *s) not in self.points}))
+        share = 0.0 if hi == lo else (batch - lo) / (hi - lo)
+        low, high = [self.points[(lo, *s)] for s in shapes], [self.points[(hi, *s)] for s in shapes]
+        return [a + share * (b - a) for a, b in zip(low, high)]
+
+    def _measure(self, batch: int, shapes: list[tuple[int, bool]]) -> None:
+        """Time the calls of `batch` x each (tokens, drafting) shape in turns (WARMUP rounds, then the median of
+        REPEATS)."""
+        if not shapes:
             return
         start = time.perf_counter()
         for _ in range(WARMUP):
-            for t in tokens:
-                self._run_call(batch, t)
-        times = {t: [] for t in tokens}
+            for t, draft in shapes:
+                self._run_call(batch, t, draft)
+        times = {s: [] for s in shapes}
         for _ in range(REPEATS):
-            for t in tokens:
-                times[t].append(self._run_call(batch, t))
-        for t in tokens:
-            self.points[batch, t] = 1000 * float(np.median(times[t]))
+            for t, draft in shapes:
+                times[t, draft].append(self._run_call(batch, t, draft))
+        for s in shapes:
+            self.points[(batch, *s)] = 1000 * float(np.median(times[s]))
         self.seconds += time.perf_counter() - start
         user_cache.put(CACHE_NAME, self.key, self.to_dict())
 
     def prepare(self, batch: int) -> None:
         """Measure every point a step of up to `batch` sequences can need (each grid B up to it, every T)."""
-        tokens = _powers_of_two_upto(self.step_tokens)
+        shapes = [(t, True) for t in _powers_of_two_upto(self.step_tokens)]
+        if self.plain_calls:
+            shapes.append((1, False))
         for b in self.batch_grid:
             if b <= batch or b == self._grid_around(batch)[1]:
-                self.costs(b, tokens)
+                self._priced(b, shapes)
 
     def rows_curve(self, rows: list[int], slots: int) -> list[tuple[int, float]]:
         """(rows per call, ms) with rows = B x T, B = min(rows, slots): what batching can give on this machine."""
         return [(r, self.cost(min(r, slots), -(-r // min(r, slots)))) for r in rows]
 
     def to_dict(self) -> dict:
-        return {"points": {f"{b}x{t}": ms for (b, t), ms in sorted(self.points.items())}, "cpu": self.cpu}
+        points = {f"{b}x{t}{'' if d else PLAIN_SUFFIX}": ms for (b, t, d), ms in sorted(self.points.items())}
+        return {"points": points, "cpu": self.cpu}
 
 
 def resolve_policy(policy: str | None = None) -> str:
@@ -191,10 +210,13 @@ class Speculation:
 
     policy: "auto" (the cost model), "always" (every proposal whole) or "off" (roots only)."""
 
-    def __init__(self, policy: str = "auto", curve_source=None):
+    def __init__(self, policy: str = "auto", curve_source=None, plain_calls: bool = False):
+        """plain_calls: the engine's graph can skip drafting the next trees (ef.DRAFT_ROWS)."""
         self.policy = policy
         self._curve_source = curve_source  # () -> CostCurve, measured on first need
         self.curve: CostCurve | None = None
+        self.plain_calls = plain_calls
+        self._drafts: Shape | None = None  # the shape of the engine's drafts, as last proposed
         self.q = np.full(1, PRIOR_ACCEPTANCE)  # q[d - 1]: chance of depth d after depth d - 1 was accepted
         self._shadows: dict[object, list[Shadow]] = {}
         self.drafted_steps = 0
@@ -208,6 +230,27 @@ class Speculation:
             self.q = np.concatenate([self.q, np.full(depth - len(self.q), PRIOR_ACCEPTANCE)])
         return 1.0 + float(np.cumprod(self.q[:depth]).sum())
 
+    def drafts(self, shapes: list[Shape]) -> bool:
+        """Whether this step's call drafts the next trees. Always, unless the graph can skip its drafting; then only
+        where drafting and verifying whole trees every call is expected to beat plain calls by DRAFT_MARGIN in
+        tokens per ms at this batch size (else the rows decode plainly, their graph drafting nothing)."""
+        grown = [s for s in shapes if s.size > 1]
+        if grown:
+            self._drafts = max(grown, key=lambda s: s.size)
+        if not self.plain_calls:
+            return True
+        if self.policy != "auto":
+            return self.policy == "always"
+        if len(shapes) == 1 or self._drafts is None:
+            return True
+        plain_ms, drafting_ms = self._curve().plain_and_drafting(len(shapes))
+        return self.expected(self._drafts.depth) / drafting_ms >= DRAFT_MARGIN / plain_ms
+
+    def _curve(self) -> CostCurve:
+        if self.curve is None:
+            self.curve = self._curve_source()
+        return self.curve
+
     def plan(self, shapes: list[Shape]) -> int:
         """Tokens per row of this step: 1 (roots only) up to the longest proposal."""
         longest = max(s.size for s in shapes)
@@ -217,9 +260,7 @@ class Speculation:
             return longest
         candidates = [1] + [t for t in _powers_of_two_upto(longest)[1:-1] if all(s.chain for s in shapes if s.size > t)]
         candidates.append(longest)
-        if self.curve is None:
-            self.curve = self._curve_source()
-        costs = self.curve.costs(len(shapes), candidates)
+        costs = self._curve().costs(len(shapes), candidates)
         rates = [sum(self.expected(s.verified(t)) for s in shapes) / ms for t, ms in zip(candidates, costs)]
         best = 1 + int(np.argmax(rates[1:]))
         return candidates[best] if rates[best] >= DRAFT_MARGIN * rates[0] else 1

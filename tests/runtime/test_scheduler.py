@@ -117,6 +117,23 @@ def test_chains_cut_short_give_the_batch_one_output(mode_engines, monkeypatch):
         assert scheduler.speculation.drafted_steps > 0 and scheduler.speculation.padded_rows > 0
 
 
+@pytest.mark.parametrize("mode", ["medusa", "eagle", "eagle3", "redrafter"])
+def test_calls_that_draft_nothing_give_the_batch_one_output(mode_engines, mode, monkeypatch):
+    """Engine-drafted modes: calls whose graph drafts no next tree (ef.DRAFT_ROWS empty: plain decoding under load)
+    between calls that draft change no token, greedy or sampled; the draft network's state stays in step."""
+    calls = iter(range(10**6))
+    monkeypatch.setattr(Speculation, "drafts", lambda self, shapes: next(calls) % 3 != 1)
+    engine = Engine(mode_engines[mode, "fp32"], threads=1)
+    assert engine.layout.selects_rows
+    for temperature in (0.0, 0.9):
+        want = _alone(engine, temperature)
+        scheduler, handles = _batched(engine, temperature, speculation="always")  # calls that draft verify all
+        assert [h.output_ids for h in handles] == want, temperature
+        assert 0 < scheduler.speculation.plain_steps < scheduler.steps
+        if temperature == 0.0:
+            assert max(n for h in handles for n in h.accepted_per_step) > 1  # drafts were accepted
+
+
 def test_requests_beyond_the_slots_wait_and_cancelled_ones_free_their_slot(mode_engines):
     engine = Engine(mode_engines["ngram", "fp32"], threads=1)
     want = _alone(engine, 0.0)
@@ -209,15 +226,16 @@ def test_async_stream_with_a_background_scheduler(mode_engines):
         scheduler.submit(Request(PROMPTS[0]))
 
 
-def _curve(ms: dict, step_tokens: int = 8, slots: int = 16) -> CostCurve:
-    """A cost curve whose measurements are `ms[(b, t)]` (seconds = ms / 1000), counting the calls made."""
+def _curve(ms: dict, step_tokens: int = 8, slots: int = 16, plain: dict | None = None) -> CostCurve:
+    """A cost curve whose measurements are `ms[(b, t)]` (seconds = ms / 1000) and, for a graph that can skip its
+    drafting, `plain[b]` for a b x 1 call that drafts nothing, counting the calls made."""
     calls = []
 
-    def run_call(b, t):
-        calls.append((b, t))
-        return ms[b, t] / 1000
+    def run_call(b, t, draft):
+        calls.append((b, t) if draft else (b, "plain"))
+        return (ms[b, t] if draft else plain[b]) / 1000
 
-    curve = CostCurve(run_call, "test", "cpu", step_tokens, slots)
+    curve = CostCurve(run_call, "test", "cpu", step_tokens, slots, plain_calls=plain is not None)
     curve.calls = calls
     return curve
 
@@ -256,6 +274,27 @@ def test_speculation_follows_the_measured_cost(monkeypatch):
     assert Speculation("off", lambda: None).plan([tree] * 2) == 1
     assert Speculation("always", lambda: None).plan([tree] * 16) == 8
     assert Speculation("auto", lambda: None).plan([Shape(1, 0, True)] * 2) == 1  # nothing drafted: no cost needed
+
+
+def test_engine_drafting_is_skipped_where_plain_calls_pay(monkeypatch):
+    """A graph that drafts the next trees pays for drafting in every call that does it: it drafts where drafting and
+    verifying whole trees beats plain calls that draft nothing (small batches), not where each row costs its full
+    price (16 rows); a lone sequence always drafts; `off` never, `always` always; a graph that cannot skip its
+    drafting drafts every call."""
+    monkeypatch.setenv("SPECBUILD_CACHE_DIR", "off")
+    ms = {(b, t): 10.0 + b * (2 + (0.2 if b <= 2 else 1.0) * (t - 1)) for b in (1, 2, 4, 8, 16) for t in (1, 2, 4, 8)}
+    plain = {b: 10.0 + b for b in (1, 2, 4, 8, 16)}  # drafting costs 1 ms per row on top of verifying
+    policy = Speculation("auto", lambda: _curve(ms, plain=plain), plain_calls=True)
+    tree, root = Shape(8, 3, False), Shape(1, 0, True)
+    assert policy.drafts([tree])  # alone: no cost measured
+    assert policy.drafts([tree] * 2) and policy.plan([tree] * 2) == 8
+    assert not policy.drafts([tree] * 16)
+    assert not policy.drafts([root] * 16)  # the drafts' shape is remembered while the rows decode plainly
+    assert policy.drafts([root] * 2)  # fewer rows: drafting again
+    assert (16, "plain") in policy.curve.calls and (16, 8) in policy.curve.calls
+    assert not Speculation("off", plain_calls=True).drafts([tree] * 2)
+    assert Speculation("always", plain_calls=True).drafts([tree] * 16)
+    assert Speculation("auto", lambda: None).drafts([tree] * 16)  # no plain calls: the graph drafts anyway
 
 
 def test_chains_are_verified_as_deep_as_pays(monkeypatch):
@@ -301,3 +340,13 @@ def test_call_costs_are_measured_in_turns_on_a_grid_and_kept(tmp_path, monkeypat
     assert curve.cost(4, 6) == ms[4, 6] and len(curve.calls) == measured  # not measured again
     again = _curve(ms, step_tokens=6, slots=6)  # another process: from the user cache
     assert again.cost(4, 4) == ms[4, 4] and again.calls == [] and again.cached
+    plain = {b: 5.0 * b for b in (1, 2, 4, 6)}
+    skipping = _curve(ms, step_tokens=6, slots=6, plain=plain)  # a graph that can skip drafting: its own points
+    assert skipping.plain_and_drafting(4) == (plain[4], ms[4, 6])
+    assert set(skipping.calls) == {(2, "plain"), (4, "plain")}  # the drafting points came from the cache
+    monkeypatch.setenv("SPECBUILD_CACHE_DIR", str(tmp_path / "other"))
+    skipping = _curve(ms, step_tokens=6, slots=6, plain=plain)
+    skipping.prepare(2)
+    assert "2x1-plain" in skipping.to_dict()["points"]
+    kept = _curve(ms, step_tokens=6, slots=6, plain=plain)
+    assert kept.plain_and_drafting(2) == (plain[2], ms[2, 6]) and kept.calls == []

@@ -9,7 +9,7 @@ from specbuild.runtime.slots import SharedSlots, SlotArray, StackedSlots
 
 
 def _layout(kv_cache: str, max_seq_len: int = 64) -> Layout:
-    return Layout(kv_cache, 2, 1, 3, np.float32, max_seq_len, 4, 1, 0, (), 4, True)
+    return Layout(kv_cache, 2, 1, 3, np.float32, max_seq_len, 4, 1, 0, (), 4, True, False)
 
 
 def _fill(slots, row: int, value: float, count: int, outputs_for) -> None:

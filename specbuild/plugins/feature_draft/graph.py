@@ -26,6 +26,7 @@ class FeatureDraftPlugin(ModePlugin):
     name = ""
     head_key = ""
     net_class = None
+    selects_rows = True
 
     @classmethod
     def check_options(cls, checkpoint, options) -> dict:
@@ -125,11 +126,15 @@ class FeatureDraftPlugin(ModePlugin):
 
     def draft(self, ctx: DraftContext) -> dict:
         draft_kv = ctx.states[DRAFT_KV]
-        h_all, new_kv = commit_pass(self.drafter, ctx, draft_kv)
+        h_all, new_kv = commit_pass(self.drafter, ctx, draft_kv)  # every row: its draft KV stays in step
+        rows = ctx.drafting()
+        h_rows, kv_rows, new_rows = ctx.select_rows(h_all), ctx.select_rows(draft_kv, 2), ctx.select_rows(new_kv, 2)
         if self._tree is not None:
-            out = expand_static(self.drafter, ctx, h_all, draft_kv, new_kv, self._tree)
+            out = expand_static(self.drafter, rows, h_rows, kv_rows, new_rows, self._tree)
         else:
-            out = expand_dynamic(self.drafter, ctx, h_all, draft_kv, new_kv, self.top_k, self.depth, self.total_tokens)
+            out = expand_dynamic(
+                self.drafter, rows, h_rows, kv_rows, new_rows, self.top_k, self.depth, self.total_tokens
+            )
         out[ef.NEW_STATE_PREFIX + DRAFT_KV] = new_kv
         return out
 

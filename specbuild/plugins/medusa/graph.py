@@ -146,6 +146,7 @@ class MedusaHeads(nn.Module):
 
 class MedusaPlugin(ModePlugin):
     name = "medusa"
+    selects_rows = True
 
     def draft_outputs(self) -> list[OutputSpec]:
         return [OutputSpec(ef.NEXT_INPUT_IDS, "int64", ("B", self._tree.size))]
@@ -220,6 +221,7 @@ class MedusaPlugin(ModePlugin):
         return self._tree
 
     def draft(self, ctx: DraftContext) -> dict:
+        ctx = ctx.drafting()
         b, _, hsize = ctx.hidden.shape
         last = ctx.hidden.gather(1, ctx.last_node.view(b, 1, 1).expand(b, 1, hsize)).squeeze(1)  # [B,H]
         k = self._tree.max_top_k

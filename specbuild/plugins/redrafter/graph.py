@@ -21,6 +21,7 @@ MAX_DRAFT_LEN_PER_BEAM = 16  # one drafter pass per token is unrolled in the gra
 
 class RedrafterPlugin(ModePlugin):
     name = "redrafter"
+    selects_rows = True
 
     def draft_outputs(self) -> list[OutputSpec]:
         n, beams, depth = self.max_new_tokens_per_step(), self.num_beams, self.draft_len + 1
@@ -90,6 +91,7 @@ class RedrafterPlugin(ModePlugin):
         return 1 + self.num_beams * self.draft_len
 
     def draft(self, ctx: DraftContext) -> dict:
+        ctx = ctx.drafting()
         b, _, hsize = ctx.hidden.shape
         context = ctx.hidden.gather(1, ctx.last_node.view(b, 1, 1).expand(b, 1, hsize)).squeeze(1)  # [B,H]
         beams = beam_search(self.drafter, context, ctx.bonus, ctx.net.embed_tokens, self.num_beams, self.draft_len)
