@@ -18,6 +18,7 @@ from specbuild.plugins.eagle.draft_net import Eagle1Net
 from specbuild.plugins.feature_draft.training import (
     DraftFamily,
     draft_config_json,
+    evaluate_head_dirs,
     load_shards,
     recipe_defaults,
     train_from_recipe,
@@ -69,12 +70,18 @@ def save_eagle1(out_dir, draft, hf_dir, base_model_name: str, defaults: dict, me
     write_head(out_dir, tensors, cfg)
 
 
+def evaluate_heads(heads: list, hf_dir, records: list[dict], device: str = "cpu", log=print) -> list[dict]:
+    """Held-out per-step accuracy of EAGLE-1/2 head directories on corpus `records` (teacher-forced)."""
+    return evaluate_head_dirs(EAGLE1, heads, hf_dir, records, device, log)
+
+
 def run_eagle_recipe(cfg: dict, log=print) -> dict:
     """An EAGLE-1/2 recipe (`load_recipe`'s dict, `kind: eagle`): training on the data stage's final hidden states
-    (`distill_dir`: train.jsonl, humaneval.jsonl, feat_train, feat_humaneval), evaluation, export."""
-    dd = Path(cfg["distill_dir"])
+    (`distill_dir`: train.jsonl, humaneval.jsonl, feat_train, feat_humaneval) or on teacher-forced ones of a
+    `corpus_dir`, evaluation, export."""
     distill.setup_torch()
-    res = train_from_recipe(cfg, EAGLE1, dd / "feat_train", dd / "feat_humaneval", log=log)
+    dd = None if cfg.get("corpus_dir") else Path(cfg["distill_dir"])
+    res = train_from_recipe(cfg, EAGLE1, dd and dd / "feat_train", dd and dd / "feat_humaneval", log=log)
     used = res["used"] if cfg.get("train", {}).get("ship_draft_vocab", False) else None
     name = cfg.get("base_model_name", str(cfg["base_model"]))
     save_eagle1(cfg["output_dir"], res["draft"], cfg["base_model"], name, recipe_defaults(cfg), res["metrics"], used)
