@@ -14,8 +14,9 @@
 # Results: $OUT/smollm2-<mode>/ (config.json with the lineage and held-out metrics under specbuild_training, and the
 # weights; a file over 16 MiB is sent as <file>.xz) -- 8 files; the logs stay in $LOGS, their summary goes to stdout.
 # Environment: DEVICE (cuda), CORPUS (corpus/smollm2), MAX_SEQUENCES (all), BUDGET_<MODE> (loop seconds per family:
-# EAGLE3 330, EAGLE 240, MEDUSA 200, REDRAFTER 200; each loop also ends in time for TOTAL), LOGS (/tmp/train-heads),
-# MODES ("eagle3 eagle medusa redrafter"), and lib.sh's PYTHON, STASH, HF_DIR.
+# EAGLE3 330, EAGLE 240, MEDUSA 200, REDRAFTER 200; each loop also ends in time for TOTAL), SETS (more recipe
+# overrides KEY=VALUE, space-separated), LOGS (/tmp/train-heads), MODES ("eagle3 eagle medusa redrafter"), and
+# lib.sh's PYTHON, STASH, HF_DIR.
 set -euo pipefail
 T0=$(date +%s)
 # shellcheck source=scripts/device/lib.sh
@@ -38,8 +39,9 @@ budget_of() {
 }
 
 launch() {  # launch MODE END_BY: one `specbuild train` in the background ($!), its log in $LOGS/MODE.log
-  local mode=$1 end_by=$2 extra=()
+  local mode=$1 end_by=$2 extra=() item
   [ -n "${MAX_SEQUENCES:-}" ] && extra=(--max-sequences "$MAX_SEQUENCES")
+  for item in ${SETS:-}; do extra+=(--set "$item"); done
   "$py" -m specbuild.cli.main train --recipe "recipes/train-$mode-corpus.yaml" --device "$DEVICE" \
     --corpus-dir "${CORPUS:-corpus/smollm2}" "${extra[@]}" --set "base_model=$HF" \
     --set "output_dir=$OUT/smollm2-$mode" --set "work_dir=$LOGS/$mode" \
@@ -47,7 +49,8 @@ launch() {  # launch MODE END_BY: one `specbuild train` in the background ($!), 
 }
 
 summary() {  # the lines of a log worth reading in the call's output tail
-  grep -E "teacher-forced|held-out|train rows|^epoch|heldout|time budget|schedule|Error|error" "$1" | grep -v '^{' |
+  grep -E "teacher-forced|held-out|train rows|^epoch|heldout|time budget|schedule|Error|error" "$1" |
+    grep -Ev '^[[:space:]]*[{}"]' |
     cut -c1-400 | tail -n 14 || true
   grep -E "^step " "$1" | tail -n 2 | cut -c1-300 || true
 }
@@ -55,7 +58,7 @@ summary() {  # the lines of a log worth reading in the call's output tail
 shrink_outputs() {  # files over the limit travel as .xz (python's lzma: no xz binary needed)
   local f
   for f in "$OUT"/*/*; do
-    [ "$(stat -c %s "$f")" -le "$LIMIT" ] && continue
+    [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt "$LIMIT" ] || continue
     "$py" -c "import lzma, pathlib, sys; p = pathlib.Path(sys.argv[1]); pathlib.Path(sys.argv[1] + '.xz').write_bytes(lzma.compress(p.read_bytes(), preset=9)); p.unlink()" "$f"
     echo "compressed $f -> $f.xz ($(stat -c %s "$f.xz") bytes)"
   done
@@ -87,7 +90,8 @@ train() {
     echo "== $mode"; summary "$LOGS/$mode.log"
   done
   shrink_outputs
-  ls -l "$OUT"/* && echo "done $(($(date +%s) - T0))s after the call began"
+  ls -l "$OUT"/* || true
+  echo "done $(($(date +%s) - T0))s after the call began"
   return $status
 }
 

@@ -198,9 +198,9 @@ def loop_facts(steps: int, seconds: float, rows_per_step: int, train_rows: int, 
     return {
         "optimizer_steps": steps,
         "train_s": round(seconds, 1),
-        "epochs": round(steps * rows_per_step / max(train_rows, 1), 2),
+        "epochs": round(steps * min(rows_per_step, train_rows) / max(train_rows, 1), 2),
         "train_rows": int(train_rows),
-        "rows_per_s": round(steps * rows_per_step / max(seconds, 1e-9)),
+        "rows_per_s": round(steps * min(rows_per_step, train_rows) / max(seconds, 1e-9)),
         "device": device,
         "hardware": hardware(device),
     }

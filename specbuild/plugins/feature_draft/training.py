@@ -317,6 +317,7 @@ def train_draft(
     draft, used, tgt_map, sub_w = _start_draft(family, hf_dir, net, train, intermediate_size, draft_vocab_size,
                                                init_from, seed, log)  # fmt: skip
     items = chunks(train, chunk_len)
+    batch = max(1, min(batch, len(items)))  # a tiny subset still trains (epoch_batches needs one full batch)
     n_tok = sum(int(it["valid"].sum()) for it in items)
     steps_per_epoch = max(1, len(items) // batch)
     total_steps = max(1, int(epochs * len(items) / batch))
@@ -394,20 +395,29 @@ def evaluate_head_dirs(family: DraftFamily, heads: list, hf_dir, records: list[d
     on the teacher-forced features of corpus `records`, computed once for all heads."""
     rows = teacher_forced.rows_for(hf_dir, records, family.layer_features, device, log=log)
     seqs = cut_sequences(rows, teacher_forced.prompt_lengths(records))
-    net = BaseParts(load_base_weights(hf_dir)).to(device)
+    net = BaseParts(load_base_weights(hf_dir))
     vocab = base_config(hf_dir).vocab_size
+    drafts = [_head_draft(family, head, hf_dir, net, vocab) for head in heads]
+    net.to(device)
     out = []
-    for head in heads:
-        init = _load_head(head)
-        used = (torch.arange(len(init["d2t"])) + init["d2t"]).numpy() if "d2t" in init else np.arange(vocab)
-        size = json.loads((Path(head) / "config.json").read_text())["intermediate_size"]
-        draft = build_draft(family, hf_dir, size, len(used))
-        own = draft.state_dict()
-        draft.load_state_dict({**own, **{k: v.to(own[k].dtype) for k, v in init.items() if k in own}})
+    for draft, used in drafts:
         sub_w = family.subset_rows(net, used)
         out.append(evaluate(family, draft.to(device), net, seqs, _target_map(used, vocab).to(device),
                             sub_w.to(device) if sub_w is not None else None, device=device))  # fmt: skip
     return out
+
+
+def _head_draft(family: DraftFamily, head, hf_dir, net: BaseParts, vocab: int):
+    """(the draft of a head directory, its vocabulary): the full one, or the one its `d2t` lists."""
+    init = _load_head(head)
+    used = (torch.arange(len(init["d2t"])) + init["d2t"]).numpy() if "d2t" in init else np.arange(vocab)
+    draft = build_draft(family, hf_dir, json.loads((Path(head) / "config.json").read_text())["intermediate_size"],
+                        len(used))  # fmt: skip
+    with torch.no_grad():
+        family.start_from_base(draft, net, used)  # the vocabulary buffers (d2t), as training set them
+    own = draft.state_dict()
+    draft.load_state_dict({**own, **{k: v.to(own[k].dtype) for k, v in init.items() if k in own and k != "d2t"}})
+    return draft, used
 
 
 def hardware(device: str) -> str:

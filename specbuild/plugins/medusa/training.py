@@ -391,6 +391,8 @@ def finish(cfg: dict, state, feats: dict, facts: dict, log=print) -> dict:
     extra = {"specbuild_training": {k: v for k, v in metrics.items() if k != "medusa_choices"}}
     if tr.get("note"):
         extra["specbuild_note"] = tr["note"]
+    if cfg.get("specbuild_defaults"):  # build defaults measured before (the `choose` stage replaces them)
+        extra["specbuild_defaults"] = dict(cfg["specbuild_defaults"])
     save_medusa_v2(
         cfg["output_dir"],
         state,
