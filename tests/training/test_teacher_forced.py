@@ -121,3 +121,11 @@ def test_every_family_trains_from_a_corpus(data, tmp_path, mode):
     assert lineage["corpus_sequences"] == 36 and lineage["optimizer_steps"] > 0 and lineage["hardware"]
     weights = "medusa_lm_head.safetensors" if mode == "medusa" else "model.safetensors"
     assert sorted(p.name for p in out.iterdir()) == sorted(["config.json", weights])
+
+    compare = ["corpus", "compare-heads", "--corpus-dir", str(data / "corpus"), "--mode", mode, "--head", str(out),
+               "--max-sequences", "4", "--heldout-frac", "0.2", "--model-dir", str(data / "hf"),
+               "--json", str(tmp_path / "compare.json")]  # fmt: skip
+    result = CliRunner().invoke(cli, compare)
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "compare.json").read_text())
+    assert report["heldout_sequences"] == 4 and list(report["heads"]) == [str(out)]
