@@ -1,7 +1,8 @@
 """Self-distilled EAGLE-1/2 draft heads: the EAGLE-1 family of the shared training-time-test trainer
 (specbuild.plugins.feature_draft.training) and the export in SafeAILab's layout.
 
-Features: the data stage's final normed hidden states (`distill_dir`/feat_train, feat_humaneval). Loss: CE over the
+Features: the data stage's final normed hidden states (`distill_dir`/feat_train, feat_humaneval), or teacher-forced
+ones of a recipe's `corpus_dir`. Loss: CE over the
 base lm_head restricted to a frequent-token subset (for speed) + a SmoothL1 between h_t and the true f_{t+1}.
 Export: `save_eagle1` (fc with bias, layers.0.* without input_layernorm, no embed_tokens, base lm_head), fp16
 safetensors + config.json.

@@ -1,6 +1,7 @@
 """Training-time-test training of a feature-conditioned draft network, shared by the modes that specialise it.
 
-Data: feature rows of the base model's greedy sequences (`specbuild.training.distill`), cut per sequence; the mode's
+Data: feature rows of the base model's greedy sequences (`specbuild.training.distill`'s shards, or teacher-forced
+from a corpus by `specbuild.training.teacher_forced`), cut per sequence; the mode's
 `DraftFamily` says which features (its `read_rows`), which network, how it starts from the base model and which
 logits the loss reads.
 
