@@ -5,7 +5,8 @@
 - `grow --corpus-dir D [--prompt-pool POOL.npz] [--minutes M] ...`: add the base model's continuations of prompts
   the corpus does not hold yet, a chunk every --chunk-minutes;
 - `show --corpus-dir D`: totals per source and per chunk;
-- `merge --from D1 --into D2`: append a corpus grown elsewhere to another (renumbered, no key repeated).
+- `merge --from D1 --into D2`: append a corpus grown elsewhere to another (renumbered, no key repeated);
+- `compare-heads --corpus-dir D --mode M --head H1 --head H2`: heads of one mode on the same held-out sequences.
 Errors are one line `error: ...` and exit 1, as for every specbuild command.
 """
 
@@ -180,3 +181,42 @@ def merge(src, dst):
     for entry in corpus_mod.merge(src, dst):
         click.echo(f"{entry['merged_from']} -> {entry['file']}: {entry['sequences']} sequences")
     click.echo(json.dumps(corpus_mod.totals(dst), indent=1))
+
+
+@corpus.command("compare-heads")
+@click.option("--corpus-dir", required=True, type=click.Path(path_type=Path, file_okay=False), help="The corpus.")
+@click.option("--mode", required=True, help="The heads' speculative mode (one that trains heads).")
+@click.option("--head", "heads", required=True, multiple=True, type=click.Path(path_type=Path, file_okay=False),
+              help="A head directory of that mode; repeat to compare several.")  # fmt: skip
+@click.option("--max-sequences", type=int, default=300, show_default=True, help="The first N held-out sequences.")
+@click.option("--heldout-frac", type=float, default=0.05, show_default=True, help="The trainers' held-out split.")
+@click.option("--device", default="cpu", show_default=True, help="cuda or cpu.")
+@click.option("--threads", type=int, default=2, show_default=True, help="CPU threads for torch.")
+@click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False), help="Also write the numbers.")
+@MODEL_DIR
+@handle_errors
+@needs_extra("train")
+def compare_heads(corpus_dir, mode, heads, max_sequences, heldout_frac, device, threads, json_out, model_dir):
+    """Evaluate head directories of one mode on the same held-out corpus sequences (the split every trainer holds
+    out, teacher-forced features): EAGLE per-step accuracy, Medusa per-head top-k and tree tau, ReDrafter step
+    accuracy and simulated tau."""
+    _positive(max_sequences=max_sequences, threads=threads)
+    _choice("--device", device, DEVICES)
+    from specbuild.plugins.registry import get_mode, load_object
+    from specbuild.training import distill, teacher_forced
+
+    spec = get_mode(mode, "--mode")
+    if spec.head_evaluator is None:
+        raise SpecbuildError(f"--mode {mode}: its heads have no evaluator")
+    records = teacher_forced.corpus_records(corpus_dir, max_sequences, heldout_only=True, heldout_frac=heldout_frac)
+    if not records:
+        raise SpecbuildError(f"--corpus-dir {corpus_dir}: no held-out sequences")
+    distill.setup_torch(threads)
+    log = functools.partial(click.echo, err=True)
+    log(f"{len(records)} held-out sequences, {sum(len(r['gen_ids']) for r in records)} generated tokens")
+    results = load_object(spec.head_evaluator)([str(h) for h in heads], _model_dir(model_dir), records, device, log)
+    by_head = dict(zip(map(str, heads), results))
+    report = {"corpus": str(corpus_dir), "heldout_sequences": len(records), "heads": by_head}
+    click.echo(json.dumps(report, indent=1))
+    if json_out:
+        json_out.write_text(json.dumps(report, indent=1) + "\n")

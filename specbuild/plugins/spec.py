@@ -51,6 +51,9 @@ class ModeSpec:
     trainer: str | None = None  # "module:function": (recipe dict of load_recipe, log) -> metrics, `kind: <name>`
     demo: bool = False  # the mode `specbuild demo` shows beside plain decoding (shipped heads, speculates most on chat)
     features: str | None = None  # "module:attribute": the training.features.LayerFeatures its trainer reads
+    # "module:function": (head dirs, hf_dir, corpus records, device, log) -> held-out metrics of each head
+    # (`specbuild corpus compare-heads`)
+    head_evaluator: str | None = None
 
     def __post_init__(self):
         if self.family not in FAMILIES:

@@ -6,6 +6,7 @@
   decoder-layer inputs a mode declares as `features.LayerFeatures`).
 - `loop`: the one optimisation loop (AdamW, warm-up + cosine schedule, time budget) every trainer runs.
 - `base_weights`: the frozen base tensors (embedding, lm_head, final norm); `heldout`: the held-out split.
+- `teacher_forced`: the same features recomputed from a corpus's token ids (a recipe's `corpus_dir`), in memory.
 - `defaults`: the recipe's `choose` stage (default build settings by measurement); `batched_decode`: batched
   greedy decoding with feature capture.
 """

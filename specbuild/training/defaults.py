@@ -97,13 +97,13 @@ def fresh_prompts(base_model: str | Path, work_dir: str | Path, count: int, seed
 def choose_for_recipe(cfg: dict, mode: str, head_dir: str | Path, log=print) -> dict | None:
     """The recipe's `choose` stage: measure `choose.candidates` (build options of `mode`) with the heads just written
     on fresh prompts, and record the fastest as the heads' `specbuild_defaults` (config.json), with the table."""
+    choice = cfg.get("choose")
+    if not choice:  # before the builder's imports: a training host may lack them (corpus recipes have no choose)
+        return None
     import json
 
     from specbuild.builder.convert import convert_checkpoint
 
-    choice = cfg.get("choose")
-    if not choice:
-        return None
     data_dir = cfg.get("distill_dir") or cfg["work_dir"]  # where the recipe's training sequences are
     prompts = fresh_prompts(cfg["base_model"], data_dir, int(choice.get("prompts", 12)))
     with tempfile.TemporaryDirectory(prefix="specbuild-choose-ckpt-") as tmp:

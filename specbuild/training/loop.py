@@ -86,9 +86,11 @@ def train_loop(
     log_every: int = 50,
     note: Callable[[], str] | None = None,
     log=print,
+    every: tuple[int, Callable[[int], None]] | None = None,
 ) -> LoopResult:
     """Optimise the trainable parameters of `model` (already on `device`) on `loss_fn(batch)` until the schedule
-    is done or `batches` runs out. `note()` adds mode-specific facts to the progress lines."""
+    is done or `batches` runs out. `note()` adds mode-specific facts to the progress lines; `every` = (n, fn) calls
+    fn(step) after every n steps (e.g. a held-out evaluation per epoch)."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=schedule.lr, betas=betas, weight_decay=0.0)
     autocast = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if device == "cuda" else None
@@ -114,6 +116,8 @@ def train_loop(
         if step % log_every == 0 or step == schedule.total:
             extra = f" {note()}" if note else ""
             log(f"step {step}/{schedule.total} loss {loss.item():.4f} lr {lr:.2e}{extra} {time.time() - t0:.0f}s")
+        if every is not None and step % every[0] == 0:
+            every[1](step)
     seconds = time.time() - t0
     return LoopResult(step, seconds, torch.stack(losses).float().cpu().tolist() if losses else [])
 

@@ -7,13 +7,14 @@ Every stage resumes: sequences are appended and skipped when done, feature shard
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import yaml
 
 from specbuild.training import distill
 
-PATH_KEYS = ("work_dir", "distill_dir", "feature_dir", "output_dir")
+PATH_KEYS = ("work_dir", "distill_dir", "feature_dir", "output_dir", "corpus_dir")
 
 
 def expand_path(path) -> str:
@@ -33,20 +34,48 @@ def resolve_paths(cfg: dict) -> dict:
     return cfg
 
 
-def load_recipe(path: str | Path, device: str | None = None) -> dict:
-    """The recipe with its paths resolved; `device` (where to run) is stored under `device`."""
+def load_recipe(path: str | Path, device: str | None = None, overrides: list[str] | tuple = ()) -> dict:
+    """The recipe with its `overrides` applied (see `apply_override`) and its paths resolved; `device` (where to
+    run) is stored under `device`."""
     from specbuild.errors import SpecbuildError
 
     try:
         cfg = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise SpecbuildError(f"recipe {path}: cannot read ({exc})") from None
+    for item in overrides:
+        cfg = apply_override(cfg or {}, item)
     for key in ("base_model", "work_dir", "output_dir"):
         if key not in (cfg or {}):
             raise SpecbuildError(f"recipe {path}: needs `{key}`")
     cfg = resolve_paths(cfg)
     cfg["device"] = device or cfg.get("device") or distill.default_device()
     return cfg
+
+
+def apply_override(cfg: dict, item: str) -> dict:
+    """`KEY=VALUE` with a dotted KEY (`train.time_budget_s=300`) and a YAML VALUE (`null` removes the key), applied
+    to a copy of `cfg`."""
+    from specbuild.errors import SpecbuildError
+
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise SpecbuildError(f"--set {item!r}: expected KEY=VALUE, e.g. train.time_budget_s=300")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecbuildError(f"--set {item!r}: the value is not YAML ({exc})") from None
+    out = dict(cfg)
+    node, parts = out, key.strip().split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        node[part] = dict(child) if isinstance(child, dict) else {}
+        node = node[part]
+    if value is None:
+        node.pop(parts[-1], None)
+    else:
+        node[parts[-1]] = value
+    return out
 
 
 def prepare_data(cfg: dict, log=print) -> None:
@@ -139,6 +168,16 @@ def declared_layer_features(by_mode: dict) -> tuple:
     return load_object(spec.features), Path(expand_path(directory))
 
 
+def loop_budget(train: dict, default: float) -> float:
+    """The training loop's time budget (s): the recipe's `train.time_budget_s`, shortened so that the run ends by
+    `train.end_by` (a Unix time, set by a caller that must finish in time such as scripts/device/train-heads.sh)
+    less `train.end_reserve_s` (default 30) for evaluation and export; read when the loop is about to start."""
+    budget = float(train.get("time_budget_s", default))
+    if train.get("end_by"):
+        budget = min(budget, float(train["end_by"]) - time.time() - float(train.get("end_reserve_s", 30)))
+    return max(budget, 1.0)
+
+
 def check_device(device: str | None) -> str:
     """`device` (cuda or cpu), or the default: cuda when torch sees a GPU."""
     import torch
@@ -154,14 +193,14 @@ def check_device(device: str | None) -> str:
     return device
 
 
-def run_recipe(path: str | Path, log=print, device: str | None = None) -> dict:
-    """Run a whole recipe with the trainer of the mode its `kind` names (on `device`, see check_device), then its
-    `choose` stage (the fastest measured build settings become the heads' defaults); returns the trainer's metrics,
-    with the choice under `choice`."""
+def run_recipe(path: str | Path, log=print, device: str | None = None, overrides: list[str] | tuple = ()) -> dict:
+    """Run a whole recipe (with `overrides`, see `apply_override`) with the trainer of the mode its `kind` names (on
+    `device`, see check_device), then its `choose` stage (the fastest measured build settings become the heads'
+    defaults); returns the trainer's metrics, with the choice under `choice`."""
     from specbuild.errors import SpecbuildError
     from specbuild.plugins.registry import load_object, trainable_modes
 
-    cfg = load_recipe(path, check_device(device))
+    cfg = load_recipe(path, check_device(device), overrides)
     modes = trainable_modes()
     kind = cfg.get("kind")
     if kind not in modes:

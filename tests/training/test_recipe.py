@@ -40,3 +40,21 @@ def test_rounds_append_with_prefixed_ids(smollm2_hf, tmp_path):
 
     recipe.prepare_data(cfg, log=lambda *a: None)  # resumes: nothing new
     assert len(distill.read_sequences(tmp_path / "work" / "train.jsonl")) == len(seqs)
+
+
+def test_overrides_set_dotted_keys_with_yaml_values_and_end_by_shortens_the_budget():
+    import time
+
+    from specbuild.errors import SpecbuildError
+
+    cfg = {"train": {"batch": 8, "lr": 0.1}, "kind": "x"}
+    out = recipe.apply_override(recipe.apply_override(cfg, "train.batch=64"), "corpus.max_sequences=10")
+    out = recipe.apply_override(out, "train.lr=null")
+    assert out == {"train": {"batch": 64}, "kind": "x", "corpus": {"max_sequences": 10}}
+    assert cfg == {"train": {"batch": 8, "lr": 0.1}, "kind": "x"}  # a copy
+    assert recipe.apply_override({}, "train.simulate=[[2, 3]]") == {"train": {"simulate": [[2, 3]]}}
+    with pytest.raises(SpecbuildError, match="KEY=VALUE"):
+        recipe.apply_override(cfg, "train.batch")
+    assert recipe.loop_budget({"time_budget_s": 300}, 10) == 300
+    budget = recipe.loop_budget({"time_budget_s": 300, "end_by": time.time() + 100, "end_reserve_s": 20}, 10)
+    assert 79 <= budget <= 80

@@ -70,11 +70,12 @@ def test_redrafter(data, tmp_path):
 def test_eagle(data, tmp_path, mode):
     from specbuild.plugins.eagle import training as eagle
     from specbuild.plugins.eagle3 import training as eagle3
-    from specbuild.plugins.feature_draft.training import train_draft
+    from specbuild.plugins.feature_draft.training import load_sequences, train_draft
 
     family, features = (eagle.EAGLE1, "feat_train") if mode == "eagle" else (eagle3.EAGLE3, "feat_layers")
     res = train_draft(
-        family, data / "hf", data / features, data / "train.jsonl", intermediate_size=32, draft_vocab_size=64,
+        family, data / "hf", load_sequences(family, data / features, data / "train.jsonl"), intermediate_size=32,
+        draft_vocab_size=64,
         steps=2, chunk_len=16, batch=8, lr=3e-3, warmup=2, epochs=2, heldout_frac=0.0, log=quiet,
     )  # fmt: skip
     assert_learns(res["losses"])

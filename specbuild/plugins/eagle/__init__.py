@@ -13,4 +13,5 @@ MODE = ModeSpec(
     heads="EAGLE-1/2 draft head directory.",
     converter="specbuild.plugins.eagle.convert:convert_eagle",
     trainer="specbuild.plugins.eagle.training:run_eagle_recipe",
+    head_evaluator="specbuild.plugins.eagle.training:evaluate_heads",
 )

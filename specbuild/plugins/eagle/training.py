@@ -1,7 +1,8 @@
 """Self-distilled EAGLE-1/2 draft heads: the EAGLE-1 family of the shared training-time-test trainer
 (specbuild.plugins.feature_draft.training) and the export in SafeAILab's layout.
 
-Features: the data stage's final normed hidden states (`distill_dir`/feat_train, feat_humaneval). Loss: CE over the
+Features: the data stage's final normed hidden states (`distill_dir`/feat_train, feat_humaneval), or teacher-forced
+ones of a recipe's `corpus_dir`. Loss: CE over the
 base lm_head restricted to a frequent-token subset (for speed) + a SmoothL1 between h_t and the true f_{t+1}.
 Export: `save_eagle1` (fc with bias, layers.0.* without input_layernorm, no embed_tokens, base lm_head), fp16
 safetensors + config.json.
@@ -18,6 +19,7 @@ from specbuild.plugins.eagle.draft_net import Eagle1Net
 from specbuild.plugins.feature_draft.training import (
     DraftFamily,
     draft_config_json,
+    evaluate_head_dirs,
     load_shards,
     recipe_defaults,
     train_from_recipe,
@@ -69,12 +71,18 @@ def save_eagle1(out_dir, draft, hf_dir, base_model_name: str, defaults: dict, me
     write_head(out_dir, tensors, cfg)
 
 
+def evaluate_heads(heads: list, hf_dir, records: list[dict], device: str = "cpu", log=print) -> list[dict]:
+    """Held-out per-step accuracy of EAGLE-1/2 head directories on corpus `records` (teacher-forced)."""
+    return evaluate_head_dirs(EAGLE1, heads, hf_dir, records, device, log)
+
+
 def run_eagle_recipe(cfg: dict, log=print) -> dict:
     """An EAGLE-1/2 recipe (`load_recipe`'s dict, `kind: eagle`): training on the data stage's final hidden states
-    (`distill_dir`: train.jsonl, humaneval.jsonl, feat_train, feat_humaneval), evaluation, export."""
-    dd = Path(cfg["distill_dir"])
+    (`distill_dir`: train.jsonl, humaneval.jsonl, feat_train, feat_humaneval) or on teacher-forced ones of a
+    `corpus_dir`, evaluation, export."""
     distill.setup_torch()
-    res = train_from_recipe(cfg, EAGLE1, dd / "feat_train", dd / "feat_humaneval", log=log)
+    dd = None if cfg.get("corpus_dir") else Path(cfg["distill_dir"])
+    res = train_from_recipe(cfg, EAGLE1, dd and dd / "feat_train", dd and dd / "feat_humaneval", log=log)
     used = res["used"] if cfg.get("train", {}).get("ship_draft_vocab", False) else None
     name = cfg.get("base_model_name", str(cfg["base_model"]))
     save_eagle1(cfg["output_dir"], res["draft"], cfg["base_model"], name, recipe_defaults(cfg), res["metrics"], used)

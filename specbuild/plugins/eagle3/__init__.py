@@ -14,5 +14,6 @@ MODE = ModeSpec(
     heads="EAGLE-3 draft head directory.",
     converter="specbuild.plugins.eagle3.convert:convert_eagle3",
     trainer="specbuild.plugins.eagle3.training:run_eagle3_recipe",
+    head_evaluator="specbuild.plugins.eagle3.training:evaluate_heads",
     features="specbuild.plugins.eagle3.training:LAYER_FEATURES",
 )

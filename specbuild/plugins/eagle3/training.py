@@ -20,6 +20,7 @@ from specbuild.plugins.eagle3.draft_net import Eagle3Net
 from specbuild.plugins.feature_draft.training import (
     DraftFamily,
     draft_config_json,
+    evaluate_head_dirs,
     load_shards,
     recipe_defaults,
     train_from_recipe,
@@ -39,6 +40,7 @@ LAYER_FEATURES = LayerFeatures(keys=("h_low", "h_mid", "h_high"), layers=capture
 
 class Eagle3Family(DraftFamily):
     net_class = Eagle3Net
+    layer_features = LAYER_FEATURES
 
     def read_rows(self, features_dir, prompt_len):
         d = load_shards(features_dir, (*LAYER_FEATURES.keys, "token", "seq", "pos"))
@@ -80,17 +82,26 @@ def save_eagle3(out_dir, draft, used: np.ndarray, hf_dir, base_model_name: str, 
     write_head(out_dir, tensors, cfg)
 
 
+def evaluate_heads(heads: list, hf_dir, records: list[dict], device: str = "cpu", log=print) -> list[dict]:
+    """Held-out per-step accuracy of EAGLE-3 head directories on corpus `records` (teacher-forced)."""
+    return evaluate_head_dirs(EAGLE3, heads, hf_dir, records, device, log)
+
+
 def run_eagle3_recipe(cfg: dict, log=print) -> dict:
-    """An EAGLE-3 recipe (`load_recipe`'s dict, `kind: eagle3`): layer features of the data stage's sequences
-    (`distill_dir`: train.jsonl, humaneval.jsonl) into `feature_dir` (sequences that have them are skipped),
-    training, evaluation, export."""
-    hf, dd, fd, device = cfg["base_model"], Path(cfg["distill_dir"]), Path(cfg["feature_dir"]), cfg["device"]
+    """An EAGLE-3 recipe (`load_recipe`'s dict, `kind: eagle3`): layer features teacher-forced from its
+    `corpus_dir`, or extracted from the data stage's sequences (`distill_dir`: train.jsonl, humaneval.jsonl) into
+    `feature_dir` (sequences that have them are skipped); training, evaluation, export."""
+    hf, device = cfg["base_model"], cfg["device"]
     distill.setup_torch()
-    budget = float(cfg.get("features", {}).get("time_budget_s", 1e9))
-    distill.extract_layer_features(LAYER_FEATURES, hf, dd / "humaneval.jsonl", fd / "humaneval", log=log, device=device)
-    distill.extract_layer_features(LAYER_FEATURES, hf, dd / "train.jsonl", fd / "train", time_budget_s=budget, log=log,
-                                   device=device)  # fmt: skip
-    res = train_from_recipe(cfg, EAGLE3, fd / "train", fd / "humaneval", log=log)
+    fd = None
+    if not cfg.get("corpus_dir"):
+        dd, fd = Path(cfg["distill_dir"]), Path(cfg["feature_dir"])
+        budget = float(cfg.get("features", {}).get("time_budget_s", 1e9))
+        distill.extract_layer_features(LAYER_FEATURES, hf, dd / "humaneval.jsonl", fd / "humaneval", log=log,
+                                       device=device)  # fmt: skip
+        distill.extract_layer_features(LAYER_FEATURES, hf, dd / "train.jsonl", fd / "train", time_budget_s=budget,
+                                       log=log, device=device)  # fmt: skip
+    res = train_from_recipe(cfg, EAGLE3, fd and fd / "train", fd and fd / "humaneval", log=log)
     name = cfg.get("base_model_name", str(hf))
     save_eagle3(cfg["output_dir"], res["draft"], res["used"], hf, name, recipe_defaults(cfg), res["metrics"])
     return res["metrics"]

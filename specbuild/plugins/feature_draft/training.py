@@ -1,6 +1,7 @@
 """Training-time-test training of a feature-conditioned draft network, shared by the modes that specialise it.
 
-Data: feature rows of the base model's greedy sequences (`specbuild.training.distill`), cut per sequence; the mode's
+Data: feature rows of the base model's greedy sequences (`specbuild.training.distill`'s shards, or teacher-forced
+from a corpus by `specbuild.training.teacher_forced`), cut per sequence; the mode's
 `DraftFamily` says which features (its `read_rows`), which network, how it starts from the base model and which
 logits the loss reads.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +26,12 @@ import torch
 
 from specbuild import engine_format as ef
 from specbuild.plugins.feature_draft.draft_net import DraftNet
-from specbuild.training import distill
+from specbuild.training import distill, teacher_forced
 from specbuild.training.base_weights import BaseParts, load_base_weights
+from specbuild.training.features import LayerFeatures
 from specbuild.training.heldout import heldout_mask
 from specbuild.training.loop import ProgressCosine, epoch_batches, train_loop
+from specbuild.training.recipe import loop_budget
 
 
 class DraftFamily:
@@ -35,6 +39,7 @@ class DraftFamily:
 
     net_class: type[DraftNet]
     feature_loss = False  # add SmoothL1(h_t, f_{t+1}): the draft output regresses the true next feature
+    layer_features: LayerFeatures | None = None  # the decoder-layer inputs it reads (None: final normed hidden)
 
     def read_rows(self, features_dir: str | Path, prompt_len: dict[int, int]) -> dict[str, np.ndarray]:
         """Feature rows: `feat` [N,F], `token` [N] (x_{p+1}), `seq` [N], `pos` [N] (absolute position p);
@@ -88,7 +93,12 @@ def load_sequences(family: DraftFamily, features_dir: str | Path, sequences_json
     """Per sequence: `feat` [n,F] fp16, `token` [n] (x_{p+1}), `valid` [n] (x_{p+2} is a greedy base token, i.e. a
     generated one), `pos` [n], `seq`."""
     prompt_len = {distill._seq_no(r["id"]): len(r["prompt_ids"]) for r in distill.read_sequences(sequences_jsonl)}
-    d = family.read_rows(features_dir, prompt_len)
+    return cut_sequences(family.read_rows(features_dir, prompt_len), prompt_len)
+
+
+def cut_sequences(d: dict[str, np.ndarray], prompt_len: dict[int, int]) -> list[dict]:
+    """The per-sequence dicts of `load_sequences` from rows {feat, token, seq, pos} grouped by sequence (views, no
+    copy); `prompt_len`: sequence number -> prompt length."""
     seq = d["seq"]
     cuts = np.nonzero(np.diff(seq) != 0)[0] + 1
     out = []
@@ -132,21 +142,25 @@ def chunks(seqs: list[dict], length: int) -> list[dict]:
     return out
 
 
-def collate(items: list[dict]) -> dict[str, torch.Tensor]:
+def collate(items: list[dict], device: str = "cpu") -> dict[str, torch.Tensor]:
+    """A padded batch on `device` (features float32 there; they travel as stored, float16)."""
     b, n = len(items), max(len(it["token"]) for it in items)
     f = items[0]["feat"].shape[1]
-    feat = torch.zeros(b, n, f)
+    feat = torch.zeros(b, n, f, dtype=torch.from_numpy(items[0]["feat"][:0]).dtype)
     token = torch.zeros(b, n, dtype=torch.long)
     valid = torch.zeros(b, n, dtype=torch.bool)
     pos = torch.zeros(b, n, dtype=torch.long)
     for i, it in enumerate(items):
         m = len(it["token"])
-        feat[i, :m] = torch.from_numpy(it["feat"].astype(np.float32))
+        feat[i, :m] = torch.from_numpy(it["feat"])
         token[i, :m] = torch.from_numpy(it["token"])
         valid[i, :m] = torch.from_numpy(it["valid"])
         pos[i, :m] = torch.from_numpy(it["pos"]) if it["pos"][0] >= 0 else torch.arange(m)
         pos[i, m:] = pos[i, m - 1] + 1 + torch.arange(n - m)
-    return {"feat": feat, "token": token, "valid": valid, "pos": pos}
+    batch = {"feat": feat, "token": token, "valid": valid, "pos": pos}
+    batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    batch["feat"] = batch["feat"].float()
+    return batch
 
 
 def base_config(hf_dir: str | Path):
@@ -230,15 +244,17 @@ def _target_map(used: np.ndarray, vocab: int) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(
-    family, draft, net, seqs: list[dict], tgt_map, sub_w, steps: int = 4, length: int = 256, batch: int = 16
-) -> dict:
-    """Per-step top-1 accuracy (training-time-test unroll) over `seqs`; positions whose target is
-    outside the draft vocab count as misses (acc_all) and are excluded (acc_in_vocab)."""
+    family, draft, net, seqs: list[dict], tgt_map, sub_w, steps: int = 4, length: int = 256, batch: int = 16,
+    device: str = "cpu",
+) -> dict:  # fmt: skip
+    """Per-step top-1 accuracy (training-time-test unroll) over `seqs`, on `device` (where draft, net, tgt_map and
+    sub_w are); positions whose target is outside the draft vocab count as misses (acc_all) and are excluded
+    (acc_in_vocab)."""
     draft.eval()
     items = chunks(seqs, length)
     corr, cnt, total = np.zeros(steps), np.zeros(steps), np.zeros(steps)
     for i in range(0, len(items), batch):
-        bt = collate(items[i : i + batch])
+        bt = collate(items[i : i + batch], device)
         outs = ttt_forward(draft, net, bt, steps)
         for j, (_, c, k) in enumerate(step_losses(family, draft, net, outs, bt, tgt_map, sub_w, 0.0)):
             corr[j] += c
@@ -266,9 +282,8 @@ def _load_head(head_dir: str | Path) -> dict[str, torch.Tensor]:
 def train_draft(
     family: DraftFamily,
     hf_dir: str | Path,
-    features_dir: str | Path,
-    sequences_jsonl: str | Path,
-    eval_sets: dict | None = None,
+    seqs: list[dict],
+    eval_sets: dict[str, list[dict]] | None = None,
     intermediate_size: int = 768,
     draft_vocab_size: int = 8192,
     steps: int = 3,
@@ -285,23 +300,84 @@ def train_draft(
     seed: int = 0,
     log_every: int = 20,
     init_from: str | Path | None = None,
+    epoch_eval_sequences: int = 0,
     log=print,
     device: str = "cpu",
 ) -> dict:
     """Train the family's draft with training-time test on `device` (bf16 autocast on cuda). Returns
     {draft, used, metrics, losses} (the draft on the CPU, float32; losses: one per optimizer step).
 
-    eval_sets: {name: (features_dir, sequences_jsonl)} evaluated after training (never trained on).
+    seqs: per-sequence features (`load_sequences` or `cut_sequences`), split into training and held-out here.
+    eval_sets: {name: sequences} evaluated after training (never trained on). epoch_eval_sequences: after every
+    epoch, the per-step held-out accuracy on that many held-out sequences is logged (metrics `per_epoch`).
     init_from: a head directory this function wrote before (model.safetensors); training continues from its
     weights (and a head with its own vocabulary keeps it, see DraftFamily.vocabulary)."""
     distill.setup_torch()
-    base = base_config(hf_dir)
     net = BaseParts(load_base_weights(hf_dir))
-    seqs = load_sequences(family, features_dir, sequences_jsonl)
     train, held = split_heldout(seqs, heldout_frac)
+    draft, used, tgt_map, sub_w = _start_draft(family, hf_dir, net, train, intermediate_size, draft_vocab_size,
+                                               init_from, seed, log)  # fmt: skip
+    items = chunks(train, chunk_len)
+    batch = max(1, min(batch, len(items)))  # a tiny subset still trains (epoch_batches needs one full batch)
+    n_tok = sum(int(it["valid"].sum()) for it in items)
+    steps_per_epoch = max(1, len(items) // batch)
+    total_steps = max(1, int(epochs * len(items) / batch))
+    log(
+        f"{family.net_class.__name__}: {len(train)} train / {len(held)} held-out sequences, {len(items)} chunks, "
+        f"{n_tok} targets, {total_steps} optimizer steps max ({steps_per_epoch} per epoch), draft vocab coverage "
+        f"{float(tgt_map[torch.from_numpy(np.concatenate([s['token'] for s in train]))].ge(0).float().mean()):.3f}"
+    )
+    draft.to(device)
+    net.to(device)
+    tgt_map = tgt_map.to(device)
+    sub_w = sub_w.to(device) if sub_w is not None else None
+    ema: list[float] = []
+    seen = [0, time.time()]  # targets trained on, start time
+
+    def loss_of(items_batch):
+        bt = collate(items_batch, device)
+        if feature_noise:
+            bt["feat"] = bt["feat"] + (torch.rand_like(bt["feat"]) - 0.5) * feature_noise
+        res = step_losses(family, draft, net, ttt_forward(draft, net, bt, steps), bt, tgt_map, sub_w, l1_weight)
+        accs = [r[1] / max(r[2], 1) for r in res]
+        ema[:] = accs if not ema else [0.95 * e + 0.05 * a for e, a in zip(ema, accs)]
+        seen[0] += res[0][2]
+        return sum(step_decay**j * r[0] for j, r in enumerate(res))
+
+    per_epoch: list[dict] = []
+
+    def epoch_eval(step: int) -> None:
+        acc = evaluate(family, draft, net, held[:epoch_eval_sequences], tgt_map, sub_w, device=device)["acc_all"]
+        per_epoch.append({"epoch": round(step / steps_per_epoch, 2), "step": step, "heldout_acc_all": acc,
+                          "s": round(time.time() - seen[1], 1)})  # fmt: skip
+        log(f"epoch {per_epoch[-1]['epoch']}: held-out acc_all {acc} ({min(len(held), epoch_eval_sequences)} seqs)")
+
+    def note() -> str:
+        return f"acc {[round(a, 3) for a in ema]} {seen[0] / (time.time() - seen[1]):.0f} tok/s"
+
+    schedule = ProgressCosine(lr, total_steps, warmup, time_budget_s)
+    every = (steps_per_epoch, epoch_eval) if epoch_eval_sequences and held else None
+    result = train_loop(draft, epoch_batches(items, batch, random.Random(seed)), loss_of, schedule, device,
+                        betas=(0.9, 0.95), grad_clip=0.5, log_every=log_every, note=note, log=log,
+                        every=every)  # fmt: skip
+    metrics = {"version": draft.version, "train_s": round(result.seconds, 1), "optimizer_steps": result.steps}
+    metrics.update(epochs=round(result.steps / steps_per_epoch, 2), train_sequences=len(train),
+                   train_targets_seen=seen[0], tokens_per_s=round(seen[0] / max(result.seconds, 1e-9)))  # fmt: skip
+    metrics.update(device=device, hardware=hardware(device), per_epoch=per_epoch)
+    for name, ev in {"heldout": held, **(eval_sets or {})}.items():
+        metrics[name] = evaluate(family, draft, net, ev, tgt_map, sub_w, device=device)
+        log(f"{name}: {metrics[name]}")
+    draft.float().cpu()
+    return {"draft": draft, "used": used, "metrics": metrics, "losses": result.losses}
+
+
+def _start_draft(family, hf_dir, net, train, intermediate_size, draft_vocab_size, init_from, seed, log):
+    """(draft, training vocabulary, target map, lm_head subset rows) of a fresh draft, or one continuing the head
+    at `init_from`."""
     init = _load_head(init_from) if init_from else None
-    used = family.vocabulary(train, init, draft_vocab_size, base.vocab_size)
-    tgt_map = _target_map(used, base.vocab_size)
+    vocab = base_config(hf_dir).vocab_size
+    used = family.vocabulary(train, init, draft_vocab_size, vocab)
+    tgt_map = _target_map(used, vocab)
     sub_w = family.subset_rows(net, used)
     draft = build_draft(family, hf_dir, intermediate_size, len(used), seed)
     with torch.no_grad():
@@ -311,52 +387,44 @@ def train_draft(
         state = {k: v.to(own[k].dtype) for k, v in init.items() if k in own and k != "d2t"}
         draft.load_state_dict({**own, **state})
         log(f"continuing from {init_from} ({len(state)} tensors)")
-    items = chunks(train, chunk_len)
-    n_tok = sum(int(it["valid"].sum()) for it in items)
-    total_steps = max(1, int(epochs * len(items) / batch))
-    log(
-        f"{family.net_class.__name__}: {len(train)} train / {len(held)} held-out sequences, {len(items)} chunks, "
-        f"{n_tok} targets, "
-        f"{total_steps} optimizer steps max, draft vocab coverage "
-        f"{float(tgt_map[torch.from_numpy(np.concatenate([s['token'] for s in train]))].ge(0).float().mean()):.3f}"
-    )
-    draft.to(device)
+    return draft, used, tgt_map, sub_w
+
+
+def evaluate_head_dirs(family: DraftFamily, heads: list, hf_dir, records: list[dict], device: str = "cpu",
+                       log=print) -> list[dict]:  # fmt: skip
+    """Per-step held-out accuracy (`evaluate`) of each head directory (as `save_eagle1`/`save_eagle3` write them)
+    on the teacher-forced features of corpus `records`, computed once for all heads."""
+    rows = teacher_forced.rows_for(hf_dir, records, family.layer_features, device, log=log)
+    seqs = cut_sequences(rows, teacher_forced.prompt_lengths(records))
+    net = BaseParts(load_base_weights(hf_dir))
+    vocab = base_config(hf_dir).vocab_size
+    drafts = [_head_draft(family, head, hf_dir, net, vocab) for head in heads]
     net.to(device)
-    tgt_map = tgt_map.to(device)
-    sub_w = sub_w.to(device) if sub_w is not None else None
-    ema: list[float] = []
+    out = []
+    for draft, used in drafts:
+        sub_w = family.subset_rows(net, used)
+        out.append(evaluate(family, draft.to(device), net, seqs, _target_map(used, vocab).to(device),
+                            sub_w.to(device) if sub_w is not None else None, device=device))  # fmt: skip
+    return out
 
-    def loss_of(items_batch):
-        bt = {k: v.to(device) for k, v in collate(items_batch).items()}
-        if feature_noise:
-            bt["feat"] = bt["feat"] + (torch.rand_like(bt["feat"]) - 0.5) * feature_noise
-        res = step_losses(family, draft, net, ttt_forward(draft, net, bt, steps), bt, tgt_map, sub_w, l1_weight)
-        accs = [r[1] / max(r[2], 1) for r in res]
-        ema[:] = accs if not ema else [0.95 * e + 0.05 * a for e, a in zip(ema, accs)]
-        return sum(step_decay**j * r[0] for j, r in enumerate(res))
 
-    schedule = ProgressCosine(lr, total_steps, warmup, time_budget_s)
-    result = train_loop(draft, epoch_batches(items, batch, random.Random(seed)), loss_of, schedule, device,
-                        betas=(0.9, 0.95), grad_clip=0.5, log_every=log_every,
-                        note=lambda: f"acc {[round(a, 3) for a in ema]}", log=log)  # fmt: skip
-    draft.float().cpu()
-    net.cpu()
-    tgt_map = tgt_map.cpu()
-    sub_w = sub_w.cpu() if sub_w is not None else None
-    metrics = {"version": draft.version, "train_s": round(result.seconds, 1), "optimizer_steps": result.steps}
-    metrics["train_sequences"] = len(train)
-    metrics["device"] = device
-    metrics["heldout"] = evaluate(family, draft, net, held, tgt_map, sub_w)
-    log(f"held-out: {metrics['heldout']}")
-    for name, (fd, js) in (eval_sets or {}).items():
-        try:
-            ev = load_sequences(family, fd, js)
-        except FileNotFoundError as e:
-            log(f"eval set {name} skipped: {e}")
-            continue
-        metrics[name] = evaluate(family, draft, net, ev, tgt_map, sub_w)
-        log(f"{name}: {metrics[name]}")
-    return {"draft": draft, "used": used, "metrics": metrics, "losses": result.losses}
+def _head_draft(family: DraftFamily, head, hf_dir, net: BaseParts, vocab: int):
+    """(the draft of a head directory, its vocabulary): the full one, or the one its `d2t` lists."""
+    init = _load_head(head)
+    used = (torch.arange(len(init["d2t"])) + init["d2t"]).numpy() if "d2t" in init else np.arange(vocab)
+    draft = build_draft(family, hf_dir, json.loads((Path(head) / "config.json").read_text())["intermediate_size"],
+                        len(used))  # fmt: skip
+    with torch.no_grad():
+        family.start_from_base(draft, net, used)  # the vocabulary buffers (d2t), as training set them
+    own = draft.state_dict()
+    draft.load_state_dict({**own, **{k: v.to(own[k].dtype) for k, v in init.items() if k in own and k != "d2t"}})
+    return draft, used
+
+
+def hardware(device: str) -> str:
+    from specbuild.training.corpus_grow import hardware as name
+
+    return name(device)
 
 
 @torch.no_grad()
@@ -454,17 +522,18 @@ def write_head(out_dir: str | Path, tensors: dict[str, torch.Tensor], cfg: dict)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
-def train_from_recipe(cfg: dict, family: DraftFamily, train_dir: Path, humaneval_dir: Path, log=print) -> dict:
-    """The training stage of a draft recipe (`load_recipe`'s dict): train on `train_dir`'s features and
-    `distill_dir`/train.jsonl, evaluate on the HumanEval ones; returns train_draft's result. The metrics go to
-    `work_dir`/metrics-<mode>.json."""
-    t, hf, dd = cfg.get("train", {}), cfg["base_model"], Path(cfg["distill_dir"])
+def train_from_recipe(cfg: dict, family: DraftFamily, train_dir: Path | None, humaneval_dir: Path | None,
+                      log=print) -> dict:  # fmt: skip
+    """The training stage of a draft recipe (`load_recipe`'s dict): train on the features of `recipe_sequences`,
+    evaluate on the held-out ones (and the HumanEval ones of a shard recipe); returns train_draft's result, with
+    the corpus lineage in its metrics. The metrics go to `work_dir`/metrics-<mode>.json."""
+    t = cfg.get("train", {})
+    seqs, eval_sets, lineage = recipe_sequences(cfg, family, train_dir, humaneval_dir, log)
     res = train_draft(
         family,
-        hf,
-        train_dir,
-        dd / "train.jsonl",
-        eval_sets={"humaneval": (humaneval_dir, dd / "humaneval.jsonl")},
+        cfg["base_model"],
+        seqs,
+        eval_sets=eval_sets,
         intermediate_size=int(t.get("intermediate_size", 768)),
         draft_vocab_size=int(t.get("draft_vocab_size", 8192)),
         steps=int(t.get("ttt_steps", 3)),
@@ -475,17 +544,35 @@ def train_from_recipe(cfg: dict, family: DraftFamily, train_dir: Path, humaneval
         lr=float(t.get("lr", 1e-3)),
         warmup=int(t.get("warmup", 50)),
         epochs=float(t.get("epochs", 4)),
-        time_budget_s=float(t.get("time_budget_s", 1200)),
+        time_budget_s=loop_budget(t, 1200),
         heldout_frac=float(t.get("heldout_frac", 0.05)),
         feature_noise=float(t.get("feature_noise", 0.0)),
+        log_every=int(t.get("log_every", 20)),
         init_from=t.get("init_from"),
+        epoch_eval_sequences=int(t.get("epoch_eval_sequences", 0)),
         log=log,
         device=cfg["device"],
     )
+    res["metrics"].update(lineage)
     work = Path(cfg["work_dir"])
     work.mkdir(parents=True, exist_ok=True)
     (work / f"metrics-{cfg['kind']}.json").write_text(json.dumps(res["metrics"], indent=1) + "\n")
     return res
+
+
+def recipe_sequences(cfg: dict, family: DraftFamily, train_dir: Path | None, humaneval_dir: Path | None, log=print):
+    """(sequences, eval sets, lineage) of a draft recipe: teacher-forced from its `corpus_dir` (no eval set beyond
+    the held-out split), or read from the data stage's shards `train_dir` and `humaneval_dir` (`distill_dir`)."""
+    if cfg.get("corpus_dir"):
+        rows, records, lineage = teacher_forced.from_recipe(cfg, family.layer_features, log=log)
+        return cut_sequences(rows, teacher_forced.prompt_lengths(records)), {}, lineage
+    dd = Path(cfg["distill_dir"])
+    seqs = load_sequences(family, train_dir, dd / "train.jsonl")
+    try:
+        return seqs, {"humaneval": load_sequences(family, humaneval_dir, dd / "humaneval.jsonl")}, {}
+    except FileNotFoundError as e:
+        log(f"eval set humaneval skipped: {e}")
+        return seqs, {}, {}
 
 
 def recipe_defaults(cfg: dict) -> dict:

@@ -25,4 +25,5 @@ MODE = ModeSpec(
     heads="Medusa heads directory.",
     converter="specbuild.plugins.medusa.graph:convert_medusa",
     trainer="specbuild.plugins.medusa.training:run_medusa_recipe",
+    head_evaluator="specbuild.plugins.medusa.training:evaluate_heads",
 )

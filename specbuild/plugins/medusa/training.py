@@ -22,12 +22,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from specbuild.training import distill
+from specbuild.training import distill, teacher_forced
 from specbuild.training.base_weights import load_base_weights
 from specbuild.training.distill import load_features, setup_torch
 from specbuild.training.heldout import heldout_mask
 from specbuild.training.loop import FittedCosine, LoopResult, row_batches, train_loop
-from specbuild.training.recipe import prepare_data
+from specbuild.training.recipe import loop_budget, prepare_data
+from specbuild.training.teacher_forced import loop_facts
 
 TOPK = 10
 
@@ -322,9 +323,11 @@ def save_medusa_v2(
 
 
 def train_and_export(cfg: dict, log=print) -> dict:
+    """Train on the recipe's rows (`teacher_forced.recipe_hidden_rows`: a corpus or the data stage's shards), then
+    `finish`."""
     t, work, hf = cfg.get("train", {}), Path(cfg["work_dir"]), cfg["base_model"]
     K, nl = int(t.get("num_heads", 4)), int(t.get("num_layers", 1))
-    feats = distill.load_features(work / "feat_train")
+    feats, lineage = teacher_forced.recipe_hidden_rows(cfg, log=log)
     init = None
     if t.get("init_from"):  # continue training heads this recipe wrote before (Medusa v2 layout)
         from safetensors.torch import load_file
@@ -340,7 +343,7 @@ def train_and_export(cfg: dict, log=print) -> dict:
         epochs=float(t.get("epochs", 2)),
         lr=float(t.get("lr", 1e-3)),
         batch=int(t.get("batch", 512)),
-        time_budget_s=float(t.get("time_budget_s", 1200)),
+        time_budget_s=loop_budget(t, 1200),
         heldout_frac=float(t.get("heldout_frac", 0.05)),
         head_decay=float(t.get("head_decay", 0.8)),
         n_negatives=int(t.get("n_negatives", 1024)),
@@ -349,12 +352,17 @@ def train_and_export(cfg: dict, log=print) -> dict:
         log=log,
         device=cfg.get("device", "cpu"),
     )
+    work.mkdir(parents=True, exist_ok=True)
     torch.save(state, work / "heads_state.pt")
-    return finish(cfg, state, feats, result.seconds, log=log)
+    held = heldout_mask(feats["seq"], float(t.get("heldout_frac", 0.05)))
+    train_rows = int((target_index(feats, K)[:, 0] & ~held).sum())
+    facts = loop_facts(result.steps, result.seconds, int(t.get("batch", 512)), train_rows, cfg.get("device", "cpu"))
+    return finish(cfg, state, feats, {**facts, **lineage}, log=log)
 
 
-def finish(cfg: dict, state, feats: dict, train_s: float, log=print) -> dict:
-    """Evaluate, choose the tree, write the heads and metrics."""
+def finish(cfg: dict, state, feats: dict, facts: dict, log=print) -> dict:
+    """Evaluate, choose the tree, write the heads and metrics (`facts`: the training's, kept under
+    `specbuild_training` in the config with the held-out metrics)."""
     t, tr, work, hf = cfg.get("train", {}), cfg.get("tree", {}), Path(cfg["work_dir"]), cfg["base_model"]
     K, nl = int(t.get("num_heads", 4)), int(t.get("num_layers", 1))
     held = heldout_mask(feats["seq"], float(t.get("heldout_frac", 0.05)))
@@ -364,7 +372,7 @@ def finish(cfg: dict, state, feats: dict, train_s: float, log=print) -> dict:
     sel = ev_he if (tr.get("select_on") == "humaneval" and ev_he) else ev_held
     chosen = choose_tree(sel["ranks"], sel["ok"], int(tr.get("max_nodes", 24)))
     shipped = tr.get("choices") or chosen  # an explicit tree (picked by `specbuild bench`) wins
-    metrics = {"train_s": round(train_s, 1), "tree_nodes": len(chosen), "medusa_choices": chosen}
+    metrics = {**facts, "tree_nodes": len(chosen), "medusa_choices": chosen}
     for name, ev in (("heldout", ev_held), ("humaneval", ev_he)):
         if ev is None:
             continue
@@ -380,7 +388,11 @@ def finish(cfg: dict, state, feats: dict, train_s: float, log=print) -> dict:
         counts = np.bincount(feats["next_token"][~held])
         vocab = np.nonzero(counts >= 2)[0]
         metrics["draft_vocab_size"] = int(len(vocab))
-    extra = {"specbuild_note": tr["note"]} if tr.get("note") else None
+    extra = {"specbuild_training": {k: v for k, v in metrics.items() if k != "medusa_choices"}}
+    if tr.get("note"):
+        extra["specbuild_note"] = tr["note"]
+    if cfg.get("specbuild_defaults"):  # build defaults measured before (the `choose` stage replaces them)
+        extra["specbuild_defaults"] = dict(cfg["specbuild_defaults"])
     save_medusa_v2(
         cfg["output_dir"],
         state,
@@ -396,9 +408,28 @@ def finish(cfg: dict, state, feats: dict, train_s: float, log=print) -> dict:
     return metrics
 
 
+def evaluate_heads(heads: list, hf_dir, records: list[dict], device: str = "cpu", log=print) -> list[dict]:
+    """Per-head top-1/5/10 (full vocabulary) and the empirical tau of each head directory's own tree
+    (`medusa_choices`) on the teacher-forced final hidden states of corpus `records` (held-out ones)."""
+    from safetensors.torch import load_file
+
+    feats = teacher_forced.as_shard_rows(teacher_forced.rows_for(hf_dir, records, None, device, log=log))
+    out = []
+    for head in heads:
+        cfg = json.loads((Path(head) / "config.json").read_text())
+        raw = load_file(str(Path(head) / "medusa_lm_head.safetensors"))
+        state = {f"medusa_head.{k}": v.float() for k, v in raw.items() if k != "draft_vocab"}
+        K, nl = int(cfg["medusa_num_heads"]), int(cfg["medusa_num_layers"])
+        ev = evaluate(state, feats, hf_dir, K, nl, max_rows=4000)
+        tree = cfg["medusa_choices"]
+        out.append({"accuracy": ev["accuracy"], "tau_empirical_own_tree": tree_tau(tree, ev["ranks"], ev["ok"])})
+    return out
+
+
 def run_medusa_recipe(cfg: dict, log=print) -> dict:
-    """A Medusa recipe (`load_recipe`'s dict): data generation, head training, evaluation, tree choice, export
-    (Medusa v2 layout)."""
+    """A Medusa recipe (`load_recipe`'s dict): data generation (or a `corpus_dir`), head training, evaluation, tree
+    choice, export (Medusa v2 layout)."""
     setup_torch()
-    prepare_data(cfg, log=log)
+    if not cfg.get("corpus_dir"):  # a corpus recipe trains on teacher-forced features of its corpus instead
+        prepare_data(cfg, log=log)
     return train_and_export(cfg, log=log)

@@ -34,4 +34,5 @@ MODE = ModeSpec(
     heads="ReDrafter drafter directory (config.json + model.safetensors, model.pt or pytorch_model.bin).",
     converter="specbuild.plugins.redrafter.convert:convert_redrafter",
     trainer="specbuild.plugins.redrafter.training:run_redrafter_recipe",
+    head_evaluator="specbuild.plugins.redrafter.training:evaluate_heads",
 )

@@ -23,11 +23,12 @@ from torch import nn
 
 from specbuild.plugins.redrafter import TOP_K_WARP
 from specbuild.plugins.redrafter.drafter_net import RecurrentDrafter, beam_search
-from specbuild.training import distill
+from specbuild.training import distill, teacher_forced
 from specbuild.training.base_weights import load_base_weights
 from specbuild.training.heldout import heldout_mask
 from specbuild.training.loop import FittedCosine, row_batches, train_loop
-from specbuild.training.recipe import prepare_data
+from specbuild.training.recipe import loop_budget, prepare_data
+from specbuild.training.teacher_forced import loop_facts
 
 MODEL_TYPE = "recurrent_drafting_drafter"
 
@@ -128,14 +129,8 @@ def train_drafter(
     result = train_loop(drafter, row_batches(rows, batch, np.random.default_rng(seed)), loss_of, schedule, device,
                         log_every=100, log=log)  # fmt: skip
     drafter.eval().float().cpu()
-    facts = {
-        "train_s": round(result.seconds, 1),
-        "optimizer_steps": result.steps,
-        "epochs": round(result.steps / steps_per_epoch, 2),
-        "train_rows": int(len(rows)),
-        "draft_vocab_coverage": round(covered, 4),
-        "device": device,
-    }
+    facts = {**loop_facts(result.steps, result.seconds, batch, len(rows), device),
+             "draft_vocab_coverage": round(covered, 4)}  # fmt: skip
     return drafter, {**facts, "losses": result.losses}
 
 
@@ -290,7 +285,8 @@ def load_saved(head_dir: str | Path) -> tuple[RecurrentDrafter, dict]:
 def train_and_export(cfg: dict, log=print) -> dict:
     t, work, hf = cfg.get("train", {}), Path(cfg["work_dir"]), cfg["base_model"]
     device = cfg.get("device") or distill.default_device()
-    generated = feats = distill.load_features(work / "feat_train")
+    generated, lineage = teacher_forced.recipe_hidden_rows(cfg, log=log)
+    feats = generated
     if t.get("mix_text") and (work / "feat_text").is_dir():  # teacher-forced rows over recorded answers
         text = distill.load_features(work / "feat_text")
         feats = {k: np.concatenate([generated[k], text[k]]) for k in generated}
@@ -312,7 +308,7 @@ def train_and_export(cfg: dict, log=print) -> dict:
         epochs=float(t.get("epochs", 2)),
         lr=float(t.get("lr", 2e-3)),
         batch=int(t.get("batch", 512)),
-        time_budget_s=float(t.get("time_budget_s", 1200)),
+        time_budget_s=loop_budget(t, 1200),
         heldout_frac=float(t.get("heldout_frac", 0.05)),
         soft_weight=float(t.get("soft_weight", 0.5)),
         step_decay=float(t.get("step_decay", 0.8)),
@@ -324,7 +320,7 @@ def train_and_export(cfg: dict, log=print) -> dict:
     # evaluated on held-out generated sequences only (the split by sequence number is the one training used)
     held = np.nonzero(heldout_mask(generated["seq"], float(t.get("heldout_frac", 0.05))))[0]
     settings = [tuple(int(v) for v in s) for s in (t.get("simulate") or [[5, 5], [4, 4], [3, 4], [2, 3], [1, 4]])]
-    metrics = {"training": facts, "heldout": {}, "humaneval": {}}
+    metrics = {"training": {**facts, **lineage}, "heldout": {}, "humaneval": {}}
     he = distill.load_features(work / "feat_humaneval") if (work / "feat_humaneval").is_dir() else None
     for name, f, rows in (("heldout", generated, held), ("humaneval", he, None)):
         if f is None:
@@ -338,13 +334,27 @@ def train_and_export(cfg: dict, log=print) -> dict:
     if t.get("note"):
         extra["specbuild_note"] = t["note"]
     save_redrafter(cfg["output_dir"], drafter, int(load_base_weights(hf).lm_head.shape[0]), extra)
+    work.mkdir(parents=True, exist_ok=True)
     (work / "redrafter_metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     return metrics
 
 
+def evaluate_heads(heads: list, hf_dir, records: list[dict], device: str = "cpu", log=print) -> list[dict]:
+    """Teacher-forced step accuracy and simulated tau (5x5, 4x4, 2x3) of each drafter directory on the final
+    hidden states of corpus `records` (held-out ones)."""
+    feats = teacher_forced.as_shard_rows(teacher_forced.rows_for(hf_dir, records, None, device, log=log))
+    out = []
+    for head in heads:
+        drafter = load_saved(head)[0]
+        out.append({"step_accuracy": step_accuracy(drafter, feats, hf_dir, 5),
+                    "tau": simulate_tau(drafter, feats, hf_dir, [(5, 5), (4, 4), (2, 3)])})  # fmt: skip
+    return out
+
+
 def run_redrafter_recipe(cfg: dict, log=print) -> dict:
-    """A ReDrafter recipe (`load_recipe`'s dict): data generation (shared with the other heads), training,
-    evaluation, export."""
+    """A ReDrafter recipe (`load_recipe`'s dict): data generation (shared with the other heads) or a `corpus_dir`,
+    training, evaluation, export."""
     distill.setup_torch()
-    prepare_data(cfg, log=log)
+    if not cfg.get("corpus_dir"):  # a corpus recipe trains on teacher-forced features of its corpus instead
+        prepare_data(cfg, log=log)
     return train_and_export(cfg, log=log)
