@@ -91,28 +91,25 @@ class Sequence:
 
 
 class RowOutputs(Mapping):
-    """Row `row` of a batched call's outputs, each with a batch axis of 1 (what a drafter reads); `hidden`: the
-    outputs this row has none of (the next tree of a call that drafted for no row)."""
+    """Row `row` of a batched call's outputs, each with a batch axis of 1 (what a drafter reads)."""
 
-    def __init__(self, outputs: Mapping, row: int, logits_rows: int, hidden: frozenset = frozenset()):
-        self._outputs, self._row, self._logits_rows, self._hidden = outputs, row, logits_rows, hidden
+    def __init__(self, outputs: Mapping, row: int, logits_rows: int):
+        self._outputs, self._row, self._logits_rows = outputs, row, logits_rows
 
     def __getitem__(self, name):
-        if name in self._hidden:
-            raise KeyError(name)
         value = self._outputs[name]
         if name == ef.LOGITS:
             return value[self._row : self._row + 1, : self._logits_rows]
         return value[self._row : self._row + 1]
 
     def __iter__(self):
-        return (name for name in self._outputs if name not in self._hidden)
+        return iter(self._outputs)
 
     def __len__(self) -> int:
-        return len(self._outputs) - len(self._hidden)
+        return len(self._outputs)
 
     def __contains__(self, name) -> bool:
-        return name in self._outputs and name not in self._hidden
+        return name in self._outputs
 
 
 class Batch:
@@ -183,8 +180,6 @@ class Batch:
         self.engine_s += seconds
         self.calls += 1
         num, tokens, accepted_nodes = out[ef.NUM_ACCEPTED], out[ef.ACCEPTED_TOKENS], out[ef.ACCEPTED_NODES]
-        # the next-tree outputs of a call that drafted for no row have none (they have one row per drafted row)
-        hidden = frozenset() if draft else frozenset(k for k, v in out.items() if v.ndim and v.shape[0] == 0)
         results = []
         for row, (seq, call) in enumerate(zip(self.sequences, calls)):
             count = int(num[row])
@@ -192,9 +187,7 @@ class Batch:
             self.kv.commit(row, out, nodes, call.size)
             self.states.commit(row, out, nodes, call.size)
             seq.engine_s += seconds
-            seq.last = StepResult(
-                tokens[row, :count].tolist(), nodes, RowOutputs(out, row, call.size - (t - w), hidden)
-            )
+            seq.last = StepResult(tokens[row, :count].tolist(), nodes, RowOutputs(out, row, call.size - (t - w)))
             results.append(seq.last)
         return results
 

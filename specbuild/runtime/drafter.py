@@ -35,6 +35,12 @@ class StepResult:
     nodes: np.ndarray | None
     outputs: Mapping[str, np.ndarray]
 
+    @property
+    def drafted(self) -> bool:
+        """Whether the call drafted this sequence's next tree (the next-tree outputs have one row per drafted row:
+        none after a call with ef.DRAFT_ROWS empty)."""
+        return len(self.outputs[ef.NEXT_INPUT_IDS]) > 0
+
 
 @dataclasses.dataclass
 class Proposal:
@@ -106,7 +112,7 @@ class GraphDrafter(Drafter):
 
     def propose(self, step: StepResult) -> Proposal:
         out, tree = step.outputs, self.settings
-        if ef.NEXT_INPUT_IDS not in out:  # the call did not draft for this sequence (ef.DRAFT_ROWS)
+        if not step.drafted:
             return Proposal.root(step.tokens[-1])
         if tree is not None:
             return Proposal(out[ef.NEXT_INPUT_IDS], tree.ancestor_mask[None], tree.depths, tree.paths[None])

@@ -10,7 +10,7 @@ from specbuild.runtime.drafter import GraphDrafter, Proposal, StepResult
 class RedrafterDrafter(GraphDrafter):
     def propose(self, step: StepResult) -> Proposal:
         out = step.outputs
-        if ef.NEXT_INPUT_IDS not in out:  # not drafted for (ef.DRAFT_ROWS)
+        if not step.drafted:
             return Proposal.root(step.tokens[-1])
         n = int(out[ef.NEXT_NUM_TOKENS][0])
         return Proposal(
