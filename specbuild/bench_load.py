@@ -285,24 +285,41 @@ def run_load(
     max_new_tokens: int,
     peers: list = (),
     log: Callable[[str], None] = print,
+    repeats: int = 1,
 ) -> dict[str, dict]:
-    """{str(C): {"engines": {label: row}, "peers": {label: row}}}, concurrency outermost; rows compared afterwards
-    (compare_rows)."""
+    """{str(C): {"engines": {label: row}, "peers": {label: row}}}, concurrency outermost; with `repeats` > 1 every
+    engine and peer runs that many rounds at each C, in turns (round 1 of each, then round 2, ...: a slow spell of
+    the machine falls on all of them), and a row is its median round; rows compared afterwards (compare_rows)."""
     results: dict[str, dict] = {}
     outputs: dict[tuple[str, int], list] = {}
     for c in concurrency:
-        rows, peer_rows = {}, {}
-        for label, engine in zip(labels, engines):
-            log(f"concurrency {c}: {label}")
-            target = SchedulerLoad(engine, c, max_new_tokens)
-            rows[label], outputs[label, c] = measure(target, prompts, c, max_new_tokens)
-            rows[label]["slots"] = target.scheduler.batch.slots
-        for peer in peers:
-            log(f"concurrency {c}: {peer.label}")
-            peer_rows[peer.label], outputs[peer.label, c] = measure(peer, prompts, c, max_new_tokens)
-        results[str(c)] = {"engines": rows, "peers": peer_rows}
+        rounds: dict[tuple[str, str], list[tuple[dict, list]]] = {}
+        for r in range(repeats):
+            for label, engine in zip(labels, engines):
+                log(f"concurrency {c}: {label}" + (f" (round {r + 1}/{repeats})" if repeats > 1 else ""))
+                target = SchedulerLoad(engine, c, max_new_tokens)
+                row, outs = measure(target, prompts, c, max_new_tokens)
+                row["slots"] = target.scheduler.batch.slots
+                rounds.setdefault(("engines", label), []).append((row, outs))
+            for peer in peers:
+                log(f"concurrency {c}: {peer.label}" + (f" (round {r + 1}/{repeats})" if repeats > 1 else ""))
+                rounds.setdefault(("peers", peer.label), []).append(measure(peer, prompts, c, max_new_tokens))
+        results[str(c)] = {"engines": {}, "peers": {}}
+        for (kind, label), runs in rounds.items():
+            results[str(c)][kind][label], outputs[label, c] = median_round(runs)
     compare_rows(results, outputs, engines, labels)
     return results
+
+
+def median_round(runs: list[tuple[dict, list]]) -> tuple[dict, list]:
+    """The round with the median tokens/s (the lower middle one of an even count), with every round's tokens/s and
+    whether every round gave the same outputs."""
+    ranked = sorted(runs, key=lambda run: run[0]["tokens_per_s"])
+    row, outs = ranked[(len(ranked) - 1) // 2]
+    if len(runs) > 1:
+        row["rounds_tokens_per_s"] = [run[0]["tokens_per_s"] for run in runs]
+        row["rounds_same_outputs"] = all(o == runs[0][1] for _, o in runs)
+    return row, outs
 
 
 def _precision(engine) -> tuple:
@@ -375,6 +392,7 @@ def run_load_benchmark(
     log: Callable[[str], None] = print,
     allow_lossy: bool = False,
     openvino_dirs: list[str | Path] = (),
+    repeats: int = 1,
 ) -> dict[str, Any]:
     """`specbuild bench --concurrency`: the report (settings, engines with their cost curves, rows per C)."""
     from specbuild.benchmark import load_engines
@@ -385,7 +403,7 @@ def run_load_benchmark(
     peers = [OpenVINOLoad(d, threads, max(concurrency), max_new_tokens) for d in openvino_dirs]
     log("measuring each engine's call cost")
     curves = [cost_curve_report(e) for e in engines]
-    results = run_load(engines, labels, prompts, concurrency, max_new_tokens, peers, log)
+    results = run_load(engines, labels, prompts, concurrency, max_new_tokens, peers, log, repeats)
     return {
         "settings": {
             "prompt_sets": prompt_sets,
@@ -394,6 +412,7 @@ def run_load_benchmark(
             "max_new_tokens": max_new_tokens,
             "concurrency": concurrency,
             "threads": threads,
+            "repeats": repeats,
             "openvino_dirs": [str(d) for d in openvino_dirs],
             "cpu": cpu_description(),
         },
@@ -430,6 +449,8 @@ def _same(row: dict) -> str:
     same = f"{row['matches_baseline']}/{row['requests']}" if "matches_baseline" in row else "-"
     if "matches_own_none" in row:
         same += f" (own {row['matches_own_none']}/{row['requests']})"
+    if row.get("rounds_same_outputs") is False:
+        same += " rounds differ"
     return same
 
 
@@ -454,7 +475,7 @@ def load_table(report: dict[str, Any]):
             table.add_row(
                 c,
                 escape(label),
-                _fmt(r["tokens_per_s"], ".1f"),
+                _tokens_per_s(r),
                 _fmt(r.get("speedup"), ".2f"),
                 _fmt(r.get("scaling"), ".2f"),
                 _fmt(r.get("vs_peer"), ".2f"),
@@ -470,6 +491,13 @@ def load_table(report: dict[str, Any]):
             )
         table.add_section()
     return table
+
+
+def _tokens_per_s(row: dict) -> str:
+    """The row's tokens/s, and the range of its rounds where it had several."""
+    rounds = row.get("rounds_tokens_per_s")
+    text = _fmt(row["tokens_per_s"], ".1f")
+    return f"{text} ({min(rounds):.0f}-{max(rounds):.0f})" if rounds else text
 
 
 def curve_table(report: dict[str, Any]):

@@ -14,6 +14,7 @@ from specbuild.bench_load import (
     Finished,
     OpenVINOLoad,
     closed_loop,
+    median_round,
     parse_concurrency,
     render_load,
     run_load,
@@ -216,7 +217,7 @@ def test_bench_concurrency_end_to_end(load_engines, tmp_path, monkeypatch):
     monkeypatch.setattr(bench_load, "interleaved_prompts", lambda engine, sets, n: PROMPTS[:n])
     out = tmp_path / "load.json"
     args = ["--engine-dir", load_engines["none"], "--engine-dir", load_engines["ngram"], "--num-prompts", 4]
-    res = _invoke(*args, "--max-new-tokens", 4, "--concurrency", "4,1", "--json-out", out)
+    res = _invoke(*args, "--max-new-tokens", 4, "--concurrency", "4,1", "--repeats", 2, "--json-out", out)
     assert res.exit_code == 0, res.output
     for needle in ("closed loop: 4 requests", "TTFT ms p50/p99", "ITL ms p50/p99", "call cost", "ceiling", "4/4"):
         assert needle in res.output, needle
@@ -225,6 +226,28 @@ def test_bench_concurrency_end_to_end(load_engines, tmp_path, monkeypatch):
     curve = report["engines"][0]["cost_curve"]
     assert [p["rows"] for p in curve["rows_curve"]] == [1, 2, 4, 8, 16, 32, 64] and curve["slots"] == 4
     assert report["engines"][0]["kv_mib_per_slot"] > 0 and report["baseline"].endswith("(none)")
+    for res in report["load"].values():  # two rounds of each, in turns; the row is one of them, same outputs
+        for row in res["engines"].values():
+            assert len(row["rounds_tokens_per_s"]) == 2 and row["tokens_per_s"] in row["rounds_tokens_per_s"]
+            assert row["rounds_same_outputs"] is True and row["matches_baseline"] == 4
+
+
+def test_a_row_of_several_rounds_is_the_median_one():
+    def runs():
+        return [({"tokens_per_s": v, "steps": i}, [[i]]) for i, v in enumerate([150.0, 170.0, 140.0])]
+
+    row, outs = median_round(runs())
+    assert row["steps"] == 0 and outs == [[0]]  # 150 is the middle one
+    assert row["rounds_tokens_per_s"] == [150.0, 170.0, 140.0] and row["rounds_same_outputs"] is False
+    row, _ = median_round(runs()[:2])  # an even count: the lower middle one
+    assert row["tokens_per_s"] == 150.0
+    alone, _ = median_round(runs()[:1])
+    assert "rounds_tokens_per_s" not in alone
+
+
+def test_repeats_belong_to_the_load_benchmark(tmp_path):
+    res = _invoke("--engine-dir", tmp_path, "--repeats", 3)
+    assert res.exit_code == 1 and res.output.strip() == "error: --repeats belongs to the load benchmark (--concurrency)"
 
 
 def test_render_shows_peers_and_own_none(load_engines):

@@ -554,6 +554,14 @@ def demo(work_dir, prompt, max_new_tokens, speculative_mode, threads):
     "inter-token latency percentiles, τ, the engines' call cost curves); --openvino-model then runs OpenVINO GenAI's "
     "continuous batching.",
 )
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="With --concurrency: rounds of every engine and peer at each concurrency, in turns; each row is its "
+    "median round (the machine's slow spells fall on all of them).",
+)
 @handle_errors
 def bench(
     engine_dirs,
@@ -568,6 +576,7 @@ def bench(
     json_out,
     allow_lossy,
     concurrency,
+    repeats,
 ):
     """Benchmark engines (interleaved per prompt) on HumanEval / MT-Bench prompts, greedy; with --concurrency, under
     load (closed loop, in-flight batching)."""
@@ -588,9 +597,12 @@ def bench(
                 "to the one-at-a-time benchmark (run it without --concurrency)"
             )
         _bench_load(
-            engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy
-        )
+            engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy,
+            repeats,
+        )  # fmt: skip
         return
+    if repeats != 1:
+        raise SpecbuildError("--repeats belongs to the load benchmark (--concurrency)")
     console = _stderr_console()
     with console.status("benchmarking ...", spinner="dots") as status:
         report = run_benchmark(
@@ -619,8 +631,9 @@ def bench(
 
 
 def _bench_load(
-    engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy
-):
+    engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy,
+    repeats=1,
+):  # fmt: skip
     """`bench --concurrency`: the closed-loop load benchmark (specbuild/bench_load.py)."""
     from specbuild.bench_load import parse_concurrency, render_load, run_load_benchmark
 
@@ -636,6 +649,7 @@ def _bench_load(
             log=lambda msg: status.update(f"benchmarking: {msg}"),
             allow_lossy=allow_lossy,
             openvino_dirs=list(openvino_dirs),
+            repeats=repeats,
         )
     render_load(report)
     if json_out:

@@ -218,6 +218,7 @@ class Speculation:
         self.plain_calls = plain_calls
         self._drafts: Shape | None = None  # the shape of the engine's drafts, as last proposed
         self.q = np.full(1, PRIOR_ACCEPTANCE)  # q[d - 1]: chance of depth d after depth d - 1 was accepted
+        self._gains: list[float] | None = None  # _gains[d] = expected(d), kept until q changes
         self._shadows: dict[object, list[Shadow]] = {}
         self.drafted_steps = 0
         self.plain_steps = 0
@@ -228,7 +229,10 @@ class Speculation:
         """Tokens a row verifying drafts down to `depth` is expected to give (the bonus token included)."""
         if depth > len(self.q):
             self.q = np.concatenate([self.q, np.full(depth - len(self.q), PRIOR_ACCEPTANCE)])
-        return 1.0 + float(np.cumprod(self.q[:depth]).sum())
+            self._gains = None
+        if self._gains is None:  # a step prices every row at every candidate T: one pass over q, not one per row
+            self._gains = [1.0, *(1.0 + np.cumsum(np.cumprod(self.q))).tolist()]
+        return self._gains[depth]
 
     def drafts(self, shapes: list[Shape]) -> bool:
         """Whether this step's call drafts the next trees. Always, unless the graph can skip its drafting; then only
@@ -285,6 +289,7 @@ class Speculation:
         reached = min(matched + 1, depth)
         hits = np.arange(1, reached + 1) <= matched
         self.q[:reached] += EMA * (hits - self.q[:reached])
+        self._gains = None
 
     def forget(self, key) -> None:
         """The sequence left: its proposals are no longer compared."""

@@ -323,6 +323,9 @@ def test_shadows_learn_what_verification_would_have_accepted():
     before = policy.q.copy()
     policy.observe("b", _proposal([0, 1, 2]), [3, 4])  # a drafted step that accepted nothing: known at once
     assert policy.q[0] < before[0] and policy.q[1] == before[1]
+    q = policy.q  # the expected gains follow every update of q (they are kept between updates)
+    assert policy.expected(2) == pytest.approx(1 + q[0] + q[0] * q[1]) and policy.expected(0) == 1.0
+    assert policy.expected(3) == pytest.approx(1 + q[0] + q[0] * q[1] + q[0] * q[1] * PRIOR_ACCEPTANCE)
     policy.observe("c", _proposal([0, 1, 2]), [1])
     policy.forget("c")  # its sequence left: nothing more learnt from it
     assert "c" not in policy._shadows
