@@ -30,6 +30,7 @@ BUILD = [
 TRAIN = BUILD  # training reads the base model through transformers and converts and builds what it trained
 TRT = ["tensorrt", "polygraphy"]
 SERVE = ["starlette>=0.40", "uvicorn>=0.30", "prometheus-client>=0.20"]
+TRITON = [*SERVE, "nvidia-pytriton>=0.7"]  # pins numpy < 2; Triton 2.5x with its Python backend is inside the wheel
 BENCH = ["matplotlib", "onnxruntime-genai>=0.18", "openvino-genai"]
 DEV = [
     *BUILD,
@@ -54,6 +55,14 @@ setup(
     package_data={"specbuild": ["data/*.yaml", "data/heads/*/*"]},
     python_requires=">=3.10",
     install_requires=RUNTIME,
-    extras_require={"build": BUILD, "train": TRAIN, "trt": TRT, "bench": BENCH, "serve": SERVE, "dev": DEV},
+    extras_require={
+        "build": BUILD,
+        "train": TRAIN,
+        "trt": TRT,
+        "bench": BENCH,
+        "serve": SERVE,
+        "triton": TRITON,
+        "dev": DEV,
+    },
     entry_points={"console_scripts": ["specbuild=specbuild.cli.main:cli"]},
 )

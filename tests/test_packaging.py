@@ -115,6 +115,8 @@ def test_base_install_runs_and_inspects_without_torch(tmp_path):
         (["prepare-default-model"], "build"),
         (["train", "--recipe", __file__], "train"),
         (["serve", "--engine-dir", "e"], "serve"),
+        (["serve", "--triton", "--engine-dir", "e"], "triton"),
+        (["triton-repo", "--engine-dir", "e", "--output-dir", "r"], "serve"),
     ],
 )
 def test_a_command_names_its_missing_extra(monkeypatch, tmp_path, args, extra):
@@ -123,7 +125,8 @@ def test_a_command_names_its_missing_extra(monkeypatch, tmp_path, args, extra):
     res = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert res.exit_code == 1, res.output
     assert res.stderr.strip().splitlines() == [
-        f"error: specbuild {args[0]} needs the {extra} extra (no_such_module_specbuild not installed): "
+        f"error: specbuild {'serve --triton' if '--triton' in args else args[0]} needs the {extra} extra "
+        "(no_such_module_specbuild not installed): "
         f"pip install 'specbuild[{extra}]'"
     ]
     assert list(tmp_path.iterdir()) == []

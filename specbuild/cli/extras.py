@@ -18,6 +18,7 @@ EXTRA_MODULES = {
     "build": ("torch", "transformers", "onnxscript", "safetensors"),
     "train": ("torch", "transformers", "onnxscript", "safetensors"),
     "serve": ("starlette", "uvicorn", "prometheus_client"),
+    "triton": ("pytriton", "starlette", "prometheus_client"),
 }
 
 

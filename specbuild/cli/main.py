@@ -356,14 +356,60 @@ def run(
 @click.option("--max-batch-size", type=int, help="KV slots to use (default: the engine's limits.max_batch_size).")
 @click.option("--model-name", help="The model id clients send (default: the engine directory's name).")
 @click.option("--allow-lossy", is_flag=True, help=ALLOW_LOSSY_HELP)
+@click.option(
+    "--triton",
+    is_flag=True,
+    help="Serve through Triton Inference Server instead (PyTriton, extra specbuild[triton]): a decoupled streaming "
+    "model on Triton's HTTP port (--port; /v2/models/NAME/generate_stream) and gRPC port (--grpc-port).",
+)
+@click.option("--grpc-port", type=int, default=8001, show_default=True, help="With --triton: Triton's gRPC port.")
+@click.option("--metrics-port", type=int, default=8002, show_default=True, help="With --triton: Triton's metrics.")
+@handle_errors
+def serve(
+    engine_dir, host, port, threads, max_queue, max_batch_size, model_name, allow_lossy, triton, grpc_port,
+    metrics_port,
+):  # fmt: skip
+    """Serve an engine over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, streaming),
+    with /health and Prometheus /metrics; SIGINT/SIGTERM stop it within seconds. With --triton, through Triton
+    Inference Server (gRPC streaming and the generate extension)."""
+    if not triton:
+        require_extra("serve", "serve")
+        from specbuild.serve.server import run_server
+
+        run_server(engine_dir, host, port, threads, max_queue, max_batch_size, model_name, allow_lossy)
+        return
+    require_extra("triton", "serve --triton")
+    from specbuild.serve.server import check_options
+    from specbuild.serve.state import ServerState
+    from specbuild.serve.triton_io import check_model_name
+    from specbuild.serve.triton_pytriton import run_triton
+
+    for flag, value in (("--grpc-port", grpc_port), ("--metrics-port", metrics_port)):
+        if not 1 <= value <= 65535:
+            raise SpecbuildError(f"{flag} must be in [1, 65535], got {value}")
+    check_options(engine_dir, port, max_queue, max_batch_size)
+    name = check_model_name(model_name or Path(engine_dir).resolve().name)
+    options = dict(threads=threads, allow_lossy=allow_lossy)
+    state = ServerState(engine_dir, name, options, max_batch_size, max_queue)
+    run_triton(state, host, port, grpc_port, metrics_port)
+
+
+@cli.command("triton-repo")
+@click.option("--engine-dir", required=True, type=click.Path(path_type=Path), help="Engine directory.")
+@click.option("--output-dir", required=True, type=click.Path(path_type=Path), help="Model repository to write.")
+@click.option("--model-name", help="Triton model name (default: the engine directory's name).")
+@click.option("--threads", type=int, help="Intra-op threads for ONNX Runtime in the model.")
+@click.option("--max-batch-size", type=int, help="KV slots to use (default: the engine's limits.max_batch_size).")
+@click.option("--overwrite", is_flag=True, help="Replace a model directory an earlier triton-repo wrote.")
 @handle_errors
 @needs_extra("serve")
-def serve(engine_dir, host, port, threads, max_queue, max_batch_size, model_name, allow_lossy):
-    """Serve an engine over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, streaming),
-    with /health and Prometheus /metrics; SIGINT/SIGTERM stop it within seconds."""
-    from specbuild.serve.server import run_server
+def triton_repo(engine_dir, output_dir, model_name, threads, max_batch_size, overwrite):
+    """Write a Triton model repository serving the engine on Triton's Python backend (decoupled streaming), for a
+    Triton server of your own; the model imports specbuild, so Triton's Python must have it installed."""
+    from specbuild.serve.triton_repo import write_repository
 
-    run_server(engine_dir, host, port, threads, max_queue, max_batch_size, model_name, allow_lossy)
+    path = write_repository(engine_dir, output_dir, model_name, threads, max_batch_size, overwrite)
+    click.echo(f"wrote {path} (start it with: tritonserver --model-repository {output_dir})", err=True)
 
 
 # ---------------------------------------------------------------- inspect

@@ -64,7 +64,7 @@ def run_server(
     allow_lossy: bool,
 ) -> None:
     """Serve an engine directory until SIGINT/SIGTERM."""
-    limits = _check_options(engine_dir, port, max_queue, max_batch_size)
+    limits = check_options(engine_dir, port, max_queue, max_batch_size)
     slots = max_batch_size or limits["max_batch_size"]
     state = ServerState(
         engine_dir,
@@ -97,7 +97,7 @@ def run_server(
     log("specbuild serve: stopped")
 
 
-def _check_options(engine_dir: Path, port: int, max_queue: int, max_batch_size: int | None) -> dict:
+def check_options(engine_dir: Path, port: int, max_queue: int, max_batch_size: int | None) -> dict:
     """Fail at once (one line) on what can be checked before the engine loads; returns the engine's limits."""
     if not 1 <= port <= 65535:
         raise SpecbuildError(f"--port must be in [1, 65535], got {port}")
