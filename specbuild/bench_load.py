@@ -295,14 +295,15 @@ def run_load(
     for c in concurrency:
         rounds: dict[tuple[str, str], list[tuple[dict, list]]] = {}
         for r in range(repeats):
+            of_round = f" (round {r + 1}/{repeats})" if repeats > 1 else ""
             for label, engine in zip(labels, engines):
-                log(f"concurrency {c}: {label}" + (f" (round {r + 1}/{repeats})" if repeats > 1 else ""))
+                log(f"concurrency {c}: {label}{of_round}")
                 target = SchedulerLoad(engine, c, max_new_tokens)
                 row, outs = measure(target, prompts, c, max_new_tokens)
                 row["slots"] = target.scheduler.batch.slots
                 rounds.setdefault(("engines", label), []).append((row, outs))
             for peer in peers:
-                log(f"concurrency {c}: {peer.label}" + (f" (round {r + 1}/{repeats})" if repeats > 1 else ""))
+                log(f"concurrency {c}: {peer.label}{of_round}")
                 rounds.setdefault(("peers", peer.label), []).append(measure(peer, prompts, c, max_new_tokens))
         results[str(c)] = {"engines": {}, "peers": {}}
         for (kind, label), runs in rounds.items():

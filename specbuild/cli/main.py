@@ -379,19 +379,11 @@ def serve(
         run_server(engine_dir, host, port, threads, max_queue, max_batch_size, model_name, allow_lossy)
         return
     require_extra("triton", "serve --triton")
-    from specbuild.serve.server import check_options
-    from specbuild.serve.state import ServerState
-    from specbuild.serve.triton_io import check_model_name
     from specbuild.serve.triton_pytriton import run_triton
 
-    for flag, value in (("--grpc-port", grpc_port), ("--metrics-port", metrics_port)):
-        if not 1 <= value <= 65535:
-            raise SpecbuildError(f"{flag} must be in [1, 65535], got {value}")
-    check_options(engine_dir, port, max_queue, max_batch_size)
-    name = check_model_name(model_name or Path(engine_dir).resolve().name)
-    options = dict(threads=threads, allow_lossy=allow_lossy)
-    state = ServerState(engine_dir, name, options, max_batch_size, max_queue)
-    run_triton(state, host, port, grpc_port, metrics_port)
+    run_triton(
+        engine_dir, host, port, grpc_port, metrics_port, threads, max_queue, max_batch_size, model_name, allow_lossy
+    )
 
 
 @cli.command("triton-repo")

@@ -16,7 +16,6 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from specbuild.runtime.scheduler import Request
 from specbuild.serve import streaming
 from specbuild.serve.errors import APIError, bad_request
 from specbuild.serve.generation import Generation
@@ -74,7 +73,7 @@ async def _generate(request: HTTPRequest, parse) -> Response:
     state = request.app.state.server
     state.check_ready()
     wanted = parse(await _json_body(request), state.engine, state.model_name)
-    handle = state.submit(Request(wanted.ids, wanted.max_tokens, wanted.sampling, wanted.stop))
+    handle = state.submit(wanted.request())
     generation = Generation(state, handle)
     responses = Responses(wanted.chat, state.model_name)
     if wanted.stream:

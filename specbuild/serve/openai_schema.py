@@ -11,6 +11,7 @@ import secrets
 
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.sampling import SamplingParams, is_integer
+from specbuild.runtime.scheduler import Request
 from specbuild.serve.errors import APIError, bad_request
 
 MAX_STOP_STRINGS = 16
@@ -42,6 +43,10 @@ class GenerationRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+
+    def request(self) -> Request:
+        """The scheduler request it asks for."""
+        return Request(self.ids, self.max_tokens, self.sampling, self.stop)
 
 
 def parse_chat(body, engine, model_name: str) -> GenerationRequest:

@@ -59,7 +59,7 @@ class TritonPythonModel:
         final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
             wanted = triton_io.parse_inputs(arrays, state.engine, state.model_name)
-            handle = triton_io.submit_request(state, wanted)
+            handle = state.submit(wanted.request())
             responses = triton_io.Responses(state.engine, handle)
             for _ in handle:
                 if _cancelled(sender):

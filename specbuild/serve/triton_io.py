@@ -20,7 +20,6 @@ import re
 import numpy as np
 
 from specbuild.errors import SpecbuildError
-from specbuild.runtime.scheduler import Request
 from specbuild.serve.errors import APIError
 from specbuild.serve.generation import FINISH_REASONS
 from specbuild.serve.openai_schema import GenerationRequest, parse_completion
@@ -88,11 +87,6 @@ def parse_inputs(arrays: dict, engine, model_name: str) -> GenerationRequest:
     except APIError as exc:  # openai_schema names the OpenAI parameter; "prompt" is text_input here
         param = "text_input" if exc.param == "prompt" else exc.param
         raise APIError(exc.status, exc.message.replace("prompt", "text_input"), param) from None
-
-
-def submit_request(state, wanted: GenerationRequest):
-    """Queue the request on the server's scheduler (ServerState.submit: 429/503 when it cannot take it)."""
-    return state.submit(Request(wanted.ids, wanted.max_tokens, wanted.sampling, wanted.stop))
 
 
 class Responses:

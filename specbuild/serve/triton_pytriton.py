@@ -17,11 +17,14 @@ import signal
 import sys
 import sysconfig
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from specbuild.errors import SpecbuildError
 from specbuild.serve import triton_io
 from specbuild.serve.errors import APIError
 from specbuild.serve.generation import Generation
+from specbuild.serve.server import check_options
+from specbuild.serve.state import ServerState
 
 
 class RequestError(Exception):
@@ -60,7 +63,7 @@ class TritonModel:
         state = self.state
         try:
             wanted = triton_io.parse_inputs(dict(request.data), state.engine, state.model_name)
-            handle = triton_io.submit_request(state, wanted)
+            handle = state.submit(wanted.request())
         except APIError as exc:
             state.metrics.error(exc.status)
             raise RequestError(exc.message) from None
@@ -84,12 +87,21 @@ def tensors(specs):
             for s in specs]  # fmt: skip
 
 
-def run_triton(state, host: str, http_port: int, grpc_port: int, metrics_port: int) -> None:
-    """Load the engine, bind it into PyTriton's Triton server and serve until SIGINT/SIGTERM."""
+def run_triton(
+    engine_dir: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, threads: int | None,
+    max_queue: int, max_batch_size: int | None, model_name: str | None, allow_lossy: bool,
+) -> None:  # fmt: skip
+    """Load the engine, bind it into PyTriton's Triton server and serve until SIGINT/SIGTERM (the options are
+    checked first, one line each, as `specbuild serve` checks them)."""
     from pytriton.model_config import ModelConfig
     from pytriton.triton import Triton, TritonConfig
 
-    triton_io.check_model_name(state.model_name)
+    for flag, value in (("--grpc-port", grpc_port), ("--metrics-port", metrics_port)):
+        if not 1 <= value <= 65535:
+            raise SpecbuildError(f"{flag} must be in [1, 65535], got {value}")
+    check_options(engine_dir, http_port, max_queue, max_batch_size)
+    name = triton_io.check_model_name(model_name or Path(engine_dir).resolve().name)
+    state = ServerState(engine_dir, name, dict(threads=threads, allow_lossy=allow_lossy), max_batch_size, max_queue)
     _python_library_path()
     if not state.load():
         raise SpecbuildError(f"{state.engine_dir}: the engine failed to load: {state.failure}")
