@@ -21,6 +21,7 @@ ENGINE_PLAN = "model.plan"
 #   shared:  past_key_i / past_value_i [B,Hkv,C,D] per layer, bound to present_key_i / present_value_i (the graph
 #            writes the T new tokens at [past_length, past_length + T)); the runtime moves accepted nodes down
 ROLE_TARGET = "target"
+ROLE_DRAFT = "draft"  # a draft model's graph (draft-target): its own engine directory inside the engine's
 BACKEND_ONNXRUNTIME = "onnxruntime"
 BACKEND_TENSORRT = "tensorrt"
 BACKENDS = (BACKEND_ONNXRUNTIME, BACKEND_TENSORRT)
@@ -56,6 +57,9 @@ MIN_ROWS = "min_rows"
 # drafting (what plain decoding under load needs; the draft network's state is still committed for every row).
 # Graphs of modes that draft in the graph have it; the dimension is named DRAFTED.
 DRAFT_ROWS = "draft_rows"
+# [B,W,V] float32: the distribution q each verified node was drawn from (draft-target; row 0, the root, unread); the
+# graph accepts node x with probability min(1, p(x)/q(x)) and draws the bonus from norm(max(p - q, 0))
+DRAFT_PROBS = "draft_probs"
 DRAFTED = "drafted_sequences"
 
 ACCEPTED_TOKENS = "accepted_tokens"  # [B,DP] int64

@@ -23,6 +23,21 @@ def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -
 
 def build_plan(plan: BuildPlan, log=print) -> Path:
     """Build the engine a resolved plan describes."""
+    started = time.perf_counter()
+    if plan.typical is not None:
+        log("warning: typical acceptance is LOSSY (not distribution-preserving); the engine is marked lossless: false")
+    if plan.checkpoint.dtype == "bfloat16" and plan.weights == "fp32":
+        log("bfloat16 checkpoint: building a float32 engine (ONNX Runtime CPU has few bfloat16 kernels)")
+    with atomic_output_dir(plan.target) as tmp:
+        manifest = write_engine(plan, tmp, log, started)
+    log(f"engine written to {plan.target.shown} in {manifest['build_seconds']} s")
+    return Path(plan.target.shown)
+
+
+def write_engine(plan: BuildPlan, directory: Path, log, started: float, net=None) -> dict:
+    """Write the engine of `plan` into `directory` (its network `net`, default: the checkpoint's); the engines the
+    mode builds beside it (a draft model's) go into subdirectories. Returns the manifest."""
+    import numpy as np
     import torch
 
     from specbuild.builder.engine_manifest import write_manifest
@@ -30,31 +45,33 @@ def build_plan(plan: BuildPlan, log=print) -> Path:
     from specbuild.builder.network import LlamaNetwork
     from specbuild.builder.weights_file import WEIGHTS_FILE, share_weights
 
-    started = time.perf_counter()
-    if plan.typical is not None:
-        log("warning: typical acceptance is LOSSY (not distribution-preserving); the engine is marked lossless: false")
-    if plan.checkpoint.dtype == "bfloat16" and plan.weights == "fp32":
-        log("bfloat16 checkpoint: building a float32 engine (ONNX Runtime CPU has few bfloat16 kernels)")
     torch.manual_seed(0)
-    net = LlamaNetwork.from_tensors(plan.model, plan.checkpoint.tensors(), plan.engine_dtype)
+    if net is None:
+        net = LlamaNetwork.from_tensors(plan.model, plan.checkpoint.tensors(), plan.engine_dtype)
     plugin = plan.plugin_cls(plan.checkpoint, net, plan.settings).to(net.embed_tokens.weight.dtype).eval()
-    with atomic_output_dir(plan.target) as tmp:
-        graphs = []
-        for kind, backends in graph_kinds(plan, log):
-            entry = kind.build(plan, net, plugin, backends, tmp, log)
-            graphs += [{**entry, "backend": backend} for backend in backends]
-        stats = share_weights(tmp, list(dict.fromkeys(g["file"] for g in graphs)))
-        log(f"weights: {stats['bytes'] / 1e6:.1f} MB in {WEIGHTS_FILE} ({stats['shared']} tensors shared by graphs)")
-        for graph in graphs:
-            graph["io"] = _io_spec(tmp / graph["file"])
-        for name in (ef.TOKENIZER_FILE, ef.TOKENIZER_CONFIG_FILE):
-            if (plan.checkpoint.path / name).is_file():
-                shutil.copy(plan.checkpoint.path / name, tmp / name)
-        if plan.options.tensorrt:
-            _compile_tensorrt_plan(plan, plugin, tmp, log)
-        manifest = write_manifest(plan, plugin, graphs, tmp, round(time.perf_counter() - started, 1))
-    log(f"engine written to {plan.target.shown} in {manifest['build_seconds']} s")
-    return Path(plan.target.shown)
+    companions = []
+    for subdir, sub_plan, sub_net, files in plugin.companion_engines(plan):
+        log(f"building the {subdir} engine ({sub_plan.model.num_layers} layers, {sub_plan.weights}) ...")
+        (directory / subdir).mkdir()
+        sub = write_engine(sub_plan, directory / subdir, log, time.perf_counter(), sub_net)
+        for name, array in files.items():
+            np.save(directory / subdir / name, array, allow_pickle=False)
+        companions += [{**g, "role": ef.ROLE_DRAFT, "file": f"{subdir}/{g['file']}"} for g in sub["graphs"]]
+    graphs = []
+    for kind, backends in graph_kinds(plan, log):
+        entry = kind.build(plan, net, plugin, backends, directory, log)
+        graphs += [{**entry, "backend": backend} for backend in backends]
+    stats = share_weights(directory, list(dict.fromkeys(g["file"] for g in graphs)))
+    log(f"weights: {stats['bytes'] / 1e6:.1f} MB in {WEIGHTS_FILE} ({stats['shared']} tensors shared by graphs)")
+    for graph in graphs:
+        graph["io"] = _io_spec(directory / graph["file"])
+    for name in (ef.TOKENIZER_FILE, ef.TOKENIZER_CONFIG_FILE):
+        if (plan.checkpoint.path / name).is_file():
+            shutil.copy(plan.checkpoint.path / name, directory / name)
+    if plan.options.tensorrt:
+        _compile_tensorrt_plan(plan, plugin, directory, log)
+    seconds = round(time.perf_counter() - started, 1)
+    return write_manifest(plan, plugin, graphs + companions, directory, seconds)
 
 
 def _io_spec(onnx_path: Path) -> dict:

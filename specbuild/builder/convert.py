@@ -74,7 +74,7 @@ def convert_checkpoint(
         raw = load_hf_weights(model_dir, progress=progress)
         tensors = validate_base_tensors(model, raw, source=str(model_dir))
         tensors = {k: _cast(v, TORCH_DTYPES[dtype], k, model_dir) for k, v in tensors.items()}
-        head_out = _convert_heads(heads or {}, model, tensors, TORCH_DTYPES[dtype])
+        head_out = _convert_heads(heads or {}, model, tensors, TORCH_DTYPES[dtype], model_dir)
         write_checkpoint(
             tmp,
             model,
@@ -133,13 +133,15 @@ def validate_base_tensors(model: ModelConfig, raw: dict[str, torch.Tensor], sour
 
 
 def _convert_heads(
-    heads: dict[str, Path], model: ModelConfig, base: dict[str, torch.Tensor], dtype: torch.dtype
+    heads: dict[str, Path], model: ModelConfig, base: dict[str, torch.Tensor], dtype: torch.dtype, model_dir: Path
 ) -> dict[str, tuple[dict, dict]]:
+    """Each mode's converter reads its head directory against the base model's config, tensors and directory (its
+    tokenizer, for a draft model)."""
     from specbuild.plugins.registry import head_converter
 
     out = {}
     for name, head_dir in heads.items():
-        head_cfg, head_tensors = head_converter(name)(Path(head_dir), model, base)
+        head_cfg, head_tensors = head_converter(name)(Path(head_dir), model, base, base_dir=model_dir)
         out[name] = (head_cfg, {k: _cast(v, dtype, k, head_dir) for k, v in head_tensors.items()})
     return out
 

@@ -106,8 +106,8 @@ def shipped_heads() -> dict[str, Path]:
     from specbuild.plugins.registry import head_modes
 
     out = {}
-    for mode in head_modes():
-        path = HEADS_ROOT / f"smollm2-{mode}"
+    for mode, spec in head_modes().items():
+        path = HEADS_ROOT / f"smollm2-{spec.shipped_name or mode}"
         if (path / "config.json").is_file():
             out[mode] = path
     return out

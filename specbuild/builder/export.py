@@ -87,8 +87,9 @@ def example_inputs(
     ]
     head = [input_ids, position_ids, tree_mask, pasts]
     rows = torch.arange(batch) if draft_rows is None else torch.as_tensor(draft_rows, dtype=torch.int64)
+    probs = torch.softmax(torch.randn(batch, w, cfg.vocab_size, generator=g) * 3, dim=-1)  # drafts' q (unrelated)
     fixed, tail = step.arrange(
-        head, step.kv_inputs(kv), [paths], sampling, [torch.zeros(min_rows, dtype=torch.bool)], states, [rows]
+        head, step.kv_inputs(kv), [paths], sampling, [torch.zeros(min_rows, dtype=torch.bool)], states, [rows], [probs]
     )
     return (*fixed, *tail)
 
@@ -109,7 +110,7 @@ def _dynamic_shapes(step: StepModule):
     ]
     min_rows = [{0: dim(ef.MIN_ROWS, min=1, max=64)}]
     rows = [{0: dim(ef.DRAFTED, min=0, max=ef.MAX_BATCH_SIZE)}]
-    fixed, tail = step.arrange(head, step.kv_dims(b, c), [paths], sampling, min_rows, states, rows)
+    fixed, tail = step.arrange(head, step.kv_dims(b, c), [paths], sampling, min_rows, states, rows, [{0: b, 1: w}])
     return (*fixed, tuple(tail)) if tail else tuple(fixed)  # the var-positional inputs: one entry
 
 
@@ -117,7 +118,14 @@ def io_names(step: StepModule) -> tuple[list[str], list[str]]:
     """(input names, output names) of the step graph, in order."""
     states = [ef.STATE_PREFIX + n for n in step.state_names]
     fixed, tail = step.arrange(
-        HEAD_INPUTS, step.kv_input_names(), [ef.PATHS], SAMPLING_INPUTS, [ef.MIN_ROWS], states, [ef.DRAFT_ROWS]
+        HEAD_INPUTS,
+        step.kv_input_names(),
+        [ef.PATHS],
+        SAMPLING_INPUTS,
+        [ef.MIN_ROWS],
+        states,
+        [ef.DRAFT_ROWS],
+        [ef.DRAFT_PROBS],
     )
     return fixed + tail, step.output_names()
 

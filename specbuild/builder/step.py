@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from specbuild import engine_format as ef
-from specbuild.builder.acceptance import accept, accept_root
+from specbuild.builder.acceptance import accept, accept_root, accept_with_draft_probs
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.base import DraftContext, ModePlugin
 
@@ -41,23 +41,27 @@ class StepModule(nn.Module):
         self.state_names = [s.name for s in plugin.state_specs()]
         self.draft_output_names = [o.name for o in plugin.draft_outputs()] + plugin.state_output_names()
         self.selects_rows = plugin.selects_rows  # an ef.DRAFT_ROWS input, last
+        self.draft_probs = plugin.draft_probabilities  # an ef.DRAFT_PROBS input, before draft_rows
         # a mode that never drafts verifies a lone root: the acceptance block reduces to drawing the next token
         self.root_only = plugin.max_new_tokens_per_step() == 1 and typical is None
 
     # ---- the layout: where the KV cache goes (export reads these)
-    def arrange(self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list, rows: list):
+    def arrange(
+        self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list, rows: list, probs: list
+    ):
         """(fixed inputs, var-positional inputs) in forward's order, from the parts of one call (rows: the
-        draft_rows input, taken where `selects_rows`)."""
-        return [*head, *kv, *paths, *sampling], [*states, *self._rows(rows)]
+        draft_rows input, taken where `selects_rows`; probs: the draft_probs input, where `draft_probs`)."""
+        return [*head, *kv, *paths, *sampling], [*states, *self._tail(rows, probs)]
 
-    def _rows(self, rows: list) -> list:
-        return list(rows) if self.selects_rows else []
+    def _tail(self, rows: list, probs: list) -> list:
+        return [*(probs if self.draft_probs else []), *(rows if self.selects_rows else [])]
 
-    def split_states(self, tail) -> tuple[list, torch.Tensor | None]:
-        """(mode states, draft_rows or None) from the end of forward's var-positional inputs."""
-        if self.selects_rows:
-            return list(tail[:-1]), tail[-1]
-        return list(tail), None
+    def split_states(self, tail) -> tuple[list, torch.Tensor | None, torch.Tensor | None]:
+        """(mode states, draft_probs or None, draft_rows or None) from the end of forward's var-positional inputs."""
+        tail = list(tail)
+        rows = tail.pop() if self.selects_rows else None
+        probs = tail.pop() if self.draft_probs else None
+        return tail, probs, rows
 
     def kv_inputs(self, kv: torch.Tensor) -> list:
         """The KV cache [L,2,B,Hkv,C,D] as this layout takes it."""
@@ -94,15 +98,16 @@ class StepModule(nn.Module):
         hidden, new_kv, captured = self.net(
             input_ids, position_ids, tree_mask, past_length, kv_cache, capture_layers=self.plugin.capture_layers
         )
-        states, draft_rows = self.split_states(states)
+        states, draft_probs, draft_rows = self.split_states(states)
         return self.accept_and_draft(
             hidden, captured, [new_kv], input_ids, position_ids, tree_mask, past_length, paths,
             (temperature, top_k, top_p, rand_accept, rand_sample), states, draft_rows=draft_rows,
+            draft_probs=draft_probs,
         )  # fmt: skip
 
     def accept_and_draft(
         self, hidden, captured, kv_out, input_ids, position_ids, tree_mask, past_length, paths, sampling, states,
-        min_rows=None, draft_rows=None,
+        min_rows=None, draft_rows=None, draft_probs=None,
     ):  # fmt: skip
         """Verification of the new tokens' tree, acceptance and the mode's drafting of the next tree (both graphs):
         the graph's outputs in output_names() order.
@@ -120,6 +125,20 @@ class StepModule(nn.Module):
             logits = self.net.lm_head(window.index_select(1, rows)).narrow(1, 0, w)
         if self.root_only:
             acc_tokens, num_acc, acc_nodes_w, last_w = accept_root(logits, temperature, top_k, top_p, rand_accept)
+        elif draft_probs is not None:
+            acc_tokens, num_acc, acc_nodes_w, last_w = accept_with_draft_probs(
+                logits,
+                input_ids.narrow(1, off, w),
+                tree_mask.narrow(1, off, w).narrow(2, off, w),
+                torch.where(paths >= 0, paths - off, torch.full_like(paths, -1)),
+                temperature,
+                top_k,
+                top_p,
+                rand_accept,
+                rand_sample,
+                draft_probs,
+                max_siblings=1,  # chains (the drafters that give q draft chains)
+            )
         else:
             acc_tokens, num_acc, acc_nodes_w, last_w = accept(
                 logits,
@@ -187,9 +206,11 @@ class FusedStepModule(StepModule):
         # attention kernel's own causal mask and positions serve, without the mask's ~25 nodes and bias reads
         self.causal_chain = chain_drafts or plugin.max_new_tokens_per_step() == 1
 
-    def arrange(self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list, rows: list):
+    def arrange(
+        self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list, rows: list, probs: list
+    ):
         padding = list(min_rows) if self.row_padding else []
-        return [*head, *paths, *sampling], [*padding, *kv, *states, *self._rows(rows)]
+        return [*head, *paths, *sampling], [*padding, *kv, *states, *self._tail(rows, probs)]
 
     def kv_inputs(self, kv: torch.Tensor) -> list:
         return [kv[i, j].clone() for i in range(kv.shape[0]) for j in range(2)]
@@ -231,8 +252,8 @@ class FusedStepModule(StepModule):
             attention_pad=self.attention_pad,
             min_rows=min_rows,
         )
-        states, draft_rows = self.split_states(tail[n_kv:])
+        states, draft_probs, draft_rows = self.split_states(tail[n_kv:])
         return self.accept_and_draft(
             hidden, captured, presents, input_ids, position_ids, tree_mask, past_length, paths,
-            (temperature, top_k, top_p, rand_accept, rand_sample), states, min_rows, draft_rows,
+            (temperature, top_k, top_p, rand_accept, rand_sample), states, min_rows, draft_rows, draft_probs,
         )  # fmt: skip

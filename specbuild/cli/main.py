@@ -92,8 +92,13 @@ def cli():
 def head_dir_options(func):
     """`--<mode>-dir DIR` for every mode with heads to convert (from the mode registry)."""
     for mode, spec in reversed(head_modes().items()):
-        func = click.option(spec.head_option, f"{mode}_dir", type=click.Path(path_type=Path), help=spec.heads)(func)
+        func = click.option(spec.head_option, _head_param(mode), type=click.Path(path_type=Path), help=spec.heads)(func)
     return func
+
+
+def _head_param(mode: str) -> str:
+    """The click parameter of `mode`'s head directory option."""
+    return mode.replace("-", "_") + "_dir"
 
 
 def mode_option_flags(func):
@@ -123,7 +128,7 @@ def convert(model_dir, output_dir, dtype, overwrite, **head_dirs):
     from specbuild.fsutil import provisional_commits
 
     _check_choice("--dtype", dtype, DTYPE_CHOICES)
-    heads = {mode: head_dirs[f"{mode}_dir"] for mode in head_modes() if head_dirs.get(f"{mode}_dir")}
+    heads = {mode: head_dirs[_head_param(mode)] for mode in head_modes() if head_dirs.get(_head_param(mode))}
     with provisional_commits():  # an interrupt until the command ends still leaves nothing behind
         out = convert_checkpoint(model_dir, output_dir, dtype=dtype, heads=heads or None, overwrite=overwrite)
     click.echo(f"checkpoint written to {out}", err=True)

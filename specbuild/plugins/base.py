@@ -101,6 +101,9 @@ class ModePlugin(nn.Module):
     # drafting happens in the graph and can be skipped per row: the graph takes ef.DRAFT_ROWS and draft() drafts
     # from ctx.drafting() (its draft outputs have one row per drafted row)
     selects_rows = False
+    # the runtime proposes drafts drawn from distributions q and feeds them (ef.DRAFT_PROBS): the graph accepts by
+    # rejection sampling against q (builder/acceptance.accept_with_draft_probs) instead of the point-mass rule
+    draft_probabilities = False
 
     def draft_outputs(self) -> list[OutputSpec]:
         """The outputs draft() returns besides the state outputs, in graph order (export reads this declaration)."""
@@ -150,6 +153,12 @@ class ModePlugin(nn.Module):
 
     def manifest(self) -> dict[str, Any]:
         return {}
+
+    def companion_engines(self, plan) -> list:
+        """Engines built inside this engine's directory beside its step graph: (subdirectory, BuildPlan, network,
+        {file name: numpy array written there}) for each (draft-target: the draft model's own engine); their graphs
+        are listed with role ef.ROLE_DRAFT."""
+        return []
 
     def max_new_tokens_per_step(self) -> int:
         tree = self.tree()

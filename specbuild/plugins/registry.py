@@ -20,6 +20,7 @@ MODE_PACKAGES = (
     "specbuild.plugins.eagle3",
     "specbuild.plugins.ngram",
     "specbuild.plugins.redrafter",
+    "specbuild.plugins.draft_target",
 )
 
 

@@ -47,13 +47,16 @@ class ModeSpec:
     drafter: str  # "module:Class": the runtime drafter (numpy only)
     options: tuple[ModeOption, ...] = ()  # build options this mode reads (others are refused)
     heads: str | None = None  # what `specbuild convert --<name>-dir DIR` reads (help text); None: no heads
-    converter: str | None = None  # "module:function": (head_dir, model_config, base_tensors) -> (cfg, tensors)
+    # "module:function": (head_dir, model_config, base_tensors, base_dir=model_dir) -> (cfg, tensors)
+    converter: str | None = None
     trainer: str | None = None  # "module:function": (recipe dict of load_recipe, log) -> metrics, `kind: <name>`
     demo: bool = False  # the mode `specbuild demo` shows beside plain decoding (shipped heads, speculates most on chat)
     features: str | None = None  # "module:attribute": the training.features.LayerFeatures its trainer reads
     # "module:function": (head dirs, hf_dir, corpus records, device, log) -> held-out metrics of each head
     # (`specbuild corpus compare-heads`)
     head_evaluator: str | None = None
+    head_flag: str | None = None  # the `specbuild convert` flag of the heads (default --<name>-dir)
+    shipped_name: str | None = None  # heads shipped for SmolLM2 live in data/heads/smollm2-<this> (default: name)
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -66,12 +69,21 @@ class ModeSpec:
 
     @property
     def head_option(self) -> str | None:
-        return f"--{self.name}-dir" if self.heads else None
+        if not self.heads:
+            return None
+        return self.head_flag or f"--{self.name}-dir"
 
 
 # options several modes read
 TREE = ModeOption(
     "tree", "text", "Draft tree: preset name, JSON choices ('[[0],[0,0]]') or a .json/.yaml file.", metavar="TREE"
+)
+NUM_DRAFT_TOKENS = ModeOption(
+    "num_draft_tokens",
+    "int",
+    "Draft tokens per step (n-gram: per candidate continuation, default 10; draft-target: the draft model's chain, "
+    "default chosen by measured cost).",
+    minimum=1,
 )
 MAX_DRAFT_LEN = ModeOption("max_draft_len", "int", "Maximum number of draft tokens per step.", minimum=1)
 TYPICAL_ACCEPTANCE = ModeOption(

@@ -35,6 +35,7 @@ class Call:
     paths: np.ndarray
     window: int
     every_node: bool
+    draft_probs: np.ndarray | None = None  # [N,V] the q of each node (Proposal.draft_probs)
 
     @property
     def size(self) -> int:
@@ -54,7 +55,15 @@ class Call:
 
     @classmethod
     def tree(cls, proposal: Proposal) -> Call:
-        return cls(proposal.tokens[0], proposal.mask[0], proposal.offsets, proposal.paths[0], proposal.size, False)
+        return cls(
+            proposal.tokens[0],
+            proposal.mask[0],
+            proposal.offsets,
+            proposal.paths[0],
+            proposal.size,
+            False,
+            proposal.draft_probs,
+        )
 
 
 class Sequence:
@@ -222,7 +231,15 @@ class Batch:
             sampling = seq.sampling
             temperature[row], top_k[row], top_p[row] = sampling.temperature, sampling.top_k, sampling.top_p
         rows = n * t
-        return {
+        feeds = {}
+        if self.layout.draft_probs_vocab:  # the q of each verified node (zeros: the root, point masses, prompts)
+            probs = np.zeros((n, w, self.layout.draft_probs_vocab), dtype=np.float32)
+            for row, call in enumerate(calls):
+                if call.draft_probs is not None:
+                    first = t - w
+                    probs[row, : call.size - first] = call.draft_probs[first : call.size]
+            feeds[ef.DRAFT_PROBS] = probs
+        return feeds | {
             ef.INPUT_IDS: ids,
             ef.POSITION_IDS: positions,
             ef.TREE_MASK: mask,

@@ -45,12 +45,15 @@ class StepResult:
 @dataclasses.dataclass
 class Proposal:
     """What one engine call verifies: tokens [1,N] (root first), mask [1,N,N] (bool, node i sees node j),
-    offsets [N] (depth = position offset from the root), paths [1,NP,DP] (node indices, -1 padded)."""
+    offsets [N] (depth = position offset from the root), paths [1,NP,DP] (node indices, -1 padded).
+    draft_probs [N,V]: for drafts drawn from distributions (a draft model), row i is the q node i was drawn from
+    (row 0, the root, unread); None: point-mass drafts."""
 
     tokens: np.ndarray
     mask: np.ndarray
     offsets: np.ndarray
     paths: np.ndarray
+    draft_probs: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -63,7 +66,8 @@ class Proposal:
     def chain_prefix(self, tokens: int) -> Proposal:
         """The first `tokens` tokens of a chain (a proposal whose node i sits at depth i)."""
         offsets = self.offsets[:tokens]
-        return Proposal(self.tokens[:, :tokens], self.mask[:, :tokens, :tokens], offsets, offsets[None, None])
+        probs = None if self.draft_probs is None else self.draft_probs[:tokens]
+        return Proposal(self.tokens[:, :tokens], self.mask[:, :tokens, :tokens], offsets, offsets[None, None], probs)
 
     @classmethod
     def root(cls, token: int) -> Proposal:
@@ -76,6 +80,14 @@ class Proposal:
         )
 
     @classmethod
+    def chain(cls, tokens, draft_probs: np.ndarray | None = None) -> Proposal:
+        """`tokens` (root first) as a chain: node i at depth i sees nodes 0..i."""
+        n = len(tokens)
+        offsets = np.arange(n, dtype=np.int64)
+        mask = np.tril(np.ones((n, n), dtype=np.bool_))[None]
+        return cls(np.asarray(tokens, dtype=np.int64).reshape(1, -1), mask, offsets, offsets[None, None], draft_probs)
+
+    @classmethod
     def from_tree(cls, tokens, tree: Tree) -> Proposal:
         return cls(
             np.asarray(tokens, dtype=np.int64).reshape(1, -1), tree.ancestor_mask[None], tree.depths, tree.paths[None]
@@ -86,11 +98,18 @@ class Drafter:
     """One sequence's drafter. `read_settings` reads the mode's part of engine.yaml once per engine (under `mode`)."""
 
     @classmethod
+    def load_settings(cls, engine) -> Any:
+        """The drafting settings of a loaded engine (runtime/engine.Engine), once per engine: `read_settings` of its
+        engine.yaml, or more (a draft model's own engine)."""
+        return cls.read_settings(engine.manifest, str(engine.path / ef.ENGINE_MANIFEST))
+
+    @classmethod
     def read_settings(cls, manifest: dict, source: str = "engine.yaml") -> Any:
         """The drafting settings, read and checked once when the engine loads (SpecbuildError naming the field)."""
         return None
 
-    def __init__(self, settings: Any, prompt: Sequence[int]):
+    def __init__(self, settings: Any, prompt: Sequence[int], sampling=None):
+        """sampling: the request's SamplingParams (a drafter that samples drafts follows them)."""
         self.settings = settings
 
     def propose(self, step: StepResult) -> Proposal:

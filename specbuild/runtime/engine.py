@@ -103,12 +103,12 @@ class Engine:
         mode = get_mode(self.manifest["speculative_mode"], option=f"{self.path / ef.ENGINE_MANIFEST}: speculative_mode")
         self.drafter_class = load_object(mode.drafter)
         # read and checked once: a bad tree or drafter setting fails at load; each sequence's drafter is built from it
-        self.drafter_settings = self.drafter_class.read_settings(self.manifest, str(self.path / ef.ENGINE_MANIFEST))
+        self.threads = threads
+        self.drafter_settings = self.drafter_class.load_settings(self)
         self.output_names = {o["name"] for o in self.graph["io"]["outputs"]}
         self._codec = None
         self._scheduler: Scheduler | None = None
         self._cost_curve = None
-        self.threads = threads
 
     @property
     def max_seq_len(self) -> int:
@@ -179,14 +179,18 @@ class Engine:
         return self.codec.encode(text)
 
     # ------------------------------------------------------------------ generation
-    def new_drafter(self, prompt: list[int]):
+    def new_drafter(self, prompt: list[int], sampling: SamplingParams | None = None):
         """One sequence's drafter, built from the settings read at load."""
-        return self.drafter_class(self.drafter_settings, prompt)
+        return self.drafter_class(self.drafter_settings, prompt, sampling)
 
     def new_session(self, prompt: list[int], sampling: SamplingParams) -> Session:
         """One sequence driven call by call (runtime/session.py), with its own drafter."""
         return Session(
-            self.layout, self.backend, sampling, len(prompt) + self.layout.step_tokens, self.new_drafter(prompt)
+            self.layout,
+            self.backend,
+            sampling,
+            len(prompt) + self.layout.step_tokens,
+            self.new_drafter(prompt, sampling),
         )
 
     @property

@@ -39,11 +39,12 @@ class Layout:
     max_batch_size: int  # KV slots (limits.max_batch_size; 1 for engines built before batching)
     per_position_uniforms: bool  # sampling.uniforms: rand_accept is drawn per sequence position (builder/acceptance)
     selects_rows: bool  # the graph drafts only for the rows in ef.DRAFT_ROWS (engine-drafted modes built since)
+    draft_probs_vocab: int = 0  # V of the graph's ef.DRAFT_PROBS input [B,W,V] (0: the graph has none)
 
     @classmethod
     def read(cls, manifest: dict, graph: dict, min_rows: int) -> Layout:
         """From a validated engine.yaml, the graph entry the backend runs and the padding exactness decided."""
-        model = manifest["model"]
+        model, inputs = manifest["model"], graph["io"]["inputs"]
         kv_dtype = NUMPY_DTYPES["float16" if manifest["dtype"] == "float16" else "float32"]
         return cls(
             kv_cache=graph["kv_cache"],
@@ -59,6 +60,7 @@ class Layout:
             max_batch_size=int(manifest["limits"].get("max_batch_size", 1)),
             per_position_uniforms=(manifest.get("sampling") or {}).get("uniforms") == ef.UNIFORMS_PER_POSITION,
             selects_rows=any(i["name"] == ef.DRAFT_ROWS for i in graph["io"]["inputs"]),
+            draft_probs_vocab=model["vocab_size"] if any(i["name"] == ef.DRAFT_PROBS for i in inputs) else 0,
         )
 
     @property

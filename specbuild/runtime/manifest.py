@@ -169,7 +169,7 @@ SCHEMA: dict[str, Any] = {
     ),
     "graphs": ListOf(
         {
-            "role": one_of((ef.ROLE_TARGET,)),
+            "role": one_of((ef.ROLE_TARGET, ef.ROLE_DRAFT)),
             "backend": one_of(ef.BACKENDS),
             "file": file_name(),
             "kv_cache": one_of((ef.KV_STACKED, ef.KV_SHARED)),
@@ -260,6 +260,8 @@ def _check_semantics(manifest: dict) -> None:
             raise _Invalid(f"field states[{i}].grow_axis {axis} is outside its shape {spec['shape']}")
     num_layers = manifest["model"]["num_layers"]
     for i, graph in enumerate(manifest["graphs"]):
+        if graph["role"] != ef.ROLE_TARGET:
+            continue  # a draft model's graph: its own engine.yaml (in its directory) describes and checks it
         outputs = {o["name"] for o in graph["io"]["outputs"]}
         if graph["kv_cache"] == ef.KV_STACKED:
             required = [*REQUIRED_OUTPUTS, ef.NEW_KV]

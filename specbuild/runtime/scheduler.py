@@ -308,7 +308,8 @@ class Scheduler:
                 handle = self._waiting.popleft()
             request = handle.request
             try:
-                handle.sequence = Sequence(self.layout, request.sampling, self.engine.new_drafter(request.ids))
+                drafter = self.engine.new_drafter(request.ids, request.sampling)
+                handle.sequence = Sequence(self.layout, request.sampling, drafter)
                 handle._staging = Batch(
                     self.layout, self.engine.backend, 1, initial_capacity(self.layout, len(request.ids))
                 )

@@ -39,7 +39,7 @@ from specbuild.plugins.feature_draft.convert import (
 log = logging.getLogger(__name__)
 
 
-def convert_eagle(head_dir: Path, model, base: dict) -> tuple[dict, dict]:
+def convert_eagle(head_dir: Path, model, base: dict, base_dir: Path | None = None) -> tuple[dict, dict]:
     """EAGLE-1/2 heads (SafeAILab `ea_layer` state dicts), any number of layers."""
     head_dir = Path(head_dir)
     raw, source, cfg = read_head(head_dir)

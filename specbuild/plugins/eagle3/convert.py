@@ -210,7 +210,7 @@ def _norm_before_residual(cfg: dict, cfg_file: Path, speculators: bool) -> bool:
     return value
 
 
-def convert_eagle3(head_dir: Path, model, base: dict) -> tuple[dict, dict]:
+def convert_eagle3(head_dir: Path, model, base: dict, base_dir: Path | None = None) -> tuple[dict, dict]:
     """EAGLE-3 heads: SafeAILab `midlayer.*` checkpoints, ModelOpt exports (`eagle_module.` names) and speculators."""
     head_dir = Path(head_dir)
     raw, source, cfg = read_head(head_dir)

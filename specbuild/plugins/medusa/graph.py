@@ -41,7 +41,7 @@ def _read_medusa_tensors(head_dir: Path) -> tuple[dict, str]:
     return heads, str(head_dir)
 
 
-def convert_medusa(head_dir: Path, model, base: dict) -> tuple[dict, dict]:
+def convert_medusa(head_dir: Path, model, base: dict, base_dir: Path | None = None) -> tuple[dict, dict]:
     """v0.1 (.pt), legacy .safetensors, "version 2" (ResBlocks only, base lm_head), Medusa-2 full models."""
     head_dir = Path(head_dir)
     raw, source = _read_medusa_tensors(head_dir)

@@ -1,7 +1,7 @@
 """`--speculative-mode ngram`: prompt lookup decoding. The runtime drafts from n-grams of the prompt and the
 generated text; the step graph only verifies (any base model, no heads)."""
 
-from specbuild.plugins.spec import HOST_DRAFTED, MAX_DRAFT_LEN, ModeOption, ModeSpec
+from specbuild.plugins.spec import HOST_DRAFTED, MAX_DRAFT_LEN, NUM_DRAFT_TOKENS, ModeOption, ModeSpec
 
 DEFAULT_MAX_NGRAM_SIZE = 3  # prompt lookup decoding's defaults (../shared/reference/algorithms-and-formats.md §6)
 DEFAULT_NUM_DRAFT_TOKENS = 10
@@ -22,12 +22,7 @@ MODE = ModeSpec(
             f"n-gram: longest suffix matched against the context (default {DEFAULT_MAX_NGRAM_SIZE}).",
             minimum=1,
         ),
-        ModeOption(
-            "num_draft_tokens",
-            "int",
-            f"n-gram: draft tokens per candidate continuation (default {DEFAULT_NUM_DRAFT_TOKENS}).",
-            minimum=1,
-        ),
+        NUM_DRAFT_TOKENS,
         ModeOption(
             "ngram_candidates",
             "int",

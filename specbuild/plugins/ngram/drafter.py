@@ -67,8 +67,8 @@ class NgramDrafter(Drafter):
         sizes = (settings[key] for key in ("max_ngram_size", "num_draft_tokens", "candidates"))
         return NgramSettings(*sizes, settings.get("draft_length", "fixed"))
 
-    def __init__(self, settings: NgramSettings, prompt: Sequence[int]):
-        super().__init__(settings, prompt)
+    def __init__(self, settings: NgramSettings, prompt: Sequence[int], sampling=None):
+        super().__init__(settings, prompt, sampling)
         self.max_n, self.num_draft = settings.max_n, settings.num_draft
         self.candidates, self.draft_length = settings.candidates, settings.draft_length
         self.tokens: list[int] = []  # the sequence so far: the prompt, then every accepted token

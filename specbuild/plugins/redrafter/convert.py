@@ -88,7 +88,7 @@ def _expect(tensors: dict, name: str, shape: tuple, source: str, published: str)
     return t
 
 
-def convert_redrafter(head_dir: Path, model, base: dict) -> tuple[dict, dict]:
+def convert_redrafter(head_dir: Path, model, base: dict, base_dir: Path | None = None) -> tuple[dict, dict]:
     head_dir = Path(head_dir)
     cfg = _read_config(head_dir)
     config_file = head_dir / "config.json"

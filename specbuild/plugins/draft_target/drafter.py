@@ -1,0 +1,163 @@
+"""The draft-target runtime drafter (numpy): a draft model's engine, inside the engine directory, proposes a chain.
+
+Each sequence keeps a session of its own on the draft engine (its own KV slot). Per step:
+1. after the target accepted `step.tokens`, the draft's cache keeps the longest prefix it has seen that the target
+   committed (the drafts that were accepted stay: they are not recomputed); the tokens it has not seen yet (the
+   last draft, if accepted, and the bonus token: one or two) are fed in one call, which gives q of the first draft;
+2. each further draft is one call of one token (the previous draft).
+Greedy requests draft the draft's argmax; sampled ones draw each draft from q = the draft's distribution after the
+request's temperature, top-k and top-p, and hand q to the target graph, which accepts with min(1, p/q) and draws
+the bonus from the residual (builder/acceptance.accept_with_draft_probs). A draft projected onto a vocabulary
+subset (vocab_ids) has q = 0 outside it. Host work per step is O(accepted + drafted tokens) (and q: O(V) a draft).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from specbuild import engine_format as ef
+from specbuild.errors import SpecbuildError
+from specbuild.runtime.drafter import Drafter, Proposal, StepResult
+from specbuild.runtime.manifest import check_fields, file_name, integer
+from specbuild.runtime.sampling import SamplingParams
+from specbuild.runtime.session import Session
+
+DRAFT_STREAM = 0x44524654  # "DRFT": the draft's random numbers are a stream of their own, never the target's
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftModelSettings:
+    num_draft: int
+    engine: Any  # the draft model's runtime/engine.Engine
+    vocab_ids: np.ndarray | None  # token id of each row of the draft's logits (None: the whole vocabulary)
+    vocab_size: int  # the target's
+
+
+class DraftModelDrafter(Drafter):
+    SCHEMA = {
+        "mode": {
+            "drafter": {
+                "num_draft_tokens": integer(1),
+                "engine": file_name(),
+                "vocab_ids": file_name(optional=True, nullable=True),
+            }
+        }
+    }
+
+    @classmethod
+    def load_settings(cls, engine) -> DraftModelSettings:
+        """engine.yaml's drafter fields, and the draft's own engine loaded beside the target's."""
+        from specbuild.runtime.engine import Engine
+
+        source = engine.path / ef.ENGINE_MANIFEST
+        check_fields(engine.manifest, cls.SCHEMA, str(source))
+        fields = engine.manifest["mode"]["drafter"]
+        draft_dir = engine.path / fields["engine"]
+        # the draft's roundings never change the output (the target decides every token): load it whatever the CPU
+        draft = Engine(draft_dir, threads=engine.threads or None, allow_lossy=True, speculation="off")
+        vocab = engine.manifest["model"]["vocab_size"]
+        ids = None
+        if fields.get("vocab_ids"):
+            ids = _read_ids(draft_dir / fields["vocab_ids"], vocab)
+        return DraftModelSettings(fields["num_draft_tokens"], draft, ids, vocab)
+
+    def __init__(self, settings: DraftModelSettings, prompt: Sequence[int], sampling: SamplingParams | None = None):
+        super().__init__(settings, prompt, sampling)
+        sampling = sampling or SamplingParams()
+        self.sampling = sampling
+        self.greedy = sampling.temperature <= 0
+        self.rng = np.random.default_rng([sampling.seed, DRAFT_STREAM])
+        engine = settings.engine
+        # the draft engine decodes greedily; sampled drafts are drawn here from its logits
+        self.session = Session(engine.layout, engine.backend, SamplingParams(), len(prompt) + settings.num_draft + 2)
+        self.max_len = engine.layout.max_seq_len
+        self.context = list(prompt)  # committed tokens (prompt + accepted)
+        self.fed: list[int] = []  # tokens in the draft's cache, in order: a prefix of context, then drafts
+        self.drafts: list[int] = []
+
+    def propose(self, step: StepResult) -> Proposal:
+        self.context.extend(step.tokens)
+        keep = self._kept_prefix()
+        del self.fed[keep:]
+        self.session.batch.kv.lengths[0] = keep
+        pending = self.context[keep:]
+        k = min(self.settings.num_draft, self.max_len - keep - len(pending))
+        if k <= 0:
+            self.drafts = []
+            return Proposal.root(self.context[-1])
+        tokens, probs = [self.context[-1]], []
+        feed = pending
+        for _ in range(k):
+            logits = self.session.prefill(feed).outputs[ef.LOGITS][0, -1]
+            self.fed.extend(feed)
+            token, q = self._draw(logits)
+            tokens.append(token)
+            probs.append(q)
+            feed = [token]
+        self.drafts = tokens[1:]
+        return Proposal.chain(tokens, None if self.greedy else self._stack(probs))
+
+    def _kept_prefix(self) -> int:
+        """How many tokens of the draft's cache the committed context still starts with: the committed part it was
+        fed, plus the drafts the target accepted (only the drafts are compared: O(drafts))."""
+        fed, context = self.fed, self.context
+        keep = len(fed) - len(self.drafts[:-1]) if self.drafts else len(fed)
+        while keep < len(fed) and keep < len(context) and fed[keep] == context[keep]:
+            keep += 1
+        return keep
+
+    def _draw(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
+        """The next draft token and the q it was drawn from (None when greedy)."""
+        ids = self.settings.vocab_ids
+        if self.greedy:
+            row = int(np.argmax(logits))
+            return (int(ids[row]) if ids is not None else row), None
+        q = processed_probs(logits, self.sampling)
+        cdf = np.cumsum(q, dtype=np.float64)
+        row = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
+        row = min(row, len(q) - 1)
+        while q[row] <= 0:  # never a token of probability 0 (rounding at the CDF's end)
+            row -= 1
+        return (int(ids[row]) if ids is not None else row), q
+
+    def _stack(self, probs: list[np.ndarray]) -> np.ndarray:
+        """[N,V] rows of q over the target's vocabulary (row 0, the root's, zeros)."""
+        out = np.zeros((len(probs) + 1, self.settings.vocab_size), dtype=np.float32)
+        ids = self.settings.vocab_ids
+        for i, q in enumerate(probs, start=1):
+            if ids is None:
+                out[i] = q
+            else:
+                out[i, ids] = q
+        return out
+
+
+def processed_probs(logits: np.ndarray, sampling: SamplingParams) -> np.ndarray:
+    """The distribution a sampled request draws from: logits / temperature, then top-k, then top-p (float32)."""
+    scaled = logits.astype(np.float64) / max(sampling.temperature, ef.MIN_TEMPERATURE)
+    if sampling.top_k and sampling.top_k < len(scaled):
+        kth = np.partition(scaled, -sampling.top_k)[-sampling.top_k]
+        scaled = np.where(scaled < kth, -np.inf, scaled)
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    if sampling.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        before = np.cumsum(probs[order]) - probs[order]
+        drop = order[before >= sampling.top_p]
+        probs[drop] = 0.0
+        probs /= probs.sum()
+    return probs.astype(np.float32)
+
+
+def _read_ids(file, vocab: int) -> np.ndarray:
+    try:
+        ids = np.load(file, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise SpecbuildError(f"{file}: cannot read the draft's token ids ({exc})") from None
+    if ids.ndim != 1 or ids.dtype.kind not in "iu" or not len(ids) or ids.min() < 0 or ids.max() >= vocab:
+        raise SpecbuildError(f"{file}: expected a list of token ids below the vocabulary size {vocab}")
+    return ids.astype(np.int64)

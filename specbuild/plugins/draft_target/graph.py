@@ -1,0 +1,159 @@
+"""The draft-target mode's build side. The target's step graph drafts nothing: it verifies the chain the runtime's
+drafter proposes, against the q each draft was drawn from (an ef.DRAFT_PROBS input; exact rejection sampling, greedy
+an exact argmax match). The draft model becomes an engine of its own, built inside the engine directory
+(DRAFT_ENGINE_DIR): plain decoding of the draft network with its logits as an output, optionally projected onto
+the draft's most frequent tokens only (--draft-vocab-size; the ids of the kept rows are a file beside it)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from specbuild import engine_format as ef
+from specbuild.builder.checkpoint import Checkpoint
+from specbuild.builder.model_config import ModelConfig
+from specbuild.errors import SpecbuildError
+from specbuild.plugins.base import ModePlugin
+from specbuild.plugins.draft_target import DRAFT_ENGINE_DIR, DRAFT_VOCAB_TENSOR, MODE
+from specbuild.tree import MAX_TREE_SIZE
+
+DEFAULT_NUM_DRAFT_TOKENS = 4  # when the draft records no measured choice
+VOCAB_IDS_FILE = "vocab_ids.npy"  # in the draft engine: the token id of each row of its logits (subset drafts)
+
+
+@dataclasses.dataclass
+class DraftCheckpoint(Checkpoint):
+    """The draft model inside a target checkpoint, as a checkpoint of its own (its tokenizer is the target's)."""
+
+    target: Checkpoint | None = None
+
+    def tensors(self, device: str = "cpu") -> dict:
+        tensors = self.target.head_tensors(MODE.name)
+        tensors.pop(DRAFT_VOCAB_TENSOR, None)
+        return tensors
+
+    def head_tensors(self, name: str) -> dict:
+        raise SpecbuildError(f"{self.path}: a draft model has no heads")
+
+
+class DraftTargetPlugin(ModePlugin):
+    name = MODE.name
+    draft_probabilities = True
+
+    def __init__(self, checkpoint, net, settings):
+        super().__init__()
+        self.checkpoint = checkpoint
+        self.settings = settings
+
+    @classmethod
+    def check_options(cls, checkpoint, options) -> dict:
+        head = checkpoint.heads.get(MODE.name)
+        if head is None:
+            raise SpecbuildError(
+                f"{checkpoint.path}: checkpoint holds no draft model; convert with `specbuild convert "
+                f"{MODE.head_option} DIR` (e.g. specbuild/data/heads/smollm2-draft for SmolLM2)"
+            )
+        k = options.num_draft_tokens or head.get("default_num_draft_tokens") or DEFAULT_NUM_DRAFT_TOKENS
+        if 1 + k > MAX_TREE_SIZE:
+            raise SpecbuildError(f"--num-draft-tokens {k}: at most {MAX_TREE_SIZE - 1} draft tokens per step")
+        weights = options.draft_weights
+        if weights is not None and weights not in ef.WEIGHTS:
+            raise SpecbuildError(f"--draft-weights {weights!r} is not one of {', '.join(ef.WEIGHTS)}")
+        listed = head.get("draft_vocab_size")
+        vocab = options.draft_vocab_size or head.get("default_vocab_size")
+        if options.draft_vocab_size is not None and not listed:
+            raise SpecbuildError(
+                f"--draft-vocab-size {vocab}: the draft model lists no token frequencies (no draft_vocab.json)"
+            )
+        if vocab is not None and listed and vocab > listed:
+            raise SpecbuildError(
+                f"--draft-vocab-size {vocab}: the draft model lists {listed} tokens (draft_vocab.json)"
+            )
+        return {
+            "num_draft_tokens": int(k),
+            "draft_weights": weights,
+            "vocab_size": int(vocab) if vocab and listed else None,
+            "tokens_per_step": 1 + int(k),
+        }
+
+    def chain_drafts(self) -> bool:
+        return True
+
+    def tree(self):
+        return None  # the runtime's drafter gives each call's chain
+
+    def max_new_tokens_per_step(self) -> int:
+        return self.settings["tokens_per_step"]
+
+    def manifest(self) -> dict:
+        s = self.settings
+        head = self.checkpoint.heads[MODE.name]
+        return {
+            "drafter": {
+                "num_draft_tokens": s["num_draft_tokens"],
+                "engine": DRAFT_ENGINE_DIR,
+                "vocab_ids": VOCAB_IDS_FILE if s["vocab_size"] else None,
+            },
+            "draft_model": {
+                "num_layers": head["model"]["num_layers"],
+                "hidden_size": head["model"]["hidden_size"],
+                "vocab_size": s["vocab_size"] or head["model"]["vocab_size"],
+                "source": head.get("source"),
+                "lineage": head.get("lineage"),
+            },
+        }
+
+    def companion_engines(self, plan) -> list:
+        """The draft model's engine: plain decoding with logits, at --draft-weights (default the target's)."""
+        from specbuild.builder.network import LlamaNetwork
+        from specbuild.builder.plan import fused_kernels_unsupported
+        from specbuild.plugins.registry import baseline_mode, get_mode, load_object
+
+        head = self.checkpoint.heads[MODE.name]
+        ckpt = DraftCheckpoint(
+            path=self.checkpoint.path,
+            model=ModelConfig.from_dict(head["model"], source=f"{self.checkpoint.path}: heads.{MODE.name}.model"),
+            dtype=self.checkpoint.dtype,
+            heads={},
+            chat_template=self.checkpoint.chat_template,
+            target=self.checkpoint,
+        )
+        weights = self.settings["draft_weights"] or plan.weights
+        dtype = "float16" if weights == "fp16" else "float32"
+        options = dataclasses.replace(
+            plan.options,
+            speculative_mode=baseline_mode(),
+            weights=weights,
+            output_logits=True,
+            tensorrt=False,
+            **{o.name: None for o in MODE.options},
+        )
+        sub = dataclasses.replace(
+            plan,
+            options=options,
+            checkpoint=ckpt,
+            plugin_cls=load_object(get_mode(baseline_mode()).graph_plugin),
+            settings={"tokens_per_step": 1},
+            typical=None,
+            weights=weights,
+            engine_dtype=dtype,
+            tolerance=plan.options.validate_tolerance or (1e-3 if dtype == "float32" else 5e-2),
+            unfused=fused_kernels_unsupported(ckpt.model, dtype),
+        )
+        net = LlamaNetwork.from_tensors(ckpt.model, ckpt.tensors(), dtype)
+        extra = {}
+        if self.settings["vocab_size"]:
+            ids = self.checkpoint.head_tensors(MODE.name)[DRAFT_VOCAB_TENSOR][: self.settings["vocab_size"]]
+            project_onto(net, ids)
+            extra[VOCAB_IDS_FILE] = np.ascontiguousarray(ids.numpy().astype(np.int64))
+        return [(DRAFT_ENGINE_DIR, sub, net, extra)]
+
+
+def project_onto(net, ids: torch.Tensor) -> None:
+    """The network's lm_head keeps the rows of token `ids` only (its logits are over them, in that order)."""
+    weight = net.lm_head.weight.detach()[ids].clone()
+    head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
+    head.weight.data.copy_(weight)
+    net.lm_head = head

@@ -1,0 +1,228 @@
+"""draft-target mode: exact greedy ids against transformers on tiny targets of several shapes with drafts of another
+depth and width, batched == batch-1, int4 against int4 `none`, the target distribution when sampling (and a wrong
+acceptance rule caught), the draft's cache kept across steps, and drafts that do not share the tokenizer refused."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from specbuild.builder.build import BuildOptions, build_engine
+from specbuild.builder.convert import convert_checkpoint
+from specbuild.errors import SpecbuildError
+from specbuild.runtime.engine import Engine, SamplingParams
+from specbuild.runtime.scheduler import Request
+from tests.conftest import ALL_SHAPES, ORT_ONLY, hf_greedy, quiet, tiny_hf_model, write_char_tokenizer
+from tests.plugins.distribution_check import chi_square_pvalue, exact_distribution
+from tests.plugins.medusa_helpers import toy_model
+
+pytestmark = pytest.mark.xdist_group("draft_target")
+
+MODE = "draft-target"
+PROMPTS = [[1, 5, 9, 3, 7, 5, 9, 3], [1, 4], [1, 11, 10, 6, 2, 8, 3, 11, 10]]
+
+
+def narrow_draft(shape: str, seed: int = 11, **overrides):
+    """A random draft of `shape`'s family and vocabulary, one layer and another width."""
+    kwargs = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2)
+    kwargs["num_key_value_heads"] = 1
+    if "head_dim" in ALL_SHAPES[shape][2]:
+        kwargs["head_dim"] = 8
+    return tiny_hf_model(shape, seed=seed, **{**kwargs, **overrides})
+
+
+def near_copy_draft(shape: str):
+    """The target with its last MLP damped: drafts are accepted often, not always."""
+    model = tiny_hf_model(shape)
+    with torch.no_grad():
+        model.model.layers[-1].mlp.down_proj.weight.mul_(0.6)
+    return model
+
+
+def convert(tmp_path, shape: str, draft, **target_overrides):
+    target = tiny_hf_model(shape, **target_overrides)
+    target.save_pretrained(tmp_path / "hf")
+    draft.save_pretrained(tmp_path / "draft")
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={MODE: tmp_path / "draft"}, progress=False)
+    return target, ckpt
+
+
+def build(ckpt, out, **options):
+    options = BuildOptions(backends=ORT_ONLY, speculative_mode=MODE, max_seq_len=128, **options)
+    return Engine(build_engine(ckpt, out, options, log=quiet), threads=1)
+
+
+@pytest.mark.parametrize(
+    "shape,draft",
+    [
+        ("llama_gqa_llama3rope", "near"),
+        ("llama_tied_linear", "narrow"),
+        ("qwen2_bias", "narrow"),
+        ("mistral_window", "near"),
+    ],
+)
+def test_greedy_ids_match_transformers(tmp_path, shape, draft):
+    model = near_copy_draft(shape) if draft == "near" else narrow_draft(shape)
+    target, ckpt = convert(tmp_path, shape, model)
+    engine = build(ckpt, tmp_path / "engine", num_draft_tokens=3)
+    steps = []
+    for prompt in PROMPTS:
+        result = engine.generate(input_ids=prompt, max_new_tokens=24, decode_text=False)
+        assert result.output_ids == hf_greedy(target, prompt, 24), prompt
+        steps += result.accepted_per_step
+    if draft == "near":
+        assert max(steps) == 4 and np.mean(steps) > 1.5  # whole chains accepted: the draft's cache was kept
+    # many sequences in one batch give the batch-1 ids
+    scheduler = engine.scheduler
+    handles = [scheduler.submit(Request(p, max_new_tokens=24)) for p in PROMPTS]
+    scheduler.run_until_idle()
+    assert [h.output_ids for h in handles] == [hf_greedy(target, p, 24) for p in PROMPTS]
+
+
+def test_int4_matches_int4_none_and_a_vocabulary_subset_stays_exact(tmp_path):
+    shape = "llama_gqa_llama3rope"
+    _, ckpt = convert(tmp_path, shape, near_copy_draft(shape))
+    none = Engine(
+        build_engine(ckpt, tmp_path / "none", BuildOptions(backends=ORT_ONLY, weights="int4"), log=quiet), threads=1
+    )
+    engine = build(ckpt, tmp_path / "int4", weights="int4", num_draft_tokens=2)
+    for prompt in PROMPTS:
+        want = none.generate(input_ids=prompt, max_new_tokens=20, decode_text=False).output_ids
+        assert engine.generate(input_ids=prompt, max_new_tokens=20, decode_text=False).output_ids == want
+
+
+def test_vocabulary_subset_drafts_stay_exact(tmp_path):
+    shape = "llama_gqa_llama3rope"
+    draft_dir = tmp_path / "draft"
+    target = tiny_hf_model(shape)
+    target.save_pretrained(tmp_path / "hf")
+    near_copy_draft(shape).save_pretrained(draft_dir)
+    ids = list(range(40, 97)) + list(range(0, 40))  # the draft's "most frequent first" list
+    (draft_dir / "draft_vocab.json").write_text(json.dumps({"token_ids": ids}))
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={MODE: draft_dir}, progress=False)
+    engine = build(ckpt, tmp_path / "engine", num_draft_tokens=3, draft_vocab_size=30)
+    assert engine.manifest["mode"]["draft_model"]["vocab_size"] == 30
+    for prompt in PROMPTS:
+        got = engine.generate(input_ids=prompt, max_new_tokens=20, decode_text=False)
+        assert got.output_ids == hf_greedy(target, prompt, 20)
+    settings = engine.drafter_settings
+    assert settings.vocab_ids.tolist() == ids[:30]
+    drafter = engine.new_drafter([1, 4], SamplingParams(temperature=1.0, seed=0))
+    step = engine.new_session([1, 4], SamplingParams()).prefill([1, 4])
+    proposal = drafter.propose(step)
+    outside = np.setdiff1d(np.arange(97), ids[:30])
+    assert proposal.draft_probs[1:, outside].max() == 0.0  # q = 0 outside the subset
+    np.testing.assert_allclose(proposal.draft_probs[1:].sum(-1), 1.0, rtol=1e-5)
+    with pytest.raises(SpecbuildError, match="lists 97 tokens"):
+        build(ckpt, tmp_path / "too-many", draft_vocab_size=98)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 5, 0.9)])
+def test_sampling_preserves_the_target_distribution(tmp_path, temperature, top_k, top_p):
+    vocab = 8
+    model = toy_model("llama_gqa_llama3rope", tmp_path / "hf", vocab=vocab, seed=3)
+    toy_model("llama_gqa_llama3rope", tmp_path / "draft", vocab=vocab, seed=9)  # q far from p
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={MODE: tmp_path / "draft"}, progress=False)
+    engine = build(ckpt, tmp_path / "engine", num_draft_tokens=2)
+    prompt, n, samples = [1, 5, 3, 1], 3, 2500
+    exact = exact_distribution(model, prompt, n, temperature, top_k, top_p)
+
+    def sample(engine):
+        counts, steps = {}, []
+        for seed in range(samples):
+            sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+            r = engine.generate(input_ids=prompt, max_new_tokens=n, sampling=sampling, decode_text=False)
+            counts[tuple(r.output_ids)] = counts.get(tuple(r.output_ids), 0) + 1
+            steps += r.accepted_per_step
+        return counts, steps
+
+    counts, steps = sample(engine)
+    assert set(counts) <= set(exact)
+    assert chi_square_pvalue(counts, exact, samples) > 1e-3
+    assert max(steps) > 1  # drafts were accepted
+    same = SamplingParams(temperature, top_k, top_p, 7)
+    first = engine.generate(input_ids=prompt, max_new_tokens=n, sampling=same)
+    assert engine.generate(input_ids=prompt, max_new_tokens=n, sampling=same).output_ids == first.output_ids
+    if top_k:
+        return
+    # the test has power: the same drafts verified as if they were point masses (q ignored) are biased
+    drafter_class = type(engine.new_drafter(prompt, SamplingParams(temperature=1.0)))
+    original = drafter_class._stack
+
+    def point_masses(self, probs):
+        q = original(self, probs)
+        return None if q is None else np.zeros_like(q) + (q > 0) / np.maximum((q > 0).sum(-1, keepdims=True), 1)
+
+    try:
+        drafter_class._stack = point_masses  # q = uniform over the draft's support: not what was drawn from
+        counts, _ = sample(engine)
+    finally:
+        drafter_class._stack = original
+    assert chi_square_pvalue(counts, exact, samples) < 1e-6
+
+
+def test_the_draft_cache_keeps_the_accepted_prefix(tmp_path):
+    shape = "llama_gqa_llama3rope"
+    _, ckpt = convert(tmp_path, shape, near_copy_draft(shape))
+    engine = build(ckpt, tmp_path / "engine", num_draft_tokens=3)
+    prompt = PROMPTS[0]
+    session = engine.new_session(prompt, SamplingParams())
+    drafter = session.sequence.drafter
+    step = session.prefill(prompt)
+    fed = []
+    for _ in range(6):
+        proposal = drafter.propose(step)
+        # the draft saw the whole context once (never recomputed) and its own drafts but the last
+        assert drafter.fed == drafter.context + proposal.tokens[0, 1:-1].tolist()
+        assert drafter.session.length == len(drafter.fed)
+        fed.append(len(drafter.fed))
+        step = session.verify(proposal)
+    assert fed == sorted(fed)
+
+
+def test_drafts_with_another_tokenizer_are_refused(tmp_path):
+    shape = "llama_gqa_llama3rope"
+    tiny_hf_model(shape, vocab_size=100).save_pretrained(tmp_path / "hf")
+    write_char_tokenizer(tmp_path / "hf")
+    cases = {
+        "vocab": (dict(vocab_size=101), None, "vocab_size 101 differs from the target's 100"),
+        "ids": (dict(vocab_size=100), 1, r"is id \d+ in the target's tokenizer but the draft's gives id \d+"),
+        "bos": (dict(vocab_size=100, bos_token_id=3), 0, "bos_token_id 3 differs"),
+    }
+    for name, (overrides, offset, message) in cases.items():
+        draft = tmp_path / f"draft-{name}"
+        narrow_draft(shape, **overrides).save_pretrained(draft)
+        if offset is not None:
+            write_char_tokenizer(draft, vocab_offset=offset)
+        out = tmp_path / f"ckpt-{name}"
+        with pytest.raises(SpecbuildError, match=message):
+            convert_checkpoint(tmp_path / "hf", out, heads={MODE: draft}, progress=False)
+        assert not out.exists()  # nothing left behind
+    special = tmp_path / "draft-special"
+    narrow_draft(shape, vocab_size=100).save_pretrained(special)
+    write_char_tokenizer(special)
+    data = json.loads((special / "tokenizer.json").read_text())
+    data["added_tokens"] = [dict(id=0, content="<unk>", single_word=False, lstrip=False, rstrip=False)]
+    data["added_tokens"][0].update(normalized=False, special=True)
+    (special / "tokenizer.json").write_text(json.dumps(data))
+    with pytest.raises(SpecbuildError, match="special token"):
+        convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt-special", heads={MODE: special}, progress=False)
+    assert not (tmp_path / "ckpt-special").exists()
+
+
+def test_bad_build_options_are_refused_before_any_work(tmp_path, tiny_checkpoints):
+    ckpt = tiny_checkpoints["llama_gqa_llama3rope"]
+    with pytest.raises(SpecbuildError, match="holds no draft model"):
+        build(ckpt, tmp_path / "a")
+    shape = "llama_gqa_llama3rope"
+    _, with_draft = convert(tmp_path, shape, narrow_draft(shape))
+    with pytest.raises(SpecbuildError, match="--draft-weights 'int3'"):
+        build(with_draft, tmp_path / "b", draft_weights="int3")
+    with pytest.raises(SpecbuildError, match="no draft_vocab.json"):
+        build(with_draft, tmp_path / "c", draft_vocab_size=10)
+    with pytest.raises(SpecbuildError, match="at most"):
+        build(with_draft, tmp_path / "d", num_draft_tokens=1000)
+    assert not any((tmp_path / x).exists() for x in "abcd")
+    shutil.rmtree(tmp_path / "ckpt")
