@@ -114,15 +114,35 @@ class HFTimer:
 
     PROMPT_LOOKUP_TOKENS = 10
 
-    def __init__(self, model, eos_ids, prompt_lookup: int | None = None):
+    def __init__(self, model, eos_ids, prompt_lookup: int | None = None, assistant=None, assistant_name: str = ""):
         import torch
 
         self.torch = torch
         self.model = model
         self.eos_ids = sorted(eos_ids) or None
         self.prompt_lookup = prompt_lookup
+        self.assistant = assistant  # a draft model: transformers' assisted generation
         self.label = "HF transformers" + (f" prompt lookup {prompt_lookup}" if prompt_lookup else "")
+        if assistant is not None:
+            self.label = f"HF transformers assisted generation ({assistant_name})"
         self.ngram = bool(prompt_lookup)
+
+    @staticmethod
+    def load_assistant(assistant_dir, target):
+        """The draft model in `assistant_dir` for transformers' assisted generation (a mode's own draft format where
+        one claims the directory, else any transformers model directory)."""
+        from transformers import AutoModelForCausalLM
+
+        from specbuild.plugins.registry import load_object, modes
+
+        if not Path(assistant_dir).is_dir():
+            raise SpecbuildError(f"{assistant_dir}: --hf-assistant-dir does not exist")
+        for spec in modes().values():
+            if spec.hf_assistant:
+                model = load_object(spec.hf_assistant)(Path(assistant_dir), target)
+                if model is not None:
+                    return model
+        return AutoModelForCausalLM.from_pretrained(str(assistant_dir), dtype=target.dtype).eval()
 
     @staticmethod
     def load(model_dir, threads: int | None):
@@ -139,6 +159,8 @@ class HFTimer:
         torch = self.torch
         x = torch.tensor([ids], dtype=torch.long)
         extra = {"prompt_lookup_num_tokens": self.prompt_lookup} if self.prompt_lookup else {}
+        if self.assistant is not None:
+            extra["assistant_model"] = self.assistant
         with torch.inference_mode():
             start = time.perf_counter()
             out = self.model.generate(
@@ -319,6 +341,7 @@ def run_benchmark(
     ort_genai_dirs: list[str | Path] = (),
     allow_lossy: bool = False,
     openvino_dirs: list[str | Path] = (),
+    hf_assistant_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     from specbuild.runtime.row_invariance import cpu_description
 
@@ -337,6 +360,11 @@ def run_benchmark(
     if hf_model_dir:
         model = HFTimer.load(hf_model_dir, threads)
         peers += [HFTimer(model, engines[0].eos_ids, n) for n in (None, HFTimer.PROMPT_LOOKUP_TOKENS)]
+        if hf_assistant_dir:
+            assistant = HFTimer.load_assistant(hf_assistant_dir, model)
+            peers.append(
+                HFTimer(model, engines[0].eos_ids, assistant=assistant, assistant_name=Path(hf_assistant_dir).name)
+            )
     peers += [OrtGenAITimer(d, threads, ngram) for d in ort_genai_dirs for ngram in (False, True)]
     peers += [OpenVINOTimer(d, threads, lookup) for d in openvino_dirs for lookup in (False, True)]
     log("warming up")
@@ -353,6 +381,7 @@ def run_benchmark(
             "max_new_tokens": max_new_tokens,
             "threads": threads,
             "hf_model_dir": str(hf_model_dir) if hf_model_dir else None,
+            "hf_assistant_dir": str(hf_assistant_dir) if hf_assistant_dir else None,
             "ort_genai_dirs": [str(d) for d in ort_genai_dirs],
             "openvino_dirs": [str(d) for d in openvino_dirs],
             "cpu": cpu_description(),  # speed and exactness are properties of this machine

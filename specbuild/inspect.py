@@ -105,7 +105,20 @@ def _window(sliding: dict | None) -> str:
 
 
 def _files(path: Path) -> dict[str, int]:
-    return {p.name: p.stat().st_size for p in sorted(path.iterdir()) if p.is_file()}
+    """Every file of the directory, subdirectories' (a draft model's engine) included, by relative path."""
+    return {p.relative_to(path).as_posix(): p.stat().st_size for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def _role_memory(path: Path, man: dict) -> dict[str, dict]:
+    """KV memory of the graphs of other roles (a draft model's engine in its own directory), by role."""
+    from specbuild.runtime.layout import kv_memory
+    from specbuild.runtime.manifest import load_manifest
+
+    out = {}
+    for graph in man["graphs"]:
+        if graph["role"] != ef.ROLE_TARGET and graph["role"] not in out:
+            out[graph["role"]] = kv_memory(load_manifest(path / Path(graph["file"]).parent))
+    return out
 
 
 def describe_engine(path: Path, verify: bool = False) -> dict[str, Any]:
@@ -138,6 +151,7 @@ def describe_engine(path: Path, verify: bool = False) -> dict[str, Any]:
         "model": man.get("model"),
         "limits": man.get("limits"),
         "kv_memory": kv_memory(man),
+        "role_kv_memory": _role_memory(path, man),
         "tree": tree_info,
         "mode": man.get("mode") or {},
         "states": man.get("states") or [],
@@ -222,11 +236,19 @@ def render(info: dict[str, Any], console=None) -> None:
                 f"sequence at max_seq_len; {_size(info['kv_memory']['all_slots'])} for all "
                 f"{info['kv_memory']['slots']} slots (max_batch_size)",
             ),
+            *(
+                (f"{role} KV memory", f"{_size(m['per_position'])} per position; {_size(m['per_slot'])} per sequence")
+                for role, m in info["role_kv_memory"].items()
+            ),
             ("tree", "dynamic" if tree.get("dynamic") else f"{tree['size']} nodes, depth {tree['depth']}"),
             ("states", ", ".join(s["name"] for s in info["states"]) or "(none)"),
             (
                 "graphs",
-                "; ".join(f"{g['backend']}: {g['file']} ({g['weights']}, {g['kv_cache']} KV)" for g in info["graphs"]),
+                "; ".join(
+                    f"{g['role']} {g['backend']}: {g['file']} ({g['weights']}, {g['kv_cache']} KV, "
+                    f"{_size(info['files'].get(g['file'], 0))})"
+                    for g in info["graphs"]
+                ),
             ),
             ("TensorRT plan", info["plan"] or "(none)"),
             (
@@ -245,7 +267,9 @@ def render(info: dict[str, Any], console=None) -> None:
     console.print(kv)
     if info["kind"] == "engine":
         for graph in info["graphs"]:
-            io = Table(title=f"I/O of the {graph['backend']} graph ({graph['file']})", title_justify="left")
+            io = Table(
+                title=f"I/O of the {graph['role']} {graph['backend']} graph ({graph['file']})", title_justify="left"
+            )
             for col in ("", "name", "dtype", "shape"):
                 io.add_column(col)
             for direction in ("inputs", "outputs"):

@@ -1,5 +1,7 @@
 """Benchmark report arithmetic: speed-up over the baseline, η and speed relative to the fastest other row."""
 
+import json
+
 import pytest
 
 from specbuild.benchmark import add_relative_speed, render
@@ -100,6 +102,37 @@ def test_transformers_rows_greedy_and_prompt_lookup_give_its_greedy_ids(tiny_hf_
         sample = timer.sample(ids, 20)
         assert sample.output_ids[: len(want)] == want and timer.ngram == bool(lookup)
     assert "prompt lookup 10" in timer.label
+
+
+def test_transformers_assisted_generation_with_a_draft_that_borrows_the_embedding(tmp_path, tiny_hf_models):
+    """`--hf-assistant-dir`: transformers' assisted generation with a draft model, here one saved without its
+    embedding (config.json says it takes the target's, as the draft shipped for SmolLM2 does); exact greedy ids."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from specbuild.benchmark import HFTimer
+    from specbuild.errors import SpecbuildError
+    from tests.conftest import hf_greedy, tiny_hf_model
+
+    model = HFTimer.load(tiny_hf_models["llama_tied_linear"], threads=1)
+    draft = tiny_hf_model("llama_tied_linear", seed=5, num_hidden_layers=1)
+    draft.save_pretrained(tmp_path / "draft")
+    tensors = load_file(tmp_path / "draft" / "model.safetensors")
+    del tensors["model.embed_tokens.weight"]
+    save_file(tensors, tmp_path / "draft" / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((tmp_path / "draft" / "config.json").read_text())
+    config["specbuild"] = {"embeddings": "target"}
+    (tmp_path / "draft" / "config.json").write_text(json.dumps(config))
+    assistant = HFTimer.load_assistant(tmp_path / "draft", model)
+    embed = model.get_input_embeddings().weight
+    assert torch.equal(assistant.get_input_embeddings().weight, embed)
+    assert torch.equal(assistant.get_output_embeddings().weight, embed)  # tied, as in the target
+    ids = [1, 5, 9, 3, 7, 5, 9, 3]
+    timer = HFTimer(model, eos_ids=set(), assistant=assistant, assistant_name="draft")
+    assert timer.sample(ids, 20).output_ids[:20] == hf_greedy(model, ids, 20)[:20]
+    assert timer.label == "HF transformers assisted generation (draft)"
+    with pytest.raises(SpecbuildError, match="--hf-assistant-dir does not exist"):
+        HFTimer.load_assistant(tmp_path / "nowhere", model)
 
 
 def test_the_plot_shows_every_row_of_every_prompt_set(tmp_path):

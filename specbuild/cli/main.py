@@ -571,6 +571,12 @@ def demo(work_dir, prompt, max_new_tokens, speculative_mode, threads):
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--hf-model-dir", type=click.Path(path_type=Path), help="Also time transformers' generate.")
 @click.option(
+    "--hf-assistant-dir",
+    type=click.Path(path_type=Path),
+    help="With --hf-model-dir: also time transformers' assisted generation with this draft model (e.g. the draft "
+    "shipped for SmolLM2, specbuild/data/heads/smollm2-draft).",
+)
+@click.option(
     "--ort-genai-model",
     "ort_genai_dirs",
     multiple=True,
@@ -612,6 +618,7 @@ def bench(
     num_prompts,
     max_new_tokens,
     hf_model_dir,
+    hf_assistant_dir,
     ort_genai_dirs,
     openvino_dirs,
     threads,
@@ -628,6 +635,8 @@ def bench(
 
     if hf_model_dir:
         require_extra("build", "bench --hf-model-dir")
+    if hf_assistant_dir and not hf_model_dir:
+        raise SpecbuildError("--hf-assistant-dir drafts for transformers' generate: give --hf-model-dir too")
     sets = [p.strip() for p in prompts.split(",") if p.strip()]
     if not sets:
         raise SpecbuildError("--prompts: give at least one prompt set")
@@ -660,6 +669,7 @@ def bench(
             ort_genai_dirs=list(ort_genai_dirs),
             allow_lossy=allow_lossy,
             openvino_dirs=list(openvino_dirs),
+            hf_assistant_dir=hf_assistant_dir,
         )
     render(report)
     if json_out:

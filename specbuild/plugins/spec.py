@@ -56,6 +56,10 @@ class ModeSpec:
     # (`specbuild corpus compare-heads`)
     head_evaluator: str | None = None
     head_flag: str | None = None  # the `specbuild convert` flag of the heads (default --<name>-dir)
+    # "module:function": (directory, target transformers model) -> the transformers model that drafts for it in
+    # transformers' assisted generation (`specbuild bench --hf-assistant-dir`), or None when the directory is not one
+    # of this mode's (a draft that borrows the target's embedding gets it here)
+    hf_assistant: str | None = None
     shipped_name: str | None = None  # heads shipped for SmolLM2 live in data/heads/smollm2-<this> (default: name)
 
     def __post_init__(self):

@@ -37,6 +37,7 @@ MODE = ModeSpec(
     heads="Draft model directory: a Hugging Face Llama checkpoint with the target's tokenizer (draft-target).",
     head_flag="--draft-model-dir",
     shipped_name="draft",
+    hf_assistant="specbuild.plugins.draft_target.convert:load_hf_assistant",
     converter="specbuild.plugins.draft_target.convert:convert_draft_model",
     trainer="specbuild.plugins.draft_target.training:run_draft_recipe",
 )

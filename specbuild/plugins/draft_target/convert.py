@@ -133,3 +133,29 @@ def read_draft_vocab(head_dir: Path, vocab_size: int) -> list[int] | None:
     if len(set(ids)) != len(ids):
         raise SpecbuildError(f"{file}: token_ids lists a token more than once")
     return ids
+
+
+def load_hf_assistant(draft_dir: Path, target):
+    """The draft in `draft_dir` as a transformers model for assisted generation with `target` (float32, eval); a
+    draft that takes the target's embedding gets it (and its tied lm_head). None: no such draft directory."""
+    config_file = Path(draft_dir) / "config.json"
+    if not config_file.is_file():
+        return None
+    own = read_json(config_file).get(OWN_KEY) or {}
+    from transformers import AutoModelForCausalLM
+
+    if own.get("embeddings") != EMBEDDINGS_FROM_TARGET:
+        return AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=torch.float32).eval()
+    import transformers
+
+    logging = transformers.logging
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()  # the embedding is missing from the file on purpose: it is set next
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=torch.float32)
+    finally:
+        logging.set_verbosity(level)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.copy_(target.get_input_embeddings().weight)
+    model.tie_weights()
+    return model.eval()
