@@ -95,7 +95,18 @@ class Proposal:
 
 
 class Drafter:
-    """One sequence's drafter. `read_settings` reads the mode's part of engine.yaml once per engine (under `mode`)."""
+    """One sequence's drafter. `read_settings` reads the mode's part of engine.yaml once per engine (under `mode`).
+
+    A drafter whose drafts cost time to make (`paid_drafts`: a draft model's calls) drafts at most `limit` - 1
+    tokens when the scheduler sets `limit` (what its cost model would verify at the step's batch size), and reports
+    what a draft token costs it (`draft_ms`)."""
+
+    paid_drafts = False
+    limit: int | None = None
+
+    def draft_ms(self) -> float:
+        """Milliseconds one draft token costs to make (0: drafting is free next to an engine call)."""
+        return 0.0
 
     @classmethod
     def load_settings(cls, engine) -> Any:

@@ -360,7 +360,10 @@ class Scheduler:
                 handle._finish()
             return
         proposals = []
+        budget = self._draft_budget(sequences)
         for handle, seq in zip(handles, sequences):
+            if seq.drafter.paid_drafts:
+                seq.drafter.limit = budget
             try:
                 proposals.append(seq.drafter.propose(seq.last))
             except Exception as exc:  # noqa: BLE001 - a drafter's failure ends its request only
@@ -390,6 +393,14 @@ class Scheduler:
             if handle.stop_reason is not None:
                 self._leave(handle)
                 handle._finish()
+
+    def _draft_budget(self, sequences) -> int | None:
+        """Tokens per row worth drafting this step for drafters that pay per draft (a draft model): the tokens the
+        cost model would verify at this batch size, the drafts' own cost included; None: no such drafter."""
+        paying = [s.drafter for s in sequences if s.drafter.paid_drafts]
+        if not paying:
+            return None
+        return self.speculation.budget(len(sequences), self.layout.step_tokens, paying[0].draft_ms())
 
     def _leave(self, handle: Handle) -> None:
         self.speculation.forget(id(handle.sequence))

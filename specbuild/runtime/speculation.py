@@ -255,8 +255,14 @@ class Speculation:
             self.curve = self._curve_source()
         return self.curve
 
-    def plan(self, shapes: list[Shape]) -> int:
-        """Tokens per row of this step: 1 (roots only) up to the longest proposal."""
+    def budget(self, batch: int, longest: int, draft_ms: float) -> int:
+        """Tokens per row (root included) that a step of `batch` rows would verify if each proposed a `longest`-token
+        chain whose drafts cost `draft_ms` each to make: what a drafter that pays per draft (a draft model) drafts."""
+        return self.plan([Shape(longest, longest - 1, True)] * batch, draft_ms)
+
+    def plan(self, shapes: list[Shape], draft_ms: float = 0.0) -> int:
+        """Tokens per row of this step: 1 (roots only) up to the longest proposal. draft_ms: what each draft token of
+        a row costs to make besides the call (a draft model's), added to the price of every candidate T."""
         longest = max(s.size for s in shapes)
         if self.policy == "off" or longest <= 1:
             return 1
@@ -265,6 +271,7 @@ class Speculation:
         candidates = [1] + [t for t in _powers_of_two_upto(longest)[1:-1] if all(s.chain for s in shapes if s.size > t)]
         candidates.append(longest)
         costs = self._curve().costs(len(shapes), candidates)
+        costs = [ms + draft_ms * (t - 1) * len(shapes) for t, ms in zip(candidates, costs)]
         rates = [sum(self.expected(s.verified(t)) for s in shapes) / ms for t, ms in zip(candidates, costs)]
         best = 1 + int(np.argmax(rates[1:]))
         return candidates[best] if rates[best] >= DRAFT_MARGIN * rates[0] else 1

@@ -276,6 +276,20 @@ def test_speculation_follows_the_measured_cost(monkeypatch):
     assert Speculation("auto", lambda: None).plan([Shape(1, 0, True)] * 2) == 1  # nothing drafted: no cost needed
 
 
+def test_drafts_that_cost_time_to_make_are_priced_in(monkeypatch):
+    """A drafter that pays per draft (a draft model's calls) gets a budget: the chain length the cost model would
+    verify at this batch size with the drafts' own cost added; dear drafts shorten it, to the root alone."""
+    monkeypatch.setenv("SPECBUILD_CACHE_DIR", "off")
+    ms = {(b, t): 10.0 + b + 0.2 * b * (t - 1) for b in (1, 2, 4, 8, 16) for t in (1, 2, 4, 8)}
+    policy = Speculation("auto", lambda: _curve(ms))
+    for _ in range(400):
+        policy.observe("seq", _proposal([1, 2, 3, 4, 5, 6, 7, 8]), [2, 3, 4, 5, 6, 7, 8, 9])
+    assert policy.budget(4, 8, draft_ms=0.0) == 8  # free drafts: the whole chain
+    assert policy.budget(4, 8, draft_ms=50.0) == 1  # each draft costs more than a call: none
+    assert policy.budget(1, 8, draft_ms=50.0) == 8  # a lone sequence verifies what its drafter proposes
+    assert Speculation("off", lambda: None).budget(4, 8, 0.0) == 1
+
+
 def test_engine_drafting_is_skipped_where_plain_calls_pay(monkeypatch):
     """A graph that drafts the next trees pays for drafting in every call that does it: it drafts where drafting and
     verifying whole trees beats plain calls that draft nothing (small batches), not where each row costs its full

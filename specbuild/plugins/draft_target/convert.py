@@ -57,11 +57,20 @@ def convert_draft_model(head_dir: Path, model: ModelConfig, base: dict, base_dir
         "source": str(head_dir.resolve()),
         "lineage": own.get("lineage"),
         "draft_vocab_size": None if vocab is None else len(vocab),
-        "default_vocab_size": own.get("default_vocab_size"),
+        # the draft's measured CPU defaults (its training recipe's choice), used when the build does not set them
+        "default_vocab_size": _positive(own, "default_vocab_size", config_file),
+        "default_num_draft_tokens": _positive(own, "default_num_draft_tokens", config_file),
     }
     if vocab is not None:
         tensors[DRAFT_VOCAB_TENSOR] = torch.tensor(vocab, dtype=torch.int64)
     return cfg, tensors
+
+
+def _positive(own: dict, key: str, source) -> int | None:
+    value = own.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise SpecbuildError(f"{source}: {OWN_KEY}.{key} {value!r} is not an integer >= 1")
+    return value
 
 
 def check_same_vocabulary(draft: ModelConfig, target: ModelConfig, source) -> None:

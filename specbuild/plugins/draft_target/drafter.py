@@ -29,15 +29,29 @@ from specbuild.runtime.session import Session
 DRAFT_STREAM = 0x44524654  # "DRFT": the draft's random numbers are a stream of their own, never the target's
 
 
+class DraftTiming:
+    """A running mean of what one draft token costs (its draft engine call), shared by an engine's sequences."""
+
+    WEIGHT = 0.1
+
+    def __init__(self):
+        self.ms = 0.0
+
+    def add(self, ms: float) -> None:
+        self.ms = ms if self.ms == 0.0 else self.ms + self.WEIGHT * (ms - self.ms)
+
+
 @dataclasses.dataclass(frozen=True)
 class DraftModelSettings:
     num_draft: int
     engine: Any  # the draft model's runtime/engine.Engine
     vocab_ids: np.ndarray | None  # token id of each row of the draft's logits (None: the whole vocabulary)
     vocab_size: int  # the target's
+    timing: DraftTiming = dataclasses.field(default_factory=DraftTiming)
 
 
 class DraftModelDrafter(Drafter):
+    paid_drafts = True
     SCHEMA = {
         "mode": {
             "drafter": {
@@ -86,11 +100,14 @@ class DraftModelDrafter(Drafter):
         self.session.batch.kv.lengths[0] = keep
         pending = self.context[keep:]
         k = min(self.settings.num_draft, self.max_len - keep - len(pending))
+        if self.limit is not None:  # the scheduler's budget under load
+            k = min(k, self.limit - 1)
         if k <= 0:
             self.drafts = []
             return Proposal.root(self.context[-1])
         tokens, probs = [self.context[-1]], []
         feed = pending
+        before = self.session.engine_s
         for _ in range(k):
             logits = self.session.prefill(feed).outputs[ef.LOGITS][0, -1]
             self.fed.extend(feed)
@@ -99,7 +116,11 @@ class DraftModelDrafter(Drafter):
             probs.append(q)
             feed = [token]
         self.drafts = tokens[1:]
+        self.settings.timing.add(1000 * (self.session.engine_s - before) / k)
         return Proposal.chain(tokens, None if self.greedy else self._stack(probs))
+
+    def draft_ms(self) -> float:
+        return self.settings.timing.ms
 
     def _kept_prefix(self) -> int:
         """How many tokens of the draft's cache the committed context still starts with: the committed part it was
