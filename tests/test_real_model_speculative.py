@@ -10,7 +10,7 @@ from tests.conftest import ORT_ONLY, quiet
 pytestmark = pytest.mark.xdist_group("real")
 
 # What this release ships; a head directory that goes missing (or appears untested) fails here.
-SHIPPED = {"medusa", "eagle", "eagle3", "redrafter"}
+SHIPPED = {"medusa", "eagle", "eagle3", "redrafter", "draft-target"}
 PROMPTS = [
     'def is_prime(n):\n    """Return True if n is a prime number."""\n',
     "<|im_start|>user\nGive me three tips for staying healthy.<|im_end|>\n<|im_start|>assistant\n",
@@ -84,3 +84,25 @@ def test_int8_activation_ngram_equals_its_none_engine(smollm2_checkpoint, tmp_pa
         assert result.output_ids == none.generate(input_ids=ids, max_new_tokens=96).output_ids, prompt
         steps += result.accepted_per_step
     assert max(steps) > 1
+
+
+def test_int4_draft_target_equals_its_none_engine(smollm2_hf, tmp_path):
+    """The shipped SmolLM2 draft at int4 (target and draft weights) reproduces the int4 none engine token for token,
+    with drafts accepted (fp32 against transformers: test_greedy_equals_transformers_with_shipped_heads)."""
+    from specbuild.builder.build import BuildOptions, build_engine
+    from specbuild.builder.convert import convert_checkpoint
+
+    heads = {"draft-target": shipped_heads()["draft-target"]}
+    ckpt = convert_checkpoint(smollm2_hf, tmp_path / "ckpt", heads=heads, progress=False)
+    common = dict(backends=ORT_ONLY, weights="int4", max_seq_len=512)
+    none = Engine(build_engine(ckpt, tmp_path / "none", BuildOptions(**common), log=quiet))
+    options = BuildOptions(speculative_mode="draft-target", **common)
+    draft = Engine(build_engine(ckpt, tmp_path / "dt", options, log=quiet))
+    assert draft.drafter_settings.engine.manifest["weights"]["precision"] == "int4"
+    steps = []
+    for prompt in PROMPTS[:2]:
+        ids = none.codec.encode(prompt)
+        result = draft.generate(input_ids=ids, max_new_tokens=64)
+        assert result.output_ids == none.generate(input_ids=ids, max_new_tokens=64).output_ids, prompt
+        steps += result.accepted_per_step
+    assert sum(steps) / len(steps) > 1.3

@@ -72,15 +72,21 @@ def best(rows: list[dict]) -> dict | None:
     return max(candidates, key=lambda r: r["tokens_per_s"]) if candidates else None
 
 
-def fresh_prompts(base_model: str | Path, work_dir: str | Path, count: int, seed: int = 99) -> list:
+def fresh_prompts(
+    base_model: str | Path, work_dir: str | Path, count: int, seed: int = 99, corpus_dir: str | Path | None = None
+) -> list:
     """`count` prompt ids no trainer has seen: fresh code, stub and chat prompts (seed `seed`) minus every prompt of
-    the recipe's training data (`work_dir`/train.jsonl), kinds interleaved."""
+    the recipe's training data (`work_dir`/train.jsonl, and the corpus a corpus recipe trains on), kinds
+    interleaved."""
     from transformers import AutoTokenizer
 
     from specbuild.training import distill
+    from specbuild.training.corpus import iter_sequences
 
     tok = AutoTokenizer.from_pretrained(str(base_model))
     seen = {tuple(r["prompt_ids"]) for r in distill.read_sequences(Path(work_dir) / "train.jsonl")}
+    if corpus_dir is not None:
+        seen |= {tuple(r["prompt_ids"]) for r in iter_sequences(corpus_dir)}
     fresh = distill.build_prompts(tok, 4 * count, 4 * count, seed=seed, n_stub=4 * count)
     by_kind: dict[str, list] = {}
     for p in fresh:
@@ -105,7 +111,8 @@ def choose_for_recipe(cfg: dict, mode: str, head_dir: str | Path, log=print) -> 
     from specbuild.builder.convert import convert_checkpoint
 
     data_dir = cfg.get("distill_dir") or cfg["work_dir"]  # where the recipe's training sequences are
-    prompts = fresh_prompts(cfg["base_model"], data_dir, int(choice.get("prompts", 12)))
+    count = int(choice.get("prompts", 12))
+    prompts = fresh_prompts(cfg["base_model"], data_dir, count, corpus_dir=cfg.get("corpus_dir"))
     with tempfile.TemporaryDirectory(prefix="specbuild-choose-ckpt-") as tmp:
         ckpt = convert_checkpoint(cfg["base_model"], Path(tmp) / "ckpt", heads={mode: Path(head_dir)}, progress=False)
         rows = measure_settings(

@@ -101,9 +101,13 @@ def test_vocabulary_subset_drafts_stay_exact(tmp_path):
     near_copy_draft(shape).save_pretrained(draft_dir)
     ids = list(range(40, 97)) + list(range(0, 40))  # the draft's "most frequent first" list
     (draft_dir / "draft_vocab.json").write_text(json.dumps({"token_ids": ids}))
+    config = json.loads((draft_dir / "config.json").read_text())
+    config["specbuild_defaults"] = {"num_draft_tokens": 3, "draft_vocab_size": 30}  # a recipe's `choose` stage
+    (draft_dir / "config.json").write_text(json.dumps(config))
     ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={MODE: draft_dir}, progress=False)
-    engine = build(ckpt, tmp_path / "engine", num_draft_tokens=3, draft_vocab_size=30)
+    engine = build(ckpt, tmp_path / "engine")  # the draft's recorded defaults
     assert engine.manifest["mode"]["draft_model"]["vocab_size"] == 30
+    assert engine.manifest["mode"]["drafter"]["num_draft_tokens"] == 3
     for prompt in PROMPTS:
         got = engine.generate(input_ids=prompt, max_new_tokens=20, decode_text=False)
         assert got.output_ids == hf_greedy(target, prompt, 20)

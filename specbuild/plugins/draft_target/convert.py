@@ -24,6 +24,8 @@ from specbuild.plugins.draft_target import DRAFT_VOCAB_FILE, DRAFT_VOCAB_TENSOR,
 
 TOKENIZER = "tokenizer.json"
 OWN_KEY = "specbuild"  # config.json's specbuild section (embeddings, draft_vocab, lineage): not a model field
+CHOSEN_KEY, CHOICE_KEY = "specbuild_defaults", "specbuild_choice"  # written by training/defaults.choose_for_recipe
+DEFAULT_KEYS = {"num_draft_tokens": "default_num_draft_tokens", "draft_vocab_size": "default_vocab_size"}
 
 
 def convert_draft_model(head_dir: Path, model: ModelConfig, base: dict, base_dir: Path | None = None):
@@ -35,6 +37,12 @@ def convert_draft_model(head_dir: Path, model: ModelConfig, base: dict, base_dir
     own = raw.pop(OWN_KEY, None) or {}
     if not isinstance(own, dict):
         raise SpecbuildError(f"{config_file}: {OWN_KEY} must be an object")
+    # a recipe's `choose` stage records the measured defaults as specbuild_defaults (build options), with its table
+    chosen = raw.pop(CHOSEN_KEY, None) or {}
+    raw.pop(CHOICE_KEY, None)
+    if not isinstance(chosen, dict):
+        raise SpecbuildError(f"{config_file}: {CHOSEN_KEY} must be an object")
+    own = {**own, **{DEFAULT_KEYS[k]: v for k, v in chosen.items() if k in DEFAULT_KEYS}}
     draft = ModelConfig.from_hf(raw, source=str(config_file))
     check_same_vocabulary(draft, model, config_file)
     if base_dir is not None:
