@@ -82,20 +82,22 @@ class Engine:
         graph: str | None = None,
         allow_lossy: bool = False,
         speculation: str | None = None,
+        shared_cores: bool | None = None,
     ):
         """backend: onnxruntime or tensorrt (default: tensorrt when the engine has a plan). graph: the backend whose
         graph to run (default: the backend's own; `Engine(d, graph="tensorrt")` runs the portable graph on ONNX
         Runtime, e.g. to check it against the fused one). allow_lossy: run a speculative engine that cannot be exact
         on this CPU, labelled lossy (`exactness`), instead of refusing it. speculation: how the engine's scheduler
         drafts (runtime/speculation.py): auto (by measured cost), always, or off (roots only); default
-        $SPECBUILD_SPECULATION, else auto."""
+        $SPECBUILD_SPECULATION, else auto. shared_cores: another engine's session runs in turns with this one (a draft
+        model's): thread pools do not busy-wait between calls (default: when the engine has a draft model)."""
         self.speculation = resolve_policy(speculation)
         threads = resolve_threads(threads)
         self.path = Path(engine_dir)
         self.manifest = load_manifest(self.path)  # validated; recorded file sizes checked
         backend = backend or default_backend(self.manifest)
         self.graph = select_graph(self.manifest, graph or backend, self.path)
-        self.backend = self._load_backend(backend, threads)
+        self.backend = self._load_backend(backend, threads, shared_cores)
         self.exactness = exactness.decide(self.path, self.manifest, self.graph, backend, threads, allow_lossy)
         self.layout = Layout.read(self.manifest, self.graph, self.exactness.min_rows)
         self._check_limits()
@@ -119,12 +121,12 @@ class Engine:
         """Rows every call is padded to (row-invariant kernels; 1 = no padding)."""
         return self.layout.min_rows
 
-    def _load_backend(self, backend: str, threads: int):
+    def _load_backend(self, backend: str, threads: int, shared_cores: bool | None):
         """The backend session, while the engine files' hashes are checked beside it (once per file identity)."""
         with ThreadPoolExecutor(1) as pool:
             hashing = pool.submit(verify_once, self.path, self.manifest["checksums"])
             try:
-                loaded = create_backend(self.path, self.manifest, backend, threads, graph=self.graph)
+                loaded = create_backend(self.path, self.manifest, backend, threads, self.graph, shared_cores)
             except SpecbuildError:
                 hashing.result()  # a damaged file explains a failed load best
                 raise

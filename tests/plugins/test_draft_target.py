@@ -102,9 +102,16 @@ def test_vocabulary_subset_drafts_stay_exact(tmp_path):
     ids = list(range(40, 97)) + list(range(0, 40))  # the draft's "most frequent first" list
     (draft_dir / "draft_vocab.json").write_text(json.dumps({"token_ids": ids}))
     config = json.loads((draft_dir / "config.json").read_text())
-    config["specbuild_defaults"] = {"num_draft_tokens": 3, "draft_vocab_size": 30}  # a recipe's `choose` stage
+    # a recipe's `choose` stage, with another choice for int4 weights
+    config["specbuild_defaults"] = {"num_draft_tokens": 3, "draft_vocab_size": 30, "by_weights": {"int4": {}}}
+    config["specbuild_defaults"]["by_weights"]["int4"] = {"num_draft_tokens": 1, "draft_vocab_size": 20}
     (draft_dir / "config.json").write_text(json.dumps(config))
     ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={MODE: draft_dir}, progress=False)
+    from specbuild.builder.checkpoint import Checkpoint
+    from specbuild.plugins.draft_target.graph import DraftTargetPlugin
+
+    int4 = DraftTargetPlugin.check_options(Checkpoint.load(ckpt), BuildOptions(speculative_mode=MODE, weights="int4"))
+    assert (int4["num_draft_tokens"], int4["vocab_size"]) == (1, 20)
     engine = build(ckpt, tmp_path / "engine")  # the draft's recorded defaults
     assert engine.manifest["mode"]["draft_model"]["vocab_size"] == 30
     assert engine.manifest["mode"]["drafter"]["num_draft_tokens"] == 3
@@ -172,6 +179,8 @@ def test_the_draft_cache_keeps_the_accepted_prefix(tmp_path):
     _, ckpt = convert(tmp_path, shape, near_copy_draft(shape))
     engine = build(ckpt, tmp_path / "engine", num_draft_tokens=3)
     prompt = PROMPTS[0]
+    # the target's and the draft's sessions run in turns: neither's threads busy-wait between calls
+    assert engine.backend.shared_cores and engine.drafter_settings.engine.backend.shared_cores
     session = engine.new_session(prompt, SamplingParams())
     drafter = session.sequence.drafter
     step = session.prefill(prompt)

@@ -43,6 +43,9 @@ def convert_draft_model(head_dir: Path, model: ModelConfig, base: dict, base_dir
     if not isinstance(chosen, dict):
         raise SpecbuildError(f"{config_file}: {CHOSEN_KEY} must be an object")
     own = {**own, **{DEFAULT_KEYS[k]: v for k, v in chosen.items() if k in DEFAULT_KEYS}}
+    by_weights = chosen.get("by_weights") or {}  # another choice for some --weights (int4: drafts cost more there)
+    if not isinstance(by_weights, dict) or not all(isinstance(v, dict) for v in by_weights.values()):
+        raise SpecbuildError(f"{config_file}: {CHOSEN_KEY}.by_weights must map weights to build options")
     draft = ModelConfig.from_hf(raw, source=str(config_file))
     check_same_vocabulary(draft, model, config_file)
     if base_dir is not None:
@@ -68,6 +71,10 @@ def convert_draft_model(head_dir: Path, model: ModelConfig, base: dict, base_dir
         # the draft's measured CPU defaults (its training recipe's choice), used when the build does not set them
         "default_vocab_size": _positive(own, "default_vocab_size", config_file),
         "default_num_draft_tokens": _positive(own, "default_num_draft_tokens", config_file),
+        "defaults_by_weights": {
+            w: {DEFAULT_KEYS[k]: _positive(d, k, config_file) for k in DEFAULT_KEYS if k in d}
+            for w, d in by_weights.items()
+        },
     }
     if vocab is not None:
         tensors[DRAFT_VOCAB_TENSOR] = torch.tensor(vocab, dtype=torch.int64)

@@ -72,7 +72,9 @@ class DraftModelDrafter(Drafter):
         fields = engine.manifest["mode"]["drafter"]
         draft_dir = engine.path / fields["engine"]
         # the draft's roundings never change the output (the target decides every token): load it whatever the CPU
-        draft = Engine(draft_dir, threads=engine.threads or None, allow_lossy=True, speculation="off")
+        draft = Engine(
+            draft_dir, threads=engine.threads or None, allow_lossy=True, speculation="off", shared_cores=True
+        )
         vocab = engine.manifest["model"]["vocab_size"]
         ids = None
         if fields.get("vocab_ids"):

@@ -55,14 +55,16 @@ class DraftTargetPlugin(ModePlugin):
                 f"{checkpoint.path}: checkpoint holds no draft model; convert with `specbuild convert "
                 f"{MODE.head_option} DIR` (e.g. specbuild/data/heads/smollm2-draft for SmolLM2)"
             )
-        k = options.num_draft_tokens or head.get("default_num_draft_tokens") or DEFAULT_NUM_DRAFT_TOKENS
+        # the draft's measured defaults, for these --weights where it recorded another choice for them
+        chosen = {**head, **(head.get("defaults_by_weights") or {}).get(options.weights or "fp32", {})}
+        k = options.num_draft_tokens or chosen.get("default_num_draft_tokens") or DEFAULT_NUM_DRAFT_TOKENS
         if 1 + k > MAX_TREE_SIZE:
             raise SpecbuildError(f"--num-draft-tokens {k}: at most {MAX_TREE_SIZE - 1} draft tokens per step")
         weights = options.draft_weights
         if weights is not None and weights not in ef.WEIGHTS:
             raise SpecbuildError(f"--draft-weights {weights!r} is not one of {', '.join(ef.WEIGHTS)}")
         listed = head.get("draft_vocab_size")
-        vocab = options.draft_vocab_size or head.get("default_vocab_size")
+        vocab = options.draft_vocab_size or chosen.get("default_vocab_size")
         if options.draft_vocab_size is not None and not listed:
             raise SpecbuildError(
                 f"--draft-vocab-size {vocab}: the draft model lists no token frequencies (no draft_vocab.json)"
@@ -137,6 +139,8 @@ class DraftTargetPlugin(ModePlugin):
             plugin_cls=load_object(get_mode(baseline_mode()).graph_plugin),
             settings={"tokens_per_step": 1},
             typical=None,
+            # a draft that addresses fewer positions drafts nothing beyond them (the target goes on alone)
+            max_seq_len=min(plan.max_seq_len, ckpt.model.max_position_embeddings),
             weights=weights,
             engine_dtype=dtype,
             tolerance=plan.options.validate_tolerance or (1e-3 if dtype == "float32" else 5e-2),

@@ -32,12 +32,15 @@ class Backend:
     name = "base"
     last_engine_s: float = 0.0
 
-    def __init__(self, engine_dir: Path, manifest: dict, graph: dict, threads: int = 0):
-        """graph: the engine.yaml `graphs` entry to run. threads: resolved (resolve_threads; 0 = default)."""
+    def __init__(self, engine_dir: Path, manifest: dict, graph: dict, threads: int = 0, shared_cores: bool = False):
+        """graph: the engine.yaml `graphs` entry to run. threads: resolved (resolve_threads; 0 = default).
+        shared_cores: another session runs in turns with this one (a draft model's and its target's): its threads
+        must not busy-wait between calls."""
         self.engine_dir = Path(engine_dir)
         self.manifest = manifest
         self.graph = graph
         self.threads = threads
+        self.shared_cores = shared_cores
 
     def run(self, feeds: dict, aliases: dict[str, str] | None = None, buffers: dict | None = None) -> dict:
         """feeds: the call's inputs. buffers: more inputs, long-lived (the KV cache): the same mapping object for

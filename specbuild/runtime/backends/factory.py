@@ -47,9 +47,17 @@ def backend_class(backend: str) -> type[Backend]:
 
 
 def create_backend(
-    engine_dir: Path, manifest: dict, backend: str | None = None, threads: int = 0, graph: dict | None = None
+    engine_dir: Path,
+    manifest: dict,
+    backend: str | None = None,
+    threads: int = 0,
+    graph: dict | None = None,
+    shared_cores: bool | None = None,
 ) -> Backend:
-    """threads: resolved (base.resolve_threads; 0 = the backend's default)."""
+    """threads: resolved (base.resolve_threads; 0 = the backend's default). shared_cores: another engine's session
+    runs in turns with this one (default: the engine has graphs of other roles, a draft model's)."""
     backend = backend or default_backend(manifest)
     graph = graph or select_graph(manifest, backend, Path(engine_dir))
-    return backend_class(backend)(Path(engine_dir), manifest, graph, threads)
+    if shared_cores is None:
+        shared_cores = any(g["role"] != ef.ROLE_TARGET for g in manifest["graphs"])
+    return backend_class(backend)(Path(engine_dir), manifest, graph, threads, shared_cores)

@@ -11,12 +11,16 @@ from specbuild import engine_format as ef
 from specbuild.runtime.backends.base import Backend
 
 
-def session_options(threads: int = 0, accuracy_level: int = 1):
-    """threads: intra-op threads, resolved (base.resolve_threads; 0 = ONNX Runtime's default)."""
+def session_options(threads: int = 0, accuracy_level: int = 1, spinning: bool = True):
+    """threads: intra-op threads, resolved (base.resolve_threads; 0 = ONNX Runtime's default). spinning: the pool's
+    threads busy-wait for work after a call (the fastest for one session; two sessions run in turns -- a draft
+    model's and its target's -- would steal each other's cores: off)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    if not spinning:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
@@ -193,14 +197,14 @@ def run_bound(session, feeds: dict, output_names, aliases: dict[str, str] | None
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
-    def __init__(self, engine_dir: Path, manifest: dict, graph: dict, threads: int = 0):
+    def __init__(self, engine_dir: Path, manifest: dict, graph: dict, threads: int = 0, shared_cores: bool = False):
         import onnxruntime as ort
 
-        super().__init__(engine_dir, manifest, graph, threads)
+        super().__init__(engine_dir, manifest, graph, threads, shared_cores)
         path = self.engine_dir / graph["file"]
         level = (graph.get("quantization") or {}).get("accuracy_level", ef.ACCURACY_FLOAT32)
         self.session = ort.InferenceSession(
-            str(path), session_options(threads, level), providers=["CPUExecutionProvider"]
+            str(path), session_options(threads, level, spinning=not shared_cores), providers=["CPUExecutionProvider"]
         )
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.input_names = {i.name for i in self.session.get_inputs()}

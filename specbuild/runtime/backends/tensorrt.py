@@ -53,10 +53,10 @@ class TensorRTBackend(Backend):
 
     name = "tensorrt"
 
-    def __init__(self, engine_dir: Path, manifest: dict, graph: dict, threads: int = 0):
+    def __init__(self, engine_dir: Path, manifest: dict, graph: dict, threads: int = 0, shared_cores: bool = False):
         if not tensorrt_available():
             raise SpecbuildError(TENSORRT_MISSING)
-        super().__init__(engine_dir, manifest, graph, threads)
+        super().__init__(engine_dir, manifest, graph, threads, shared_cores)
         self.plan_path = _plan_file(self.engine_dir, manifest or {})
 
         from polygraphy.backend.common import BytesFromPath
