@@ -125,33 +125,19 @@ class StepModule(nn.Module):
             logits = self.net.lm_head(window.index_select(1, rows)).narrow(1, 0, w)
         if self.root_only:
             acc_tokens, num_acc, acc_nodes_w, last_w = accept_root(logits, temperature, top_k, top_p, rand_accept)
-        elif draft_probs is not None:
-            acc_tokens, num_acc, acc_nodes_w, last_w = accept_with_draft_probs(
-                logits,
-                input_ids.narrow(1, off, w),
-                tree_mask.narrow(1, off, w).narrow(2, off, w),
-                torch.where(paths >= 0, paths - off, torch.full_like(paths, -1)),
-                temperature,
-                top_k,
-                top_p,
-                rand_accept,
-                rand_sample,
-                draft_probs,
-                max_siblings=1,  # chains (the drafters that give q draft chains)
-            )
         else:
-            acc_tokens, num_acc, acc_nodes_w, last_w = accept(
-                logits,
+            tree = (  # the window's tokens, their mask and the paths in window indices
                 input_ids.narrow(1, off, w),
                 tree_mask.narrow(1, off, w).narrow(2, off, w),
                 torch.where(paths >= 0, paths - off, torch.full_like(paths, -1)),
-                temperature,
-                top_k,
-                top_p,
-                rand_accept,
-                rand_sample,
-                typical=self.typical,
             )
+            sampling = (temperature, top_k, top_p, rand_accept, rand_sample)
+            if draft_probs is not None:  # drafts drawn from q (chains): rejection sampling against q
+                acc_tokens, num_acc, acc_nodes_w, last_w = accept_with_draft_probs(
+                    logits, *tree, *sampling, draft_probs, max_siblings=1
+                )
+            else:
+                acc_tokens, num_acc, acc_nodes_w, last_w = accept(logits, *tree, *sampling, typical=self.typical)
         acc_nodes = torch.where(acc_nodes_w >= 0, acc_nodes_w + off, torch.full_like(acc_nodes_w, -1))
         ctx = DraftContext(
             net=self.net,

@@ -32,3 +32,30 @@ def chi_square_pvalue(counts: dict, exact: dict, samples: int) -> float:
     if expected[-1] < 1e-9:
         observed, expected = observed[:-1], expected[:-1]
     return chisquare(observed, expected).pvalue
+
+
+def sampled_counts(engine, prompt, n, samples, temperature, top_k, top_p):
+    """({generated ids: count}, tokens accepted per step) of `samples` seeded generations of n tokens."""
+    from specbuild.runtime.engine import SamplingParams
+
+    counts: dict = {}
+    steps: list = []
+    for seed in range(samples):
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        r = engine.generate(input_ids=prompt, max_new_tokens=n, sampling=sampling, decode_text=False)
+        counts[tuple(r.output_ids)] = counts.get(tuple(r.output_ids), 0) + 1
+        steps += r.accepted_per_step
+    return counts, steps
+
+
+def check_sampled_distribution(engine, prompt, n, samples, exact, temperature, top_k, top_p) -> None:
+    """Seeded samples of `engine` follow `exact` (chi-square), drafts were accepted, and a seed repeats its output."""
+    from specbuild.runtime.engine import SamplingParams
+
+    counts, steps = sampled_counts(engine, prompt, n, samples, temperature, top_k, top_p)
+    assert set(counts) <= set(exact)
+    assert chi_square_pvalue(counts, exact, samples) > 1e-3
+    assert max(steps) > 1  # drafts were accepted
+    same = SamplingParams(temperature, top_k, top_p, 7)
+    first = engine.generate(input_ids=prompt, max_new_tokens=n, sampling=same)
+    assert engine.generate(input_ids=prompt, max_new_tokens=n, sampling=same).output_ids == first.output_ids

@@ -15,7 +15,12 @@ from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine, SamplingParams
 from specbuild.runtime.scheduler import Request
 from tests.conftest import ALL_SHAPES, ORT_ONLY, hf_greedy, quiet, tiny_hf_model, write_char_tokenizer
-from tests.plugins.distribution_check import chi_square_pvalue, exact_distribution
+from tests.plugins.distribution_check import (
+    check_sampled_distribution,
+    chi_square_pvalue,
+    exact_distribution,
+    sampled_counts,
+)
 from tests.plugins.medusa_helpers import toy_model
 
 pytestmark = pytest.mark.xdist_group("draft_target")
@@ -139,26 +144,11 @@ def test_sampling_preserves_the_target_distribution(tmp_path, temperature, top_k
     engine = build(ckpt, tmp_path / "engine", num_draft_tokens=2)
     prompt, n, samples = [1, 5, 3, 1], 3, 2500
     exact = exact_distribution(model, prompt, n, temperature, top_k, top_p)
-
-    def sample(engine):
-        counts, steps = {}, []
-        for seed in range(samples):
-            sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-            r = engine.generate(input_ids=prompt, max_new_tokens=n, sampling=sampling, decode_text=False)
-            counts[tuple(r.output_ids)] = counts.get(tuple(r.output_ids), 0) + 1
-            steps += r.accepted_per_step
-        return counts, steps
-
-    counts, steps = sample(engine)
-    assert set(counts) <= set(exact)
-    assert chi_square_pvalue(counts, exact, samples) > 1e-3
-    assert max(steps) > 1  # drafts were accepted
-    same = SamplingParams(temperature, top_k, top_p, 7)
-    first = engine.generate(input_ids=prompt, max_new_tokens=n, sampling=same)
-    assert engine.generate(input_ids=prompt, max_new_tokens=n, sampling=same).output_ids == first.output_ids
+    check_sampled_distribution(engine, prompt, n, samples, exact, temperature, top_k, top_p)
     if top_k:
         return
-    # the test has power: the same drafts verified as if they were point masses (q ignored) are biased
+    # the test has power: the same drafts verified against a q they were not drawn from (uniform over the draft's
+    # support) come out biased
     drafter_class = type(engine.new_drafter(prompt, SamplingParams(temperature=1.0)))
     original = drafter_class._stack
 
@@ -168,7 +158,7 @@ def test_sampling_preserves_the_target_distribution(tmp_path, temperature, top_k
 
     try:
         drafter_class._stack = point_masses  # q = uniform over the draft's support: not what was drawn from
-        counts, _ = sample(engine)
+        counts, _ = sampled_counts(engine, prompt, n, samples, temperature, top_k, top_p)
     finally:
         drafter_class._stack = original
     assert chi_square_pvalue(counts, exact, samples) < 1e-6
@@ -239,3 +229,27 @@ def test_bad_build_options_are_refused_before_any_work(tmp_path, tiny_checkpoint
         build(with_draft, tmp_path / "d", num_draft_tokens=1000)
     assert not any((tmp_path / x).exists() for x in "abcd")
     shutil.rmtree(tmp_path / "ckpt")
+
+
+def test_the_cli_converts_with_a_draft_and_refuses_a_foreign_one_in_one_line(tmp_path, tiny_hf_models):
+    from click.testing import CliRunner
+
+    from specbuild.cli.main import cli
+
+    shape = "llama_gqa_llama3rope"
+    narrow_draft(shape).save_pretrained(tmp_path / "draft")
+    narrow_draft(shape, vocab_size=50).save_pretrained(tmp_path / "foreign")
+    hf = tiny_hf_models[shape]
+
+    def convert_cli(draft, out):
+        args = ["convert", "--model-dir", hf, "--draft-model-dir", draft, "--output-dir", out]
+        return CliRunner().invoke(cli, [str(a) for a in args])
+
+    ok = convert_cli(tmp_path / "draft", tmp_path / "ckpt")
+    assert ok.exit_code == 0, ok.output
+    assert "draft-target" in (tmp_path / "ckpt" / "config.yaml").read_text()
+    bad = convert_cli(tmp_path / "foreign", tmp_path / "bad")
+    assert bad.exit_code == 1
+    lines = bad.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "vocab_size 50 differs" in lines[0]
+    assert not (tmp_path / "bad").exists()

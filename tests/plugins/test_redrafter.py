@@ -13,9 +13,9 @@ from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.redrafter.drafter_net import LOG_0, RecurrentDrafter, beam_search, beams_to_tree
-from specbuild.runtime.engine import Engine, SamplingParams
+from specbuild.runtime.engine import Engine
 from tests.conftest import ORT_ONLY, TINY_SHAPES, hf_greedy, quiet
-from tests.plugins.distribution_check import chi_square_pvalue, exact_distribution
+from tests.plugins.distribution_check import check_sampled_distribution, exact_distribution
 from tests.plugins.medusa_helpers import toy_model
 from tests.plugins.redrafter_fixtures import write_redrafter
 
@@ -202,19 +202,7 @@ def test_sampling_preserves_the_base_distribution(tmp_path, temperature, top_k, 
     engine = Engine(build_engine(ckpt, tmp_path / "engine", options, log=quiet), threads=1)
     prompt, n, samples = [1, 5, 3, 1, 5, 3, 1], 3, 3000
     exact = exact_distribution(model, prompt, n, temperature, top_k, top_p)
-    counts: dict = {}
-    steps = []
-    for seed in range(samples):
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        r = engine.generate(input_ids=prompt, max_new_tokens=n, sampling=sampling)
-        counts[tuple(r.output_ids)] = counts.get(tuple(r.output_ids), 0) + 1
-        steps += r.accepted_per_step
-    assert set(counts) <= set(exact)
-    assert chi_square_pvalue(counts, exact, samples) > 1e-3
-    assert max(steps) > 1  # drafts were accepted
-    same = SamplingParams(temperature, top_k, top_p, 7)
-    first = engine.generate(input_ids=prompt, max_new_tokens=n, sampling=same)
-    assert engine.generate(input_ids=prompt, max_new_tokens=n, sampling=same).output_ids == first.output_ids
+    check_sampled_distribution(engine, prompt, n, samples, exact, temperature, top_k, top_p)
 
 
 # ----------------------------------------------------------------------------------------------- converter
