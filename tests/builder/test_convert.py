@@ -228,8 +228,9 @@ def test_progress_bar_path(tiny_hf_models, monkeypatch):
 FAKE_SEEN: dict = {}
 
 
-def fake_converter(head_dir, model_config, base_tensors):
-    FAKE_SEEN.update(head_dir=head_dir, vocab=model_config.vocab_size, embed=base_tensors["model.embed_tokens.weight"])
+def fake_converter(head_dir, model_config, base_tensors, base_dir=None):
+    embed = base_tensors["model.embed_tokens.weight"]
+    FAKE_SEEN.update(head_dir=head_dir, vocab=model_config.vocab_size, embed=embed, base_dir=base_dir)
     return {"num_heads": 2}, {"w": torch.ones(3, 4), "idx": torch.arange(3)}
 
 
@@ -253,6 +254,7 @@ def test_heads_use_registered_converter(tiny_hf_models, tmp_path, monkeypatch):
     out = convert_checkpoint(hf, tmp_path / "out", dtype="float16", heads={"fakemode": head_dir}, progress=False)
     ckpt = Checkpoint.load(out)
     assert seen["head_dir"] == head_dir and seen["vocab"] == 89 and seen["embed"].dtype == torch.float16
+    assert seen["base_dir"] == hf  # the base model's directory (a draft model's tokenizer is checked against it)
     assert ckpt.heads == {"fakemode": {"num_heads": 2}}
     head = ckpt.head_tensors("fakemode")
     assert head["w"].dtype == torch.float16 and head["idx"].dtype == torch.int64
