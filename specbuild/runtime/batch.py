@@ -132,6 +132,7 @@ class Batch:
         self.sequences: list[Sequence] = []
         self.engine_s = 0.0
         self.calls = 0
+        self._zero_probs: np.ndarray | None = None  # the draft_probs of calls whose rows carry no q (greedy)
 
     @property
     def size(self) -> int:
@@ -200,6 +201,21 @@ class Batch:
             results.append(seq.last)
         return results
 
+    def _draft_probs(self, calls: list[Call], t: int, w: int) -> np.ndarray:
+        """[n,w,V] q of each row's window nodes; calls without q (greedy rows) share one zero buffer, kept between
+        calls of the same shape (the graph only reads it), instead of a fresh n x w x V array every step."""
+        shape = (len(calls), w, self.layout.draft_probs_vocab)
+        if all(c.draft_probs is None for c in calls):
+            if self._zero_probs is None or self._zero_probs.shape != shape:
+                self._zero_probs = np.zeros(shape, dtype=np.float32)
+            return self._zero_probs
+        probs = np.zeros(shape, dtype=np.float32)
+        first = t - w
+        for row, call in enumerate(calls):
+            if call.draft_probs is not None:
+                probs[row, : call.size - first] = call.draft_probs[first : call.size]
+        return probs
+
     def _feeds(self, calls: list[Call], t: int, w: int, lengths: list[int]) -> dict:
         n = len(calls)
         np_max = max(c.paths.shape[0] for c in calls)
@@ -233,12 +249,7 @@ class Batch:
         rows = n * t
         feeds = {}
         if self.layout.draft_probs_vocab:  # the q of each verified node (zeros: the root, point masses, prompts)
-            probs = np.zeros((n, w, self.layout.draft_probs_vocab), dtype=np.float32)
-            for row, call in enumerate(calls):
-                if call.draft_probs is not None:
-                    first = t - w
-                    probs[row, : call.size - first] = call.draft_probs[first : call.size]
-            feeds[ef.DRAFT_PROBS] = probs
+            feeds[ef.DRAFT_PROBS] = self._draft_probs(calls, t, w)
         return feeds | {
             ef.INPUT_IDS: ids,
             ef.POSITION_IDS: positions,
