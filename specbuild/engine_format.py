@@ -77,6 +77,9 @@ NEXT_INPUT_IDS = "next_input_ids"  # [B,N] int64: root (bonus) token + next draf
 NEXT_TREE_MASK = "next_tree_mask"  # [B,N,N] bool
 NEXT_POSITION_OFFSETS = "next_position_offsets"  # [B,N] int64 (depth of each node)
 NEXT_PATHS = "next_paths"  # [B,NP,DP] int64, -1 padded
+# [B,W] int64: each window row's most likely next token (its logits' argmax), for drafters that iterate guesses of
+# future tokens through the graph (a Jacobi window): the rows are not accepted, only read
+ROW_TOP_TOKENS = "row_top_tokens"
 NEXT_NUM_TOKENS = "next_num_tokens"  # [B] int64: how many of the N next tokens are real (the rest is padding)
 LOGITS = "logits"  # optional [B,T,V]
 

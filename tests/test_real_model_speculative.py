@@ -106,3 +106,30 @@ def test_int4_draft_target_equals_its_none_engine(smollm2_hf, tmp_path):
         assert result.output_ids == none.generate(input_ids=ids, max_new_tokens=64).output_ids, prompt
         steps += result.accepted_per_step
     assert sum(steps) / len(steps) > 1.3
+
+
+def test_lookahead_equals_transformers_and_its_int4_none_engine(smollm2_checkpoint, smollm2_greedy, tmp_path):
+    """Lookahead needs no heads: exact greedy ids at fp32 (against transformers) and at int4 (against the int4 none
+    engine), with guesses accepted."""
+    from specbuild.builder.build import BuildOptions, build_engine
+
+    options = BuildOptions(backends=ORT_ONLY, speculative_mode="lookahead", max_seq_len=512)
+    engine = Engine(build_engine(smollm2_checkpoint, tmp_path / "fp32", options, log=quiet))
+    steps = []
+    for prompt in PROMPTS:
+        ids = engine.codec.encode(prompt)
+        result = engine.generate(input_ids=ids, max_new_tokens=64)
+        assert result.output_ids == smollm2_greedy(ids, 64), prompt
+        steps += result.accepted_per_step
+    assert sum(steps) / len(steps) > 1.1
+    common = dict(backends=ORT_ONLY, weights="int4", max_seq_len=512)
+    none = Engine(build_engine(smollm2_checkpoint, tmp_path / "none4", BuildOptions(**common), log=quiet))
+    options = BuildOptions(speculative_mode="lookahead", **common)
+    lookahead = Engine(build_engine(smollm2_checkpoint, tmp_path / "lookahead4", options, log=quiet))
+    steps = []
+    for prompt in PROMPTS[:2]:
+        ids = none.codec.encode(prompt)
+        result = lookahead.generate(input_ids=ids, max_new_tokens=64)
+        assert result.output_ids == none.generate(input_ids=ids, max_new_tokens=64).output_ids, prompt
+        steps += result.accepted_per_step
+    assert max(steps) > 1

@@ -222,7 +222,7 @@ def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads
         with torch.no_grad():
             ref = step(*args)
         got, _ = run_bound(sess, feeds, out_names, aliases)
-        _check_declared_outputs(step, dict(zip(out_names, ref)), batch if rows is None else len(rows))
+        _check_declared_outputs(step, dict(zip(out_names, ref)), batch if rows is None else len(rows), w)
         for name, r in zip(out_names, ref):
             g = got[name]
             r = r.float().numpy() if r.is_floating_point() else r.numpy()
@@ -237,12 +237,12 @@ def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads
     return worst
 
 
-def _check_declared_outputs(step: StepModule, outputs: dict, batch: int) -> None:
+def _check_declared_outputs(step: StepModule, outputs: dict, batch: int, window: int) -> None:
     """The mode's draft outputs have the dtype and shape its plugin declares (draft_outputs()); batch: the rows
-    drafted for."""
+    drafted for; window: the call's acceptance window (ef.WINDOW)."""
     for spec in step.plugin.draft_outputs():
         value = outputs[spec.name]
-        shape = tuple(batch if d == "B" else d for d in spec.shape)
+        shape = tuple({"B": batch, "W": window}.get(d, d) if isinstance(d, str) else d for d in spec.shape)
         if tuple(value.shape) != shape or value.dtype != TORCH_DTYPES[spec.dtype]:
             raise SpecbuildError(
                 f"the {step.plugin.name} plugin declares {spec.name} {spec.dtype} {list(shape)}, its graph gives "

@@ -154,6 +154,7 @@ class StepModule(nn.Module):
             bonus=acc_tokens.gather(1, (num_acc - 1).unsqueeze(1)).squeeze(1),
             states=dict(zip(self.state_names, states)),
             draft_rows=draft_rows,
+            logits=logits,
         )
         drafted = self.plugin.draft(ctx)
         if set(drafted) != set(self.draft_output_names):

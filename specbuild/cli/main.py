@@ -248,7 +248,7 @@ def _stats_line(result) -> str:
     )
 
 
-def generate_and_print(engine, prompt, input_ids, max_new_tokens, sampling, chat, as_json):
+def generate_and_print(engine, prompt, input_ids, max_new_tokens, sampling, chat, as_json, draft_options=None):
     """Generate; stream text to stdout (or print one JSON object), stats on stderr. Returns the result."""
     has_tokenizer = bool(engine.manifest["files"].get("tokenizer"))
     stream = None
@@ -269,6 +269,7 @@ def generate_and_print(engine, prompt, input_ids, max_new_tokens, sampling, chat
         sampling=sampling,
         stream=stream,
         chat=chat,
+        draft_options=draft_options,
     )
     if as_json:
         click.echo(json.dumps({**result.to_dict(), "exactness": engine.exactness.to_dict()}))
@@ -306,6 +307,14 @@ def generate_and_print(engine, prompt, input_ids, max_new_tokens, sampling, chat
     help="auto (default; or $SPECBUILD_SPECULATION): verify drafts when the measured cost says they pay; always; "
     "off: plain decoding through the engine.",
 )
+@click.option(
+    "--draft-option",
+    "draft_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="This request's own drafting setting, where the engine's mode has them (at most the built ones, which "
+    "`specbuild inspect` shows under mode settings), e.g. window=2; repeatable.",
+)
 @handle_errors
 def run(
     engine_dir,
@@ -323,6 +332,7 @@ def run(
     threads,
     allow_lossy,
     speculation,
+    draft_options,
 ):
     """Generate from an engine directory."""
     from specbuild.runtime.engine import Engine, SamplingParams
@@ -342,7 +352,24 @@ def run(
     )
     if not engine.lossless and engine.manifest.get("lossless", True):
         click.echo(f"warning: this run is LOSSY (--allow-lossy), {engine.exactness.verified}", err=True)
-    generate_and_print(engine, prompt, ids, max_new_tokens, sampling, chat, as_json)
+    options = parse_draft_options(draft_options)
+    generate_and_print(engine, prompt, ids, max_new_tokens, sampling, chat, as_json, options)
+
+
+def parse_draft_options(pairs) -> dict:
+    """{key: value} of --draft-option KEY=VALUE (values read as YAML scalars: 2, true)."""
+    import yaml
+
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SpecbuildError(f"--draft-option {pair!r}: expected KEY=VALUE, e.g. window=2")
+        try:
+            options[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            options[key.strip()] = value
+    return options
 
 
 # ---------------------------------------------------------------- serve

@@ -37,7 +37,7 @@ class StateSpec:
 @dataclasses.dataclass(frozen=True)
 class OutputSpec:
     """A step-graph output a mode adds (its draft of the next call): name (an ef constant), dtype, and shape in
-    ints and symbolic names ("B" = the batch)."""
+    ints and symbolic names ("B" = the batch, "W" = the acceptance window's tokens, ef.WINDOW)."""
 
     name: str
     dtype: str
@@ -62,6 +62,7 @@ class DraftContext:
     bonus: torch.Tensor  # [B] next root token
     states: dict
     draft_rows: torch.Tensor | None = None  # [R] the rows to draft for (ef.DRAFT_ROWS; None: every row)
+    logits: torch.Tensor | None = None  # [B,W,V] the acceptance window's logits (the last W new tokens)
 
     def drafting(self) -> DraftContext:
         """This context narrowed to the rows to draft for (the draft outputs have R rows): a plugin that drafts in
@@ -82,6 +83,7 @@ class DraftContext:
             accepted_nodes=pick(self.accepted_nodes),
             last_node=pick(self.last_node),
             bonus=pick(self.bonus),
+            logits=None if self.logits is None else pick(self.logits),
             states={},
             draft_rows=None,
         )

@@ -21,6 +21,7 @@ MODE_PACKAGES = (
     "specbuild.plugins.ngram",
     "specbuild.plugins.redrafter",
     "specbuild.plugins.draft_target",
+    "specbuild.plugins.lookahead",
 )
 
 

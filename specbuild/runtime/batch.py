@@ -99,6 +99,10 @@ class Sequence:
         return float(rng.random(dtype=np.float32))
 
 
+# outputs with one entry per acceptance-window token: a row's are cut to its own tokens (padding rows dropped)
+WINDOW_OUTPUTS = (ef.LOGITS, ef.ROW_TOP_TOKENS)
+
+
 class RowOutputs(Mapping):
     """Row `row` of a batched call's outputs, each with a batch axis of 1 (what a drafter reads)."""
 
@@ -107,7 +111,7 @@ class RowOutputs(Mapping):
 
     def __getitem__(self, name):
         value = self._outputs[name]
-        if name == ef.LOGITS:
+        if name in WINDOW_OUTPUTS:
             return value[self._row : self._row + 1, : self._logits_rows]
         return value[self._row : self._row + 1]
 

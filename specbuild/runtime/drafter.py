@@ -16,12 +16,14 @@ host-drafted modes (n-gram) compute proposals themselves. Drafters are numpy onl
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from specbuild import engine_format as ef
+from specbuild.errors import SpecbuildError
 from specbuild.tree import Tree
 
 
@@ -88,10 +90,36 @@ class Proposal:
         return cls(np.asarray(tokens, dtype=np.int64).reshape(1, -1), mask, offsets, offsets[None, None], draft_probs)
 
     @classmethod
+    def from_continuations(cls, root: int, continuations: Sequence[Sequence[int]]) -> Proposal:
+        """The tree of `continuations` of `root` merged by shared prefix (a trie; siblings in order of first
+        appearance), every continuation a root-to-node path; one continuation is a chain."""
+        if len(continuations) <= 1:
+            drafts = list(continuations[0]) if continuations else []
+            return cls.chain([root, *drafts])
+        children: dict[tuple, dict[int, int]] = {}  # path of ranks -> {token: rank of the child}
+        token_of: dict[tuple, int] = {(): root}
+        for continuation in continuations:
+            path: tuple = ()
+            for token in continuation:
+                ranks = children.setdefault(path, {})
+                path = (*path, ranks.setdefault(int(token), len(ranks)))
+                token_of[path] = int(token)
+        tree = _cached_tree(tuple(sorted(p for p in token_of if p)))
+        tokens = [0] * tree.size
+        for path, token in token_of.items():
+            tokens[tree.node_index(path)] = token
+        return cls.from_tree(tokens, tree)
+
+    @classmethod
     def from_tree(cls, tokens, tree: Tree) -> Proposal:
         return cls(
             np.asarray(tokens, dtype=np.int64).reshape(1, -1), tree.ancestor_mask[None], tree.depths, tree.paths[None]
         )
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_tree(choices: tuple) -> Tree:
+    return Tree.from_choices(list(choices))
 
 
 class Drafter:
@@ -118,6 +146,14 @@ class Drafter:
     def read_settings(cls, manifest: dict, source: str = "engine.yaml") -> Any:
         """The drafting settings, read and checked once when the engine loads (SpecbuildError naming the field)."""
         return None
+
+    @classmethod
+    def narrowed(cls, settings: Any, options: Mapping[str, Any]) -> Any:
+        """The settings of one request that asks for `options` (its own, smaller drafting settings; at most what the
+        engine was built for), checked: SpecbuildError naming the option. Modes without such options refuse any."""
+        if options:
+            raise SpecbuildError(f"drafting option {next(iter(options))!r}: this engine's mode takes none")
+        return settings
 
     def __init__(self, settings: Any, prompt: Sequence[int], sampling=None):
         """sampling: the request's SamplingParams (a drafter that samples drafts follows them)."""

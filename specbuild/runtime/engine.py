@@ -181,9 +181,16 @@ class Engine:
         return self.codec.encode(text)
 
     # ------------------------------------------------------------------ generation
-    def new_drafter(self, prompt: list[int], sampling: SamplingParams | None = None):
-        """One sequence's drafter, built from the settings read at load."""
-        return self.drafter_class(self.drafter_settings, prompt, sampling)
+    def new_drafter(self, prompt: list[int], sampling: SamplingParams | None = None, options=None):
+        """One sequence's drafter, built from the settings read at load (narrowed by the request's drafting
+        `options`, e.g. a smaller lookahead window: Drafter.narrowed)."""
+        return self.drafter_class(self.drafting_settings(options), prompt, sampling)
+
+    def drafting_settings(self, options=None):
+        """The drafter settings of a request with drafting `options` (checked: SpecbuildError naming the option)."""
+        if not options:
+            return self.drafter_settings
+        return self.drafter_class.narrowed(self.drafter_settings, dict(options))
 
     def new_session(self, prompt: list[int], sampling: SamplingParams) -> Session:
         """One sequence driven call by call (runtime/session.py), with its own drafter."""
@@ -258,14 +265,15 @@ class Engine:
         chat: bool = False,
         decode_text: bool = True,
         stop: tuple[str, ...] | list[str] = (),
+        draft_options=None,
     ) -> GenerationResult:
         """One request through the engine's scheduler. stream: called after every engine call with the tokens that
-        call added to the output (never empty). stop: strings that end the output (the text stops before them)."""
+        call added to the output (never empty). stop: strings that end the output (the text stops before them).
+        draft_options: this request's own drafting settings, where the mode has them (Drafter.narrowed)."""
         sampling = sampling or SamplingParams()
         ids = self._prompt_ids(prompt, input_ids, chat)
-        handle = self.scheduler.submit(
-            Request(ids, max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop), on_tokens=stream)
-        )
+        request = Request(ids, max_new_tokens, sampling, tuple(stop), stream, draft_options=draft_options)
+        handle = self.scheduler.submit(request)
         handle.wait()
         if handle.error is not None:
             raise handle.error

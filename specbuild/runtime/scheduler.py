@@ -53,6 +53,7 @@ class Request:
     sampling: SamplingParams | None = None  # greedy when None
     stop: tuple[str, ...] = ()
     on_tokens: Callable[[list[int]], None] | None = None
+    draft_options: dict | None = None  # the request's own drafting settings (Drafter.narrowed), where a mode has them
 
 
 class Handle:
@@ -232,6 +233,7 @@ class Scheduler:
         request.ids = self.engine.check_prompt(request.ids)
         _check_max_new_tokens(request.max_new_tokens)
         request.stop = tuple(s for s in (request.stop or ()) if s)
+        self.engine.drafting_settings(request.draft_options)  # bad drafting options are refused now
         handle = Handle(request, self)
         with self._wake:
             if self._stopping:
@@ -308,7 +310,7 @@ class Scheduler:
                 handle = self._waiting.popleft()
             request = handle.request
             try:
-                drafter = self.engine.new_drafter(request.ids, request.sampling)
+                drafter = self.engine.new_drafter(request.ids, request.sampling, request.draft_options)
                 handle.sequence = Sequence(self.layout, request.sampling, drafter)
                 handle._staging = Batch(
                     self.layout, self.engine.backend, 1, initial_capacity(self.layout, len(request.ids))

@@ -43,10 +43,11 @@ class GenerationRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    draft_options: dict | None = None  # extension: the request's own drafting settings (Drafter.narrowed)
 
     def request(self) -> Request:
         """The scheduler request it asks for."""
-        return Request(self.ids, self.max_tokens, self.sampling, self.stop)
+        return Request(self.ids, self.max_tokens, self.sampling, self.stop, draft_options=self.draft_options)
 
 
 def parse_chat(body, engine, model_name: str) -> GenerationRequest:
@@ -149,7 +150,21 @@ def _request(body: dict, engine, ids: list[int], prompt_param: str, chat: bool, 
         stop=_stop(body.get("stop")),
         stream=stream,
         include_usage=_include_usage(body.get("stream_options"), stream),
+        draft_options=_draft_options(body.get("draft_options"), engine),
     )
+
+
+def _draft_options(options, engine) -> dict | None:
+    """The extension field draft_options: {name: value} the engine's drafter accepts (e.g. a smaller lookahead)."""
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        raise bad_request('draft_options must be an object like {"window": 2}', "draft_options")
+    try:
+        engine.drafting_settings(options)
+    except SpecbuildError as exc:
+        raise bad_request(str(exc), "draft_options") from None
+    return options
 
 
 def _sampling(body: dict) -> SamplingParams:

@@ -77,5 +77,5 @@ def test_unknown_mode_is_one_line_naming_the_known_ones():
 
     from specbuild.errors import SpecbuildError
 
-    with pytest.raises(SpecbuildError, match=r"--speculative-mode 'lookahead' is not one of none, medusa"):
-        registry.get_mode("lookahead")
+    with pytest.raises(SpecbuildError, match=r"--speculative-mode 'jacobi' is not one of none, medusa"):
+        registry.get_mode("jacobi")

@@ -17,7 +17,16 @@ pytestmark = pytest.mark.xdist_group("batching")
 
 TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 DYNAMIC = dict(eagle_top_k=3, eagle_depth=3, eagle_total_tokens=8)
-MODES = {"none": {}, "ngram": {}, "medusa": dict(tree=TREE), "eagle": DYNAMIC, "eagle3": DYNAMIC, "redrafter": {}}
+LOOKAHEAD = dict(lookahead_window=3, lookahead_ngram=3, lookahead_guesses=2)
+MODES = {
+    "none": {},
+    "ngram": {},
+    "medusa": dict(tree=TREE),
+    "eagle": DYNAMIC,
+    "eagle3": DYNAMIC,
+    "redrafter": {},
+    "lookahead": LOOKAHEAD,
+}
 WEIGHTS = ("fp32", "int4")
 
 _rng = np.random.default_rng(0)

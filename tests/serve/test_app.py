@@ -102,6 +102,13 @@ BAD_REQUESTS = {
     "logprobs": ("/v1/chat/completions", _chat(logprobs=True), 400, "logprobs"),
     "stream not a bool": ("/v1/chat/completions", _chat(stream="yes"), 400, "stream"),
     "stream_options without stream": ("/v1/chat/completions", _chat(stream_options={}), 400, "stream_options"),
+    "draft_options of a mode without them": (
+        "/v1/completions",
+        {"prompt": "a", "draft_options": {"window": 2}},
+        400,
+        "draft_options",
+    ),
+    "draft_options not an object": ("/v1/completions", {"prompt": "a", "draft_options": [2]}, 400, "draft_options"),
     "body of two megabytes": ("/v1/completions", {"prompt": "a" * (2 << 20)}, 413, None),
 }
 

@@ -19,21 +19,14 @@ The n-gram index grows by the accepted tokens only, so a step costs O(accepted t
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 
 from specbuild.plugins.ngram import DRAFT_LENGTHS
 from specbuild.runtime.drafter import Drafter, Proposal, StepResult
 from specbuild.runtime.manifest import check_fields, integer, one_of
-from specbuild.tree import Tree
 
 SCAN_PER_CANDIDATE = 8  # most recent occurrences measured per wanted continuation
 MAX_MATCH = 16  # context tokens compared when measuring an occurrence's match
-
-
-@functools.lru_cache(maxsize=512)
-def _tree(choices: tuple) -> Tree:
-    return Tree.from_choices(list(choices))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,21 +121,4 @@ class NgramDrafter(Drafter):
 
     def draft(self) -> Proposal:
         """The tree of the continuations of the sequence so far, rooted at its last token."""
-        root = self.tokens[-1]
-        found = self.continuations(self.tokens)
-        if len(found) <= 1:
-            drafts = found[0] if found else []
-            return Proposal.from_tree([root, *drafts], _tree(tuple((0,) * d for d in range(1, len(drafts) + 1))))
-        children: dict[tuple, dict[int, int]] = {}  # trie: path of ranks -> {token: rank of the child}
-        token_of: dict[tuple, int] = {(): root}
-        for continuation in found:
-            path: tuple = ()
-            for token in continuation:
-                ranks = children.setdefault(path, {})
-                path = (*path, ranks.setdefault(token, len(ranks)))
-                token_of[path] = token
-        tree = _tree(tuple(sorted(p for p in token_of if p)))
-        tokens = [0] * tree.size
-        for path, token in token_of.items():
-            tokens[tree.node_index(path)] = token
-        return Proposal.from_tree(tokens, tree)
+        return Proposal.from_continuations(self.tokens[-1], self.continuations(self.tokens))

@@ -1,0 +1,310 @@
+"""Lookahead mode: each call's rows against their definition (mask, positions, paths) for several (W, N, G), the
+window's Jacobi update and the pool, exact greedy ids on tiny models of every shape at fp32 and int4, the base
+distribution when sampling, and bad settings refused before any work."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from specbuild import engine_format as ef
+from specbuild.builder.build import BuildOptions, build_engine
+from specbuild.errors import SpecbuildError
+from specbuild.plugins.lookahead import step_rows
+from specbuild.plugins.lookahead.drafter import LookaheadDrafter, NgramPool
+from specbuild.runtime.drafter import StepResult
+from specbuild.runtime.engine import Engine
+from tests.conftest import ORT_ONLY, TINY_SHAPES, hf_greedy, quiet
+from tests.plugins.distribution_check import check_sampled_distribution, exact_distribution
+from tests.plugins.medusa_helpers import toy_model
+
+pytestmark = pytest.mark.xdist_group("lookahead")
+
+PROMPTS = [[1, 5, 9, 3, 7, 5, 9, 3], [1, 4], [1, 11, 10, 6, 2, 8, 3, 11, 10]]
+SETTINGS = [(1, 1, 0), (2, 2, 1), (3, 2, 2), (4, 3, 4), (2, 4, 3), (5, 3, 0), (1, 3, 2)]
+
+
+def drafter(w, n, g, prompt=(), pool="window"):
+    fields = {"window": w, "ngram": n, "guesses": g, "pool": pool}
+    return LookaheadDrafter(LookaheadDrafter.read_settings({"mode": {"drafter": fields}}), list(prompt))
+
+
+def step(tokens, top=None):
+    """A StepResult that accepted `tokens`; top: the argmax of each row of the call (ef.ROW_TOP_TOKENS)."""
+    outputs = {} if top is None else {ef.ROW_TOP_TOKENS: np.asarray([top], dtype=np.int64)}
+    return StepResult(list(tokens), np.zeros(len(tokens), dtype=np.int64), outputs)
+
+
+def reference_rows(root, guesses, levels, w):
+    """The rows of a call from the definition (../shared/reference/serving-batching-draft-lookahead.md §6), each a
+    label: ("root",), ("guess", n-gram index, token index), ("cell", level, column); in the drafter's order (the
+    root, the guesses' trie, then level 0's columns 1..W-1 and each further level's W columns)."""
+    first = {}  # each distinct prefix of a guess (n-grams sharing a prefix share its nodes): where it first occurs
+    for j, guess in enumerate(guesses):
+        for k in range(len(guess)):
+            first.setdefault(tuple(guess[: k + 1]), (len(first), j, k))
+    # the tree's normal form: shallower nodes first, siblings in order of appearance
+    rows = [("root",)] + [("guess", j, k) for _, j, k in sorted(first.values(), key=lambda x: (x[2], x[0]))]
+    rows += [("cell", 0, i) for i in range(1, w)]
+    rows += [("cell", lv, i) for lv in range(1, len(levels)) for i in range(w)]
+    return rows
+
+
+def reference_sees(a, b, guesses):
+    """Whether row label a attends to row label b, from the definition alone."""
+    if b == ("root",):
+        return True
+    if a[0] == "guess" and b[0] == "guess":  # causal within its own n-gram (shared prefixes are the same nodes)
+        return b[2] <= a[2] and tuple(guesses[b[1]][: b[2] + 1]) == tuple(guesses[a[1]][: b[2] + 1])
+    if a[0] == "cell" and b[0] == "cell":
+        (_, la, ia), (_, lb, ib) = a, b
+        if lb == 0:
+            return ib <= ia  # row 0 up to its column
+        return ib == ia and lb <= la  # its own column's levels 1..la
+    return False  # the two branches never see each other
+
+
+@pytest.mark.parametrize("w,n,g", SETTINGS)
+def test_each_calls_rows_match_the_definition(w, n, g):
+    prompt = [7, 3, 9, 3, 9, 4, 3, 9, 5, 8]
+    d = drafter(w, n, g, prompt, pool="context")
+    rng = np.random.default_rng(w * 100 + n * 10 + g)
+    proposal = d.propose(step([3]))
+    for _ in range(4):  # warm-up levels, then full windows
+        root = int(proposal.tokens[0, 0])
+        if n == 1:
+            assert proposal.size == 1
+            break
+        guesses = d.pool.get(root)[:g]
+        rows = reference_rows(root, guesses, d.levels, w)
+        assert proposal.size == len(rows) <= step_rows(w, n, g)
+        mask, offsets, tokens = proposal.mask[0], proposal.offsets, proposal.tokens[0]
+        for i, j in itertools.product(range(len(rows)), repeat=2):
+            want = i == j or reference_sees(rows[i], rows[j], guesses)
+            assert mask[i, j] == want, (rows[i], rows[j])
+        for i, label in enumerate(rows):
+            if label[0] == "guess":
+                assert offsets[i] == label[2] + 1 and tokens[i] == guesses[label[1]][label[2]]
+            elif label[0] == "cell":
+                _, level, column = label
+                assert offsets[i] == column + level  # position p + i + l
+                assert tokens[i] == d.levels[level][column - 1 if level == 0 else column]
+        # the paths: the root alone or one path per guess, spelling it; window rows lie on none
+        paths = [[x for x in p if x >= 0] for p in proposal.paths[0].tolist()]
+        assert sorted(tuple(tokens[p[1:]].tolist()) for p in paths) == sorted(
+            {tuple(x) for x in guesses} - {tuple(x[:k]) for x in guesses for k in range(len(x))}
+        ) or (not guesses and paths == [[0]])
+        assert all(rows[x][0] != "cell" for p in paths for x in p)
+        top = rng.integers(0, 12, size=proposal.size).tolist()
+        accepted = [int(rng.integers(0, 12))]
+        proposal = d.propose(step(accepted, top))
+
+
+def test_plain_and_smallest_settings():
+    d = drafter(1, 1, 0, [4, 5, 6])
+    assert d.propose(step([6])).size == 1  # (1, 1, 0): plain decoding
+    d = drafter(2, 2, 1, [4, 5, 4, 5], pool="prompt")  # (2, 2, 1): one window cell, one 1-token guess
+    p = d.propose(step([4]))
+    assert p.size == 3 == step_rows(2, 2, 1)
+    assert p.tokens[0, :2].tolist() == [4, 5]  # the root, the pool's guess (5 followed 4 in the prompt)
+    assert p.mask[0].tolist() == [[True, False, False], [True, True, False], [True, False, True]]
+    assert p.offsets.tolist() == [0, 1, 1]
+    assert p.paths[0].tolist() == [[0, 1]]
+
+
+def test_the_window_warms_up_then_feeds_the_pool_and_shifts():
+    d = drafter(3, 4, 2, [1, 2, 3])  # W 3, N 4: three levels; the window alone feeds the pool
+    level0 = list(d.levels[0])
+    assert len(level0) == 2 and set(level0) <= {1, 2, 3}
+    p = d.propose(step([9]))  # row 0 only: the root and level 0
+    assert p.size == 3
+    d.propose(step([9], top=[20, 21, 22]))  # the argmaxes of row 0 become level 1
+    assert d.levels == [level0, [20, 21, 22]]
+    p = d.propose(step([8], top=[0] * 3 + [30, 31, 32]))  # then of level 1: level 2 (the last of N - 1)
+    assert d.levels == [level0, [20, 21, 22], [30, 31, 32]] and d.pool.get(8) == []
+    assert p.size == 1 + 2 + 3 + 3
+    d.propose(step([7, 6], top=[0] * 6 + [40, 41, 42]))  # complete: each column's n-gram goes to the pool
+    assert d.pool.get(8) == [(20, 30, 40)]  # column 0's key is the last call's root
+    assert d.pool.get(level0[0]) == [(21, 31, 41)] or level0[0] == 8
+    assert d.pool.get(level0[1]) == [(22, 32, 42)] or level0[1] in (8, level0[0])
+    assert d.levels == [[21, 22], [30, 31, 32], [40, 41, 42]]  # shifted by one position
+
+
+def test_a_call_cut_to_its_root_leaves_the_window_as_it_was():
+    d = drafter(2, 3, 1, [1, 2])
+    d.propose(step([5]))
+    before = [list(x) for x in d.levels]
+    d.propose(step([6], top=[9]))  # the scheduler verified the root alone: one row of outputs
+    assert d.levels == before
+
+
+def test_the_pool_keeps_the_most_recent_distinct_ngrams_per_key():
+    pool = NgramPool(2)
+    for value in [(1, 2), (3, 4), (1, 2), (5, 6), (5, 6)]:
+        pool.add(7, value)
+    assert pool.get(7) == [(5, 6), (1, 2)]
+    assert NgramPool(0).get(7) == [] and pool.get(8) == []
+    d = drafter(2, 3, 4, [1, 2, 3, 1, 2, 4, 1, 2, 3], pool="prompt")
+    assert d.pool.get(1) == [(2, 3), (2, 4)]  # the prompt's n-grams, the later occurrence first
+    assert d.propose(step([1])).tokens[0, :4].tolist() == [1, 2, 3, 4]  # (2, 3) and (2, 4) share their 2
+    d.propose(step([7]))
+    assert (3, 7) not in d.pool.get(2)  # "prompt": the output's n-grams do not go to the pool
+    d = drafter(2, 3, 4, [1, 2, 3, 1, 2, 4, 1, 2], pool="context")  # the context's: the prompt's and the output's
+    d.propose(step([3, 9]))
+    assert d.pool.get(2) == [(3, 9), (4, 1), (3, 1)] and d.pool.get(1) == [(2, 3), (2, 4)]  # (1, 2, 3): most recent
+    assert drafter(2, 3, 4, [1, 2, 3, 1, 2, 4], pool="window").pool.get(1) == []
+
+
+def test_host_work_does_not_grow_with_the_context():
+    d = drafter(4, 3, 4, list(range(2000)), pool="context")
+    p = d.propose(step([5]))
+    for i in range(50):
+        p = d.propose(step([i % 7], top=list(range(p.size))))
+        assert p.size <= step_rows(4, 3, 4)
+    assert sum(len(v) for v in d.pool._entries.values()) <= 2000 + 50 * 4
+
+
+@pytest.fixture(scope="module")
+def toy_lookahead(tmp_path_factory):
+    from specbuild.builder.convert import convert_checkpoint
+
+    root = tmp_path_factory.mktemp("lookahead_toy")
+    out = {}
+    for i, shape in enumerate(TINY_SHAPES):
+        model = toy_model(shape, root / shape / "hf", seed=i)
+        ckpt = convert_checkpoint(root / shape / "hf", root / shape / "ckpt", progress=False)
+        options = BuildOptions(
+            backends=ORT_ONLY, speculative_mode="lookahead", lookahead_window=3, lookahead_ngram=3, lookahead_guesses=3
+        )
+        out[shape] = (model, build_engine(ckpt, root / shape / "engine", options, log=quiet), ckpt)
+    return out
+
+
+@pytest.mark.parametrize("shape", list(TINY_SHAPES))
+def test_greedy_equals_base_model(toy_lookahead, shape):
+    model, eng, _ = toy_lookahead[shape]
+    engine = Engine(eng, threads=1)
+    assert engine.manifest["lossless"] is True
+    assert engine.manifest["mode"]["drafter"] == {"window": 3, "ngram": 3, "guesses": 3, "pool": "context"}
+    accepted = []
+    for ids in PROMPTS:
+        chunks = []
+        result = engine.generate(input_ids=ids, max_new_tokens=40, stream=chunks.append)
+        assert result.output_ids == hf_greedy(model, ids, 40)
+        assert sum(chunks, []) == result.output_ids
+        accepted += result.accepted_per_step
+    assert np.mean(accepted) > 1.2  # guesses really get accepted
+    assert max(accepted) <= 3  # at most N - 1 guessed tokens + the bonus
+
+
+def test_int4_equals_the_int4_none_engine(tmp_path):
+    from specbuild.builder.convert import convert_checkpoint
+
+    toy_model("llama_gqa_llama3rope", tmp_path / "hf", seed=5)
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", progress=False)
+    common = dict(backends=ORT_ONLY, weights="int4")
+    none = Engine(build_engine(ckpt, tmp_path / "none", BuildOptions(**common), log=quiet), threads=1)
+    options = BuildOptions(speculative_mode="lookahead", **common)
+    lookahead = Engine(build_engine(ckpt, tmp_path / "lookahead", options, log=quiet), threads=1)
+    accepted = []
+    for ids in PROMPTS:
+        result = lookahead.generate(input_ids=ids, max_new_tokens=40)
+        assert result.output_ids == none.generate(input_ids=ids, max_new_tokens=40).output_ids
+        accepted += result.accepted_per_step
+    assert max(accepted) > 1
+
+
+def test_bad_settings_are_refused_before_any_work(toy_lookahead, tmp_path):
+    _, _, ckpt = toy_lookahead["llama_gqa_llama3rope"]
+    cases = [
+        (dict(lookahead_window=0), "--lookahead-window 0 is invalid"),
+        (dict(lookahead_ngram=0), "--lookahead-ngram 0 is invalid"),
+        (dict(lookahead_guesses=-1), "--lookahead-guesses -1 is invalid"),
+        (dict(lookahead_ngram=17), "--lookahead-ngram 17 is invalid: expected at most 16"),
+        (dict(lookahead_window=40, lookahead_ngram=14, lookahead_guesses=2), "verify 546 tokens per step: at most 512"),
+        (dict(lookahead_pool="all"), "--lookahead-pool must be one of window, prompt, context, got 'all'"),
+        (dict(num_draft_tokens=3), "--num-draft-tokens does not apply to --speculative-mode lookahead"),
+    ]
+    for settings, message in cases:
+        with pytest.raises(SpecbuildError, match=message):
+            options = BuildOptions(backends=ORT_ONLY, speculative_mode="lookahead", **settings)
+            build_engine(ckpt, tmp_path / "e", options, log=quiet)
+        assert not (tmp_path / "e").exists()
+
+
+def test_engine_yaml_settings_are_checked_when_the_engine_loads():
+    with pytest.raises(SpecbuildError, match="field mode.drafter.guesses must be an integer >= 0, got -2"):
+        drafter(2, 3, -2)
+    with pytest.raises(SpecbuildError, match="field mode.drafter.pool must be one of window, prompt, context, got 'y'"):
+        drafter(2, 3, 1, pool="y")
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (1.5, 4, 0.9)])
+def test_sampling_preserves_the_base_distribution(tmp_path, temperature, top_k, top_p):
+    from specbuild.builder.convert import convert_checkpoint
+
+    vocab = 8
+    model = toy_model("llama_gqa_llama3rope", tmp_path / "hf", vocab=vocab, seed=3)
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", progress=False)
+    options = BuildOptions(
+        backends=ORT_ONLY, speculative_mode="lookahead", lookahead_window=2, lookahead_ngram=3, lookahead_guesses=2
+    )
+    engine = Engine(build_engine(ckpt, tmp_path / "engine", options, log=quiet), threads=1)
+    prompt, n, samples = [1, 5, 3, 1, 5, 3, 1], 3, 3000
+    exact = exact_distribution(model, prompt, n, temperature, top_k, top_p)
+    check_sampled_distribution(engine, prompt, n, samples, exact, temperature, top_k, top_p)
+
+
+def test_a_request_may_ask_for_a_smaller_setting_than_the_built_one(toy_lookahead):
+    model, eng, _ = toy_lookahead["llama_gqa_llama3rope"]
+    engine = Engine(eng, threads=1)
+    ids = PROMPTS[2]
+    want = hf_greedy(model, ids, 30)
+    for options in ({"window": 2, "ngram": 2, "guesses": 1}, {"window": 1, "ngram": 1, "guesses": 0}, {"ngram": 3}):
+        result = engine.generate(input_ids=ids, max_new_tokens=30, draft_options=options)
+        assert result.output_ids == want, options
+        if options["ngram"] == 1:
+            assert set(result.accepted_per_step) == {1}  # (1, 1, 0): plain decoding
+    plain = engine.generate(input_ids=ids, max_new_tokens=30, draft_options={"pool": "window", "guesses": 0})
+    assert plain.output_ids == want and set(plain.accepted_per_step) == {1}  # nothing to verify without guesses
+    cases = [
+        ({"window": 4}, "drafting option window must be an integer from 1 to 3 \\(the engine's\\), got 4"),
+        ({"guesses": -1}, "drafting option guesses must be an integer from 0 to 3"),
+        ({"ngram": True}, "drafting option ngram must be an integer from 1 to 3"),
+        ({"pool": "no"}, "drafting option pool must be one of window, prompt, context, got 'no'"),
+        ({"depth": 2}, "drafting option 'depth' is not one of window, ngram, guesses, pool"),
+    ]
+    for options, message in cases:
+        with pytest.raises(SpecbuildError, match=message):
+            engine.generate(input_ids=ids, max_new_tokens=4, draft_options=options)
+
+
+def test_modes_without_drafting_options_refuse_them(tmp_path):
+    from specbuild.runtime.drafter import GraphDrafter
+
+    with pytest.raises(SpecbuildError, match="drafting option 'window': this engine's mode takes none"):
+        GraphDrafter.narrowed(None, {"window": 2})
+    assert GraphDrafter.narrowed("kept", {}) == "kept"
+
+
+def test_run_takes_drafting_options(toy_lookahead):
+    import json
+
+    from click.testing import CliRunner
+
+    from specbuild.cli.main import cli
+
+    model, eng, _ = toy_lookahead["llama_gqa_llama3rope"]
+
+    def run(*extra):
+        args = ["run", "--engine-dir", str(eng), "--input-ids", "1,11,10,6,2", "--max-new-tokens", "12", "--json"]
+        return CliRunner().invoke(cli, [*args, *extra], catch_exceptions=False)
+
+    res = run("--draft-option", "window=2", "--draft-option", "pool=prompt")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["output_ids"] == hf_greedy(model, [1, 11, 10, 6, 2], 12)
+    for bad, needle in (("window=9", "drafting option window must be an integer from 1 to 3"), ("oops", "KEY=VALUE")):
+        res = run("--draft-option", bad)
+        assert res.exit_code == 1 and res.stdout == ""
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.stderr
