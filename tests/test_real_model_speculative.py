@@ -18,6 +18,22 @@ PROMPTS = [
 ]
 
 
+def accepted_steps(engine, prompts, reference, max_new_tokens: int = 64) -> list[int]:
+    """Tokens accepted per step by `engine` on `prompts`, each output checked against reference(ids, n)."""
+    steps = []
+    for prompt in prompts:
+        ids = engine.codec.encode(prompt)
+        result = engine.generate(input_ids=ids, max_new_tokens=max_new_tokens)
+        assert result.output_ids == reference(ids, max_new_tokens), prompt
+        steps += result.accepted_per_step
+    return steps
+
+
+def greedy_of(engine):
+    """reference(ids, n) for accepted_steps: `engine`'s own output."""
+    return lambda ids, n: engine.generate(input_ids=ids, max_new_tokens=n).output_ids
+
+
 def test_the_package_ships_the_expected_heads():
     assert set(shipped_heads()) == SHIPPED
 
@@ -34,12 +50,7 @@ def test_greedy_equals_transformers_with_shipped_heads(mode, smollm2_hf, smollm2
         ckpt, tmp_path / "engine", BuildOptions(backends=ORT_ONLY, speculative_mode=mode, max_seq_len=512), log=quiet
     )
     engine = Engine(engine_dir)
-    steps = []
-    for prompt in PROMPTS:
-        ids = engine.codec.encode(prompt)
-        result = engine.generate(input_ids=ids, max_new_tokens=64)
-        assert result.output_ids == smollm2_greedy(ids, 64), (mode, prompt)
-        steps += result.accepted_per_step
+    steps = accepted_steps(engine, PROMPTS, smollm2_greedy)
     assert sum(steps) / len(steps) > 1.15  # the shipped heads really draft accepted tokens (measured τ 1.25-1.8)
 
 
@@ -49,12 +60,7 @@ def test_ngram_greedy_equals_transformers(smollm2_checkpoint, smollm2_greedy, tm
 
     options = BuildOptions(backends=ORT_ONLY, speculative_mode="ngram", ngram_candidates=2, max_seq_len=512)
     engine = Engine(build_engine(smollm2_checkpoint, tmp_path / "engine", options, log=quiet))
-    steps = []
-    for prompt in PROMPTS:
-        ids = engine.codec.encode(prompt)
-        result = engine.generate(input_ids=ids, max_new_tokens=64)
-        assert result.output_ids == smollm2_greedy(ids, 64), prompt
-        steps += result.accepted_per_step
+    steps = accepted_steps(engine, PROMPTS, smollm2_greedy)
     assert sum(steps) / len(steps) > 1.1
 
 
@@ -77,12 +83,7 @@ def test_int8_activation_ngram_equals_its_none_engine(smollm2_checkpoint, tmp_pa
         return
     assert ngram.manifest["lossless"] is True and ngram.lossless
     assert ngram.min_rows == none.min_rows == ngram.exactness.probe.min_rows
-    steps = []
-    for prompt in PROMPTS:
-        ids = none.codec.encode(prompt)
-        result = ngram.generate(input_ids=ids, max_new_tokens=96)
-        assert result.output_ids == none.generate(input_ids=ids, max_new_tokens=96).output_ids, prompt
-        steps += result.accepted_per_step
+    steps = accepted_steps(ngram, PROMPTS, greedy_of(none), max_new_tokens=96)
     assert max(steps) > 1
 
 
@@ -99,12 +100,7 @@ def test_int4_draft_target_equals_its_none_engine(smollm2_hf, tmp_path):
     options = BuildOptions(speculative_mode="draft-target", **common)
     draft = Engine(build_engine(ckpt, tmp_path / "dt", options, log=quiet))
     assert draft.drafter_settings.engine.manifest["weights"]["precision"] == "int4"
-    steps = []
-    for prompt in PROMPTS[:2]:
-        ids = none.codec.encode(prompt)
-        result = draft.generate(input_ids=ids, max_new_tokens=64)
-        assert result.output_ids == none.generate(input_ids=ids, max_new_tokens=64).output_ids, prompt
-        steps += result.accepted_per_step
+    steps = accepted_steps(draft, PROMPTS[:2], greedy_of(none))
     assert sum(steps) / len(steps) > 1.3
 
 
@@ -115,21 +111,11 @@ def test_lookahead_equals_transformers_and_its_int4_none_engine(smollm2_checkpoi
 
     options = BuildOptions(backends=ORT_ONLY, speculative_mode="lookahead", max_seq_len=512)
     engine = Engine(build_engine(smollm2_checkpoint, tmp_path / "fp32", options, log=quiet))
-    steps = []
-    for prompt in PROMPTS:
-        ids = engine.codec.encode(prompt)
-        result = engine.generate(input_ids=ids, max_new_tokens=64)
-        assert result.output_ids == smollm2_greedy(ids, 64), prompt
-        steps += result.accepted_per_step
+    steps = accepted_steps(engine, PROMPTS, smollm2_greedy)
     assert sum(steps) / len(steps) > 1.1
     common = dict(backends=ORT_ONLY, weights="int4", max_seq_len=512)
     none = Engine(build_engine(smollm2_checkpoint, tmp_path / "none4", BuildOptions(**common), log=quiet))
     options = BuildOptions(speculative_mode="lookahead", **common)
     lookahead = Engine(build_engine(smollm2_checkpoint, tmp_path / "lookahead4", options, log=quiet))
-    steps = []
-    for prompt in PROMPTS[:2]:
-        ids = none.codec.encode(prompt)
-        result = lookahead.generate(input_ids=ids, max_new_tokens=64)
-        assert result.output_ids == none.generate(input_ids=ids, max_new_tokens=64).output_ids, prompt
-        steps += result.accepted_per_step
+    steps = accepted_steps(lookahead, PROMPTS[:2], greedy_of(none))
     assert max(steps) > 1
