@@ -183,7 +183,7 @@ class Engine:
     # ------------------------------------------------------------------ generation
     def new_drafter(self, prompt: list[int], sampling: SamplingParams | None = None, options=None):
         """One sequence's drafter, built from the settings read at load (narrowed by the request's drafting
-        `options`, e.g. a smaller lookahead window: Drafter.narrowed)."""
+        `options`, e.g. a smaller window: Drafter.narrowed)."""
         return self.drafter_class(self.drafting_settings(options), prompt, sampling)
 
     def drafting_settings(self, options=None):

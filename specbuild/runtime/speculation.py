@@ -171,7 +171,9 @@ class Shape:
 
     @classmethod
     def of(cls, proposal) -> Shape:
-        depth = int(proposal.offsets.max()) if proposal.size else 0
+        """depth: of the deepest root-to-leaf path, the drafts verified (rows on no path, e.g. a Jacobi window, only
+        cost)."""
+        depth = int((proposal.paths[0] >= 0).sum(-1).max()) - 1 if proposal.size else 0
         return cls(proposal.size, depth, depth == proposal.size - 1)
 
     def verified(self, tokens: int) -> int:

@@ -155,7 +155,7 @@ def _request(body: dict, engine, ids: list[int], prompt_param: str, chat: bool, 
 
 
 def _draft_options(options, engine) -> dict | None:
-    """The extension field draft_options: {name: value} the engine's drafter accepts (e.g. a smaller lookahead)."""
+    """The extension field draft_options: {name: value} the engine's drafter accepts (e.g. a smaller window)."""
     if options is None:
         return None
     if not isinstance(options, dict):

@@ -130,6 +130,16 @@ def test_the_window_warms_up_then_feeds_the_pool_and_shifts():
     assert d.levels == [[21, 22], [30, 31, 32], [40, 41, 42]]  # shifted by one position
 
 
+def test_the_cost_model_counts_the_window_rows_but_not_as_drafts():
+    from specbuild.runtime.speculation import Shape
+
+    d = drafter(3, 3, 2, [5, 6, 7, 5, 6, 8], pool="prompt")
+    p = d.propose(step([5]))
+    p = d.propose(step([5], top=[1] * p.size))  # two 2-token guesses sharing their 6, then the window's 2 + 3 cells
+    assert p.size == 1 + 3 + 5 and p.offsets.max() == 3  # the window reaches further than any guess
+    assert Shape.of(p) == Shape(9, 2, False)  # verifying it may accept 2 drafts at most
+
+
 def test_a_call_cut_to_its_root_leaves_the_window_as_it_was():
     d = drafter(2, 3, 1, [1, 2])
     d.propose(step([5]))
