@@ -30,6 +30,8 @@ HOMONYMS = {
     ("input_ids", "specbuild/training/*.py"): "the Hugging Face tokenizer's output key",
     ("temperature", "specbuild/training/*.py"): "a training recipe key",
     ("window", "specbuild/inspect.py"): "the sliding-window attention field of inspect's checkpoint report",
+    ("window", "specbuild/plugins/lookahead/*.py"): "a lookahead setting (engine.yaml mode.drafter.window: W) and the "
+    "name of its window-only n-gram pool",
     ("temperature", "specbuild/serve/*.py"): "an OpenAI request field",
     ("top_p", "specbuild/serve/*.py"): "an OpenAI request field",
     ("top_k", "specbuild/serve/*.py"): "an OpenAI request field (an extension, as vLLM's)",
