@@ -5,7 +5,7 @@ interleaved per prompt. One lookahead engine built at the largest setting serves
 drafting options); every output is checked against `none`'s.
 
     scripts/sweep-lookahead.py --none e/none --lookahead e/la-max --ngram e/ngram --hf-dir hf \\
-        --prompts 16 --seed 98 1,3,2,context 2,3,2,context 4,3,4,window
+        --prompts 16 --seed 98 1,3,2,context,10 1,3,2,context,0 4,3,4,window,0
 
 Needs `specbuild[build]` (the fresh prompts come from the training prompt builders)."""
 
@@ -49,12 +49,14 @@ def main():
     parser.add_argument("--kind", help="only prompts of this kind (chat, chatcode, code, stub)")
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("settings", nargs="+", help="W,N,G,POOL (POOL: window, prompt or context)")
+    parser.add_argument("settings", nargs="+", help="W,N,G,POOL[,L] (POOL: window, prompt or context; L: lookup)")
     args = parser.parse_args()
     settings = []
     for text in args.settings:
-        w, n, g, pool = text.split(",")
-        settings.append({"window": int(w), "ngram": int(n), "guesses": int(g), "pool": pool})
+        w, n, g, pool, *lookup = text.split(",")
+        settings.append(
+            {"window": int(w), "ngram": int(n), "guesses": int(g), "pool": pool, "lookup": int(*lookup or [0])}
+        )
     kinds = 4  # fresh_prompts interleaves chat, chatcode, code, stub
     count = args.prompts * (kinds if args.kind else 1)
     prompts = fresh_prompts(args.hf_dir, "/nonexistent", count, seed=args.seed, corpus_dir=args.corpus_dir)
@@ -82,7 +84,7 @@ def main():
     if ngram_rows:
         print(f"ngram: {summary(ngram_rows, base)}")
     for i, options in enumerate(settings):
-        name = f"W {options['window']} N {options['ngram']} G {options['guesses']} pool {options['pool']}"
+        name = " ".join(f"{key} {value}" for key, value in options.items())
         print(f"{name}: {summary(results[i], base)}", flush=True)
 
 

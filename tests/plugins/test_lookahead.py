@@ -1,6 +1,7 @@
 """Lookahead mode: each call's rows against their definition (mask, positions, paths) for several (W, N, G), the
-window's Jacobi update and the pool, exact greedy ids on tiny models of every shape at fp32 and int4, the base
-distribution when sampling, and bad settings refused before any work."""
+window's Jacobi update and the pool, the context's continuation (lookup) and the window it leaves out, exact greedy
+ids on tiny models of every shape at fp32 and int4, the base distribution when sampling, and bad settings refused
+before any work."""
 
 import itertools
 
@@ -10,7 +11,7 @@ import pytest
 from specbuild import engine_format as ef
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.lookahead import step_rows
+from specbuild.plugins.lookahead import DEFAULT_LOOKUP, step_rows
 from specbuild.plugins.lookahead.drafter import LookaheadDrafter, NgramPool
 from specbuild.runtime.drafter import StepResult
 from specbuild.runtime.engine import Engine
@@ -24,8 +25,10 @@ PROMPTS = [[1, 5, 9, 3, 7, 5, 9, 3], [1, 4], [1, 11, 10, 6, 2, 8, 3, 11, 10]]
 SETTINGS = [(1, 1, 0), (2, 2, 1), (3, 2, 2), (4, 3, 4), (2, 4, 3), (5, 3, 0), (1, 3, 2)]
 
 
-def drafter(w, n, g, prompt=(), pool="window"):
+def drafter(w, n, g, prompt=(), pool="window", lookup=None):
     fields = {"window": w, "ngram": n, "guesses": g, "pool": pool}
+    if lookup is not None:  # engines written before the key existed have none: no lookup
+        fields["lookup"] = lookup
     return LookaheadDrafter(LookaheadDrafter.read_settings({"mode": {"drafter": fields}}), list(prompt))
 
 
@@ -139,6 +142,33 @@ def test_the_cost_model_counts_the_window_rows_but_not_as_drafts():
     assert Shape.of(p) == Shape(9, 2, False)  # verifying it may accept 2 drafts at most
 
 
+def test_step_rows_hold_the_window_or_the_lookup_never_both():
+    assert step_rows(4, 3, 4) == 1 + 3 + 4 + 8 == step_rows(4, 3, 4, 7)  # the window's 7 cells or 7 copied tokens
+    assert step_rows(1, 3, 2, 10) == 1 + 10 + 4
+    assert step_rows(1, 1, 0, 5) == 6 and step_rows(1, 1, 0) == 1
+
+
+def test_a_call_with_the_contexts_continuation_verifies_it_with_the_pool_and_leaves_the_window_out():
+    prompt = [4, 5, 6, 4, 5, 7, 1, 4, 5]
+    d = drafter(2, 3, 2, prompt, pool="prompt", lookup=3)
+    levels = [list(x) for x in d.levels]
+    # the context ends 4, 5, 7: (4, 5, 7) occurred at 3, followed by 1, 4, 5 (a 3-token match: 3 copied tokens);
+    # the pool's guess for 7, (1, 4) from the prompt's (7, 1, 4), shares their prefix
+    p = d.propose(step([7]))
+    assert p.tokens.tolist() == [[7, 1, 4, 5]] and p.offsets.tolist() == [0, 1, 2, 3]
+    assert p.paths[0].tolist() == [[0, 1, 2, 3]] and p.mask[0].tolist() == np.tril(np.ones((4, 4), bool)).tolist()
+    assert p.size <= step_rows(2, 3, 2, 3)
+    # accepted 1, 4 and the bonus 9: (4, 9) never occurred, so no copy: the window is back, as it was
+    p = d.propose(step([1, 4, 9], top=[0, 0, 0, 0]))
+    assert d.levels == levels
+    assert p.size == 2 and p.tokens[0, 1] == levels[0][0] and p.paths[0].tolist() == [[0]]
+    short = drafter(2, 3, 0, prompt, pool="window", lookup=2)  # at most L copied tokens
+    assert short.propose(step([7])).tokens.tolist() == [[7, 1, 4]]
+    one = drafter(2, 3, 0, [4, 9, 1, 5], pool="window", lookup=8)  # as many as matched: a 1-token match, one token
+    assert one.propose(step([9])).tokens.tolist() == [[9, 1]]
+    assert drafter(2, 1, 0, prompt, lookup=3).propose(step([7])).tokens.tolist() == [[7, 1, 4, 5]]  # N 1: copy only
+
+
 def test_a_call_cut_to_its_root_leaves_the_window_as_it_was():
     d = drafter(2, 3, 1, [1, 2])
     d.propose(step([5]))
@@ -165,12 +195,13 @@ def test_the_pool_keeps_the_most_recent_distinct_ngrams_per_key():
 
 
 def test_host_work_does_not_grow_with_the_context():
-    d = drafter(4, 3, 4, list(range(2000)), pool="context")
+    d = drafter(4, 3, 4, list(range(2000)) * 2, pool="context", lookup=16)
     p = d.propose(step([5]))
     for i in range(50):
         p = d.propose(step([i % 7], top=list(range(p.size))))
-        assert p.size <= step_rows(4, 3, 4)
-    assert sum(len(v) for v in d.pool._entries.values()) <= 2000 + 50 * 4
+        assert p.size <= step_rows(4, 3, 4, 16)
+    assert sum(len(v) for v in d.pool._entries.values()) <= 4000 + 50 * 4
+    assert sum(len(v) for v in d.index._starts.values()) == 3 * (4000 + 51) - 3  # n-grams of 1..3 per token
 
 
 @pytest.fixture(scope="module")
@@ -194,16 +225,23 @@ def test_greedy_equals_base_model(toy_lookahead, shape):
     model, eng, _ = toy_lookahead[shape]
     engine = Engine(eng, threads=1)
     assert engine.manifest["lossless"] is True
-    assert engine.manifest["mode"]["drafter"] == {"window": 3, "ngram": 3, "guesses": 3, "pool": "context"}
-    accepted = []
-    for ids in PROMPTS:
-        chunks = []
-        result = engine.generate(input_ids=ids, max_new_tokens=40, stream=chunks.append)
-        assert result.output_ids == hf_greedy(model, ids, 40)
-        assert sum(chunks, []) == result.output_ids
-        accepted += result.accepted_per_step
-    assert np.mean(accepted) > 1.2  # guesses really get accepted
-    assert max(accepted) <= 3  # at most N - 1 guessed tokens + the bonus
+    assert engine.manifest["mode"]["drafter"] == {
+        "window": 3,
+        "ngram": 3,
+        "guesses": 3,
+        "lookup": DEFAULT_LOOKUP,
+        "pool": "context",
+    }
+    for options, most in (({}, DEFAULT_LOOKUP + 1), ({"lookup": 0}, 3)):  # with and without the context's copy
+        accepted = []
+        for ids in PROMPTS:
+            chunks = []
+            result = engine.generate(input_ids=ids, max_new_tokens=40, stream=chunks.append, draft_options=options)
+            assert result.output_ids == hf_greedy(model, ids, 40)
+            assert sum(chunks, []) == result.output_ids
+            accepted += result.accepted_per_step
+        assert np.mean(accepted) > 1.2, options  # guesses really get accepted
+        assert max(accepted) <= most  # at most N - 1 guessed (or L copied) tokens + the bonus
 
 
 def test_int4_equals_the_int4_none_engine(tmp_path):
@@ -232,6 +270,8 @@ def test_bad_settings_are_refused_before_any_work(toy_lookahead, tmp_path):
         (dict(lookahead_ngram=17), "--lookahead-ngram 17 is invalid: expected at most 16"),
         (dict(lookahead_window=40, lookahead_ngram=14, lookahead_guesses=2), "verify 546 tokens per step: at most 512"),
         (dict(lookahead_pool="all"), "--lookahead-pool must be one of window, prompt, context, got 'all'"),
+        (dict(lookahead_lookup=-1), "--lookahead-lookup -1 is invalid"),
+        (dict(lookahead_lookup=65), "--lookahead-lookup 65 is invalid: expected at most 64"),
         (dict(num_draft_tokens=3), "--num-draft-tokens does not apply to --speculative-mode lookahead"),
     ]
     for settings, message in cases:
@@ -246,6 +286,8 @@ def test_engine_yaml_settings_are_checked_when_the_engine_loads():
         drafter(2, 3, -2)
     with pytest.raises(SpecbuildError, match="field mode.drafter.pool must be one of window, prompt, context, got 'y'"):
         drafter(2, 3, 1, pool="y")
+    with pytest.raises(SpecbuildError, match="field mode.drafter.lookup must be an integer >= 0, got 'x'"):
+        drafter(2, 3, 1, lookup="x")
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (1.5, 4, 0.9)])
@@ -269,19 +311,25 @@ def test_a_request_may_ask_for_a_smaller_setting_than_the_built_one(toy_lookahea
     engine = Engine(eng, threads=1)
     ids = PROMPTS[2]
     want = hf_greedy(model, ids, 30)
-    for options in ({"window": 2, "ngram": 2, "guesses": 1}, {"window": 1, "ngram": 1, "guesses": 0}, {"ngram": 3}):
+    smaller = (
+        {"window": 2, "ngram": 2, "guesses": 1, "lookup": 2},
+        {"window": 1, "ngram": 1, "guesses": 0, "lookup": 0},
+    )
+    for options in (*smaller, {"ngram": 3}):
         result = engine.generate(input_ids=ids, max_new_tokens=30, draft_options=options)
         assert result.output_ids == want, options
         if options["ngram"] == 1:
-            assert set(result.accepted_per_step) == {1}  # (1, 1, 0): plain decoding
-    plain = engine.generate(input_ids=ids, max_new_tokens=30, draft_options={"pool": "window", "guesses": 0})
+            assert set(result.accepted_per_step) == {1}  # (1, 1, 0, 0): plain decoding
+    window_only = {"pool": "window", "guesses": 0, "lookup": 0}
+    plain = engine.generate(input_ids=ids, max_new_tokens=30, draft_options=window_only)
     assert plain.output_ids == want and set(plain.accepted_per_step) == {1}  # nothing to verify without guesses
     cases = [
         ({"window": 4}, "drafting option window must be an integer from 1 to 3 \\(the engine's\\), got 4"),
         ({"guesses": -1}, "drafting option guesses must be an integer from 0 to 3"),
         ({"ngram": True}, "drafting option ngram must be an integer from 1 to 3"),
+        ({"lookup": DEFAULT_LOOKUP + 1}, f"drafting option lookup must be an integer from 0 to {DEFAULT_LOOKUP}"),
         ({"pool": "no"}, "drafting option pool must be one of window, prompt, context, got 'no'"),
-        ({"depth": 2}, "drafting option 'depth' is not one of window, ngram, guesses, pool"),
+        ({"depth": 2}, "drafting option 'depth' is not one of window, ngram, guesses, lookup, pool"),
     ]
     for options, message in cases:
         with pytest.raises(SpecbuildError, match=message):

@@ -26,15 +26,15 @@ def drafter(max_n=3, num_draft=4, candidates=1, draft_length=None):
 
 def observed(d, tokens):
     """The drafter after the sequence grew to `tokens` (a continuation of what it saw)."""
-    d.observe(tokens[len(d.tokens) :])
+    d.index.observe(tokens[len(d.index.tokens) :])
     return d
 
 
 def test_lookup_continues_the_longest_suffix_ngram():
     d = drafter(max_n=3, num_draft=3)
     # suffix (7, 8) occurs at 1 and 5; the 3-gram (6, 7, 8) only at 4 -> the longest match wins
-    seq = observed(d, [1, 7, 8, 2, 6, 7, 8, 9, 6, 7, 8])
-    assert d.continuations(seq.tokens) == [[9, 6, 7]]
+    observed(d, [1, 7, 8, 2, 6, 7, 8, 9, 6, 7, 8])
+    assert d.continuations() == [[9, 6, 7]]
     proposal = d.draft()
     assert proposal.tokens.tolist() == [[8, 9, 6, 7]]
     assert proposal.offsets.tolist() == [0, 1, 2, 3]
@@ -44,23 +44,11 @@ def test_lookup_continues_the_longest_suffix_ngram():
 
 def test_no_match_proposes_the_root_alone_and_partial_continuations_are_kept():
     d = drafter(max_n=2, num_draft=5)
-    seq = observed(d, [1, 2, 3])
-    assert d.continuations(seq.tokens) == []
+    observed(d, [1, 2, 3])
+    assert d.continuations() == []
     assert d.draft().tokens.tolist() == [[3]]
-    seq = observed(d, [1, 2, 3, 2])  # 2 occurred once before, followed by 3, 2 (two tokens only)
-    assert d.continuations(seq.tokens) == [[3, 2]]
-
-
-def test_the_longest_match_wins_then_the_most_recent():
-    # the suffix 2-gram (3, 4) occurred at 1, 5 and 9; only the occurrence at 1 also agrees on the token before (7)
-    tokens = [7, 3, 4, 1, 9, 3, 4, 2, 0, 3, 4, 8, 7, 3, 4]
-    d = drafter(max_n=2, num_draft=2)
-    assert d.matches(observed(d, tokens).tokens) == [(3, 3), (2, 11), (2, 7)]  # (match length, continuation start)
-    assert d.continuations(tokens) == [[1, 9]]
-    tokens[0] = 6  # now every occurrence matches 2 tokens: the most recent first
-    d = drafter(max_n=2, num_draft=2)
-    assert d.matches(observed(d, tokens).tokens) == [(2, 11), (2, 7), (2, 3)]
-    assert d.continuations(tokens) == [[8, 7]]
+    observed(d, [1, 2, 3, 2])  # 2 occurred once before, followed by 3, 2 (two tokens only)
+    assert d.continuations() == [[3, 2]]
 
 
 def test_match_drafts_as_many_tokens_as_the_context_matched():
@@ -68,21 +56,21 @@ def test_match_drafts_as_many_tokens_as_the_context_matched():
     d = drafter(max_n=3, num_draft=6, draft_length="match")
     seq = observed(d, tokens)
     # (3, 4, 5) recurs: the match runs back over 2 -> 4 tokens (2, 3, 4, 5): four drafts after it
-    assert d.matches(seq.tokens)[0] == (4, 5)
-    assert d.continuations(seq.tokens) == [[6, 7, 8, 9]]
+    assert seq.index.matches()[0] == (4, 5)
+    assert d.continuations() == [[6, 7, 8, 9]]
     assert d.draft().tokens.tolist() == [[5, 6, 7, 8, 9]]
     fixed = drafter(max_n=3, num_draft=6, draft_length="fixed")
-    assert fixed.continuations(observed(fixed, tokens).tokens) == [[6, 7, 8, 9, 0, 5]]
+    assert observed(fixed, tokens).continuations() == [[6, 7, 8, 9, 0, 5]]
     short = drafter(max_n=3, num_draft=6, draft_length="match")
     seq = observed(short, [4, 9, 1, 4])  # a one-token match: one draft
-    assert short.continuations(seq.tokens) == [[9]]
+    assert short.continuations() == [[9]]
     capped = drafter(max_n=3, num_draft=2, draft_length="match")
-    assert capped.continuations(observed(capped, tokens).tokens) == [[6, 7]]  # never more than num_draft_tokens
+    assert observed(capped, tokens).continuations() == [[6, 7]]  # never more than num_draft_tokens
 
 
 def test_engines_without_a_draft_length_draft_the_fixed_number_and_bad_values_are_refused():
     d = drafter(max_n=1, num_draft=3)  # an engine.yaml written before draft_length existed
-    assert d.continuations(observed(d, [4, 9, 1, 4]).tokens) == [[9, 1, 4]]
+    assert observed(d, [4, 9, 1, 4]).continuations() == [[9, 1, 4]]
     with pytest.raises(SpecbuildError, match="mode.drafter.draft_length must be one of match, fixed, got 'long'"):
         drafter(draft_length="long")
     with pytest.raises(SpecbuildError, match="field mode.drafter.max_ngram_size must be an integer >= 1, got 0"):
@@ -93,24 +81,16 @@ def test_engines_without_a_draft_length_draft_the_fixed_number_and_bad_values_ar
 
 def test_candidates_merge_by_shared_prefix_into_one_tree():
     d = drafter(max_n=1, num_draft=3, candidates=3)
-    seq = observed(d, [5, 1, 2, 5, 1, 3, 5, 4, 4, 5])
-    assert d.continuations(seq.tokens) == [[4, 4, 5], [1, 3, 5], [1, 2, 5]]  # equal matches: most recent first
+    observed(d, [5, 1, 2, 5, 1, 3, 5, 4, 4, 5])
+    assert d.continuations() == [[4, 4, 5], [1, 3, 5], [1, 2, 5]]  # equal matches: most recent first
     p = d.draft()
     tokens = p.tokens[0].tolist()
     assert tokens[0] == 5 and sorted(tokens[1:]) == sorted([1, 2, 5, 3, 5, 4, 4, 5])  # (1) shared: 8 drafts
     assert p.size == 9
     for path in p.paths[0]:  # every root-to-leaf path spells one continuation
         nodes = [n for n in path.tolist() if n >= 0]
-        assert [tokens[n] for n in nodes[1:]] in d.continuations(seq.tokens)
+        assert [tokens[n] for n in nodes[1:]] in d.continuations()
         assert p.offsets[nodes].tolist() == list(range(len(nodes)))
-
-
-def test_the_index_grows_by_the_new_tokens_only():
-    d = drafter()
-    observed(d, list(range(50)))
-    before = sum(len(v) for v in d._starts.values())
-    d.observe([7, 8])
-    assert sum(len(v) for v in d._starts.values()) - before == 2 * 3  # two tokens, n-grams of 1..3 ending there
 
 
 @pytest.fixture(scope="module")

@@ -7,29 +7,38 @@ row's argmax (ef.ROW_TOP_TOKENS), from which the drafter advances the window."""
 
 from specbuild.plugins.spec import HOST_DRAFTED, ModeOption, ModeSpec
 
-# the defaults, chosen by measured speed (SmolLM2-135M, 2 CPU threads, fp32, fresh prompts: never the benchmark's):
-# every verified row costs ~9 % of a one-token step there, so the cheapest window (one column) with the context's
-# n-grams in the pool was fastest -- W 1, N 3, G 2: 1.50x `none` on two mixed sets, 1.18x on chat; TensorRT-LLM's
-# W 4, N 3, G 4 (LADE's window-only pool): 0.90x (docs/benchmarks/2026-11-27-run-U-lookahead.md). engine.yaml
-# records the built values.
+# the defaults, chosen by measured speed (SmolLM2-135M, 2 CPU threads, fp32, scripts/sweep-lookahead.py on fresh
+# prompts: never the benchmark's): a verified row costs ~7 % of a one-token step there and the window's n-grams are
+# rarely accepted, so the cheapest window (one column) wins, with the context's continuation (lookup, below) and the
+# context's n-grams in the pool -- W 1, N 3, G 1, L 10: 1.46-1.88x `none` on three chat sets and a mixed one, within
+# 4 % of prompt lookup's speed with a higher tau (without the lookup, W 1, N 3, G 2: 1.32x on the first chat set;
+# TensorRT-LLM's W 4, N 3, G 4 with LADE's window-only pool: 0.90x in run U's sweep)
+# (docs/benchmarks/2026-11-27-run-V-lookahead-lookup.md). engine.yaml records the built values.
 DEFAULT_WINDOW = 1
 DEFAULT_NGRAM = 3
-DEFAULT_GUESSES = 2
+DEFAULT_GUESSES = 1
 # what feeds the n-gram pool besides the window: nothing (LADE's default), the prompt's n-grams (LADE's
 # POOL_FROM_PROMPT), or the prompt's and every committed token's (the context so far)
 POOLS = ("window", "prompt", "context")
 DEFAULT_POOL = "context"
+# L: tokens of the context's own continuation (prompt lookup: what followed the longest earlier match of the latest
+# tokens, as many as matched, at most L) verified beside the pool's guesses; a call with such a continuation leaves
+# the window out (it would cost more rows than it gives there: measured). 0: the window and the pool alone (LADE's).
+DEFAULT_LOOKUP = 10
+LOOKUP_NGRAM = 3  # the longest suffix looked up in the context (prompt lookup's default)
+MAX_LOOKUP = 64
 MAX_NGRAM = 16  # bounds checked before any work
 MAX_WINDOW = 64
 MAX_GUESSES = 64
 
 
-def step_rows(window: int, ngram: int, guesses: int) -> int:
-    """Tokens one call verifies at (W, N, G), the root included: 1 + the window's (W - 1) + (N - 2) W cells + G guesses
-    of N - 1 tokens (TensorRT-LLM's max_draft_len + 1); N = 1 is plain decoding."""
+def step_rows(window: int, ngram: int, guesses: int, lookup: int = 0) -> int:
+    """Most tokens one call verifies at (W, N, G, L), the root included. Without the lookup: 1 + the window's (W - 1)
+    + (N - 2) W cells + G guesses of N - 1 tokens (TensorRT-LLM's max_draft_len + 1); N = 1 is plain decoding. A call
+    holds either the window or the lookup's continuation (at most L), never both."""
     if ngram <= 1:
-        return 1
-    return 1 + (window - 1) + (ngram - 2) * window + guesses * (ngram - 1)
+        return 1 + lookup
+    return 1 + max((window - 1) + (ngram - 2) * window, lookup) + guesses * (ngram - 1)
 
 
 MODE = ModeSpec(
@@ -55,6 +64,13 @@ MODE = ModeSpec(
             "lookahead_guesses",
             "int",
             f"lookahead: G, pool n-grams verified per step (and kept per first token; default {DEFAULT_GUESSES}).",
+            minimum=0,
+        ),
+        ModeOption(
+            "lookahead_lookup",
+            "int",
+            "lookahead: L, tokens of the context's continuation of its longest earlier match of the latest tokens "
+            f"verified with the pool's guesses; 0 = window and pool only (default {DEFAULT_LOOKUP}, measured).",
             minimum=0,
         ),
         ModeOption(

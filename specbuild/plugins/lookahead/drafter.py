@@ -6,6 +6,10 @@ Each call verifies, after the root (the current token, position p):
 - the lookahead branch: the window, N - 1 levels of guesses of future tokens. Row 0 is the root and level 0
   (columns 1..W-1, positions p + 1..p + W - 1, causal among themselves); level l >= 1 has W columns, column i at
   position p + i + l, seeing row 0 up to column i and column i of levels 1..l.
+With a lookup (L > 0), the verification branch also holds the context's own continuation: what followed the
+longest earlier match of the latest tokens in the prompt and the output (runtime/context_index.py), as many tokens
+as matched, at most L; a call that has one leaves the window out (there its rows cost more than they give: measured)
+and the window waits, unchanged, for the next call without one.
 The branches do not see each other; the window's rows lie on no path, so they are never accepted nor committed.
 The graph returns every row's argmax (ef.ROW_TOP_TOKENS). From the last level's, the window advances (Jacobi):
 while it has fewer than N - 1 levels (the first N - 2 steps) the argmaxes become a new level; then each column i
@@ -31,7 +35,8 @@ import numpy as np
 
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.lookahead import POOLS
+from specbuild.plugins.lookahead import LOOKUP_NGRAM, POOLS
+from specbuild.runtime.context_index import ContextIndex
 from specbuild.runtime.drafter import Drafter, Proposal, StepResult
 from specbuild.runtime.manifest import check_fields, integer, one_of
 
@@ -46,6 +51,7 @@ class LookaheadSettings:
     ngram: int  # N
     guesses: int  # G
     pool: str  # what feeds the pool besides the window (POOLS)
+    lookup: int = 0  # L: the context's continuation's most tokens (0: none; engines written before the key existed)
 
 
 class NgramPool:
@@ -78,6 +84,7 @@ class LookaheadDrafter(Drafter):
                 "window": integer(1),
                 "ngram": integer(1),
                 "guesses": integer(0),
+                "lookup": integer(0, optional=True),
                 "pool": one_of(POOLS),
             }
         }
@@ -87,27 +94,30 @@ class LookaheadDrafter(Drafter):
     def read_settings(cls, manifest: dict, source: str = "engine.yaml") -> LookaheadSettings:
         check_fields(manifest, cls.SCHEMA, source)
         fields = manifest["mode"]["drafter"]
-        return LookaheadSettings(fields["window"], fields["ngram"], fields["guesses"], fields["pool"])
+        sizes = (fields[key] for key in ("window", "ngram", "guesses"))
+        return LookaheadSettings(*sizes, fields["pool"], fields.get("lookup", 0))
 
     @classmethod
     def narrowed(cls, settings: LookaheadSettings, options: Mapping[str, Any]) -> LookaheadSettings:
-        """A request's own (w, n, g) <= the engine's (W, N, G) (as TensorRT-LLM's per-request lookahead config;
-        (1, 1, 0) is plain decoding), and its own pool (POOLS)."""
+        """A request's own (w, n, g, l) <= the engine's (W, N, G, L) (as TensorRT-LLM's per-request lookahead config;
+        (1, 1, 0, 0) is plain decoding), and its own pool (POOLS)."""
         fields = {}
         for name, value in options.items():
             if name == "pool":
                 if value not in POOLS:
                     raise SpecbuildError(f"drafting option pool must be one of {', '.join(POOLS)}, got {value!r}")
-            elif name in ("window", "ngram", "guesses"):
+            elif name in ("window", "ngram", "guesses", "lookup"):
                 built = getattr(settings, name)
-                lowest = 0 if name == "guesses" else 1
+                lowest = 0 if name in ("guesses", "lookup") else 1
                 if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= built:
                     raise SpecbuildError(
                         f"drafting option {name} must be an integer from {lowest} to {built} (the engine's), got "
                         f"{value!r}"
                     )
             else:
-                raise SpecbuildError(f"drafting option {name!r} is not one of window, ngram, guesses, pool (lookahead)")
+                raise SpecbuildError(
+                    f"drafting option {name!r} is not one of window, ngram, guesses, lookup, pool (lookahead)"
+                )
             fields[name] = value
         return dataclasses.replace(settings, **fields)
 
@@ -116,6 +126,8 @@ class LookaheadDrafter(Drafter):
         self.w, self.n, self.g = settings.window, settings.ngram, settings.guesses
         self.pool = NgramPool(self.g)
         prompt = [int(t) for t in prompt]
+        self.lookup = settings.lookup
+        self.index = ContextIndex(LOOKUP_NGRAM, prompt) if self.lookup > 0 else None
         if settings.pool != "window":  # earlier n-grams first: the most recent occurrence is kept
             for start in range(max(0, len(prompt) - self.n + 1)):
                 self.pool.add(prompt[start], tuple(prompt[start + 1 : start + self.n]))
@@ -136,13 +148,23 @@ class LookaheadDrafter(Drafter):
         if self.settings.pool == "context" and self.n > 1:
             self._observe(step.tokens)
         root = step.tokens[-1]
-        if self.n <= 1:
-            return Proposal.root(root)
-        guesses = self.pool.get(root)[: self.g]
-        verify = Proposal.from_continuations(root, guesses)
+        copied = self._looked_up(step.tokens)
+        guesses = self.pool.get(root)[: self.g] if self.n > 1 else []
+        verify = Proposal.from_continuations(root, [*copied, *guesses])
+        if copied or self.n <= 1:
+            self._size = verify.size
+            return verify
         proposal, self._last_level_rows = self._with_window(verify)
         self._root, self._size = root, proposal.size
         return proposal
+
+    def _looked_up(self, accepted: list[int]) -> list[list[int]]:
+        """The context's continuation of its longest earlier match of the latest tokens (at most L, as many tokens
+        as matched), or none."""
+        if self.index is None:
+            return []
+        self.index.observe(accepted)
+        return self.index.continuations(lambda matched: min(self.lookup, matched))
 
     def _observe(self, accepted: list[int]) -> None:
         """The n-grams that end at the newly committed tokens go to the pool."""

@@ -1,7 +1,7 @@
 """The lookahead mode's graph side: the step graph verifies the pool's guesses the runtime's drafter proposes
 (tokens, mask, positions and paths are inputs, as for n-gram trees) and returns every row's argmax
 (ef.ROW_TOP_TOKENS): the window's next level. The window rows lie on no path, so they are never accepted and their
-KV is never committed. (W, N, G) are checked before any work and recorded in engine.yaml."""
+KV is never committed. (W, N, G, L) are checked before any work and recorded in engine.yaml."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ from specbuild.errors import SpecbuildError
 from specbuild.plugins.base import DraftContext, ModePlugin, OutputSpec
 from specbuild.plugins.lookahead import (
     DEFAULT_GUESSES,
+    DEFAULT_LOOKUP,
     DEFAULT_NGRAM,
     DEFAULT_POOL,
     DEFAULT_WINDOW,
     MAX_GUESSES,
+    MAX_LOOKUP,
     MAX_NGRAM,
     MAX_WINDOW,
     POOLS,
@@ -39,16 +41,17 @@ class LookaheadPlugin(ModePlugin):
         w = pick("lookahead_window", DEFAULT_WINDOW, MAX_WINDOW)
         n = pick("lookahead_ngram", DEFAULT_NGRAM, MAX_NGRAM)
         g = pick("lookahead_guesses", DEFAULT_GUESSES, MAX_GUESSES)
+        lookup = pick("lookahead_lookup", DEFAULT_LOOKUP, MAX_LOOKUP)
         pool = getattr(options, "lookahead_pool", None) or DEFAULT_POOL
         if pool not in POOLS:
             raise SpecbuildError(f"--lookahead-pool must be one of {', '.join(POOLS)}, got {pool!r}")
-        rows = step_rows(w, n, g)
+        rows = step_rows(w, n, g, lookup)
         if rows > MAX_TREE_SIZE:
             raise SpecbuildError(
-                f"--lookahead-window {w}, --lookahead-ngram {n}, --lookahead-guesses {g} verify {rows} tokens per "
-                f"step: at most {MAX_TREE_SIZE}"
+                f"--lookahead-window {w}, --lookahead-ngram {n}, --lookahead-guesses {g}, --lookahead-lookup {lookup} "
+                f"verify {rows} tokens per step: at most {MAX_TREE_SIZE}"
             )
-        return {"window": w, "ngram": n, "guesses": g, "pool": pool, "tokens_per_step": rows}
+        return {"window": w, "ngram": n, "guesses": g, "lookup": lookup, "pool": pool, "tokens_per_step": rows}
 
     def __init__(self, checkpoint, net, settings):
         super().__init__()
@@ -76,6 +79,7 @@ class LookaheadPlugin(ModePlugin):
                 "window": s["window"],
                 "ngram": s["ngram"],
                 "guesses": s["guesses"],
+                "lookup": s["lookup"],
                 "pool": s["pool"],
             }
         }
