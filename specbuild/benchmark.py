@@ -228,7 +228,11 @@ class OrtGenAITimer:
         steps = accepted = 0
         if self.ngram:
             stats = gen.get_speculative_stats()
-            steps = int(stats.get("target_forward_passes", 0))
+            # its decode calls: those of speculative rounds (verify and re-anchor) and the plain steps it fell back
+            # to where no n-gram matched (target_forward_passes alone leaves those out: a τ above its draft length),
+            # less the prompt's call, which it counts as a fallback step
+            calls = int(stats.get("target_forward_passes", 0)) + int(stats.get("standard_fallback_steps", 0))
+            steps = max(calls - 1, 0)
             accepted = len(out) - 1 if steps else 0
         return Sample(out, steps, accepted, total, ttft or total, decode_engine_s=0.0)
 

@@ -85,6 +85,8 @@ def test_ort_genai_peer_rows_are_greedy_and_its_ngram_is_lossless(tiny_hf_models
             sample = OrtGenAITimer(tmp_path / "genai", threads=1, ngram=ngram).sample(ids, 24)
             assert sample.output_ids == want, ngram
             assert sample.total_s > 0 and sample.ttft_s <= sample.total_s
+            if ngram:  # a call emits at most its drafts + 1 (its plain fallback steps count; a re-anchor emits none)
+                assert sample.accepted == 23 <= (1 + OrtGenAITimer.NGRAM["max_draft_tokens"]) * sample.steps
     with pytest.raises(SpecbuildError, match="not an ONNX Runtime GenAI model directory"):
         OrtGenAITimer(hf, threads=1)
 
