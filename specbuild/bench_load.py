@@ -198,7 +198,7 @@ class OpenVINOLoad:
     `openvino-genai` package and an OpenVINO model directory (see benchmark.OpenVINOTimer)."""
 
     def __init__(self, model_dir, threads: int | None, max_num_seqs: int, max_new_tokens: int):
-        from specbuild.benchmark import import_openvino
+        from specbuild.benchmark import import_openvino, openvino_compute
 
         model_dir, ov, ov_genai = import_openvino(model_dir)
         scheduler_config = ov_genai.SchedulerConfig()
@@ -214,7 +214,7 @@ class OpenVINOLoad:
         self.config.do_sample = False
         self.max_new_tokens = max_new_tokens
         self.ov, self.status = ov, ov_genai.GenerationStatus
-        self.label = f"OpenVINO GenAI CB {model_dir.name}"
+        self.label = f"OpenVINO GenAI CB {model_dir.name}{openvino_compute(ov)}"
         self._next_id = 0
         self._live: list[dict] = []
 

@@ -251,6 +251,17 @@ def import_openvino(model_dir):
     return model_dir, ov, ov_genai
 
 
+def openvino_compute(ov) -> str:
+    """' (bf16 compute)' where OpenVINO's CPU plugin computes below f32 by default (its INFERENCE_PRECISION_HINT is
+    bf16 on CPUs with AVX-512 BF16 or AMX, whatever the model's weights): a row label must say so, its output then
+    differs from fp32 greedy; '' otherwise."""
+    try:
+        precision = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+    except Exception:  # noqa: BLE001 - an OpenVINO without the property: label as before
+        return ""
+    return "" if precision == "f32" else f" ({precision} compute)"
+
+
 class OpenVINOTimer:
     """OpenVINO GenAI's LLMPipeline (what an Intel/AMD CPU user would also run) on the same ids: greedy, or with its
     prompt lookup (`num_assistant_tokens` 5, `max_ngram_size` 3, its documented example). Needs the `openvino-genai`
@@ -269,7 +280,8 @@ class OpenVINOTimer:
             self.pipe = ov_genai.LLMPipeline(str(model_dir), "CPU", **properties)
         except Exception as exc:  # noqa: BLE001 - OpenVINO raises RuntimeError for unreadable models
             raise SpecbuildError(f"{model_dir}: OpenVINO GenAI cannot load it ({exc})") from None
-        self.label = f"OpenVINO GenAI {model_dir.name}" + (" prompt lookup" if prompt_lookup else "")
+        lookup = " prompt lookup" if prompt_lookup else ""
+        self.label = f"OpenVINO GenAI {model_dir.name}{lookup}{openvino_compute(ov)}"
 
     def sample(self, ids: list[int], max_new_tokens: int) -> Sample:
         config = self.ov_genai.GenerationConfig()

@@ -169,6 +169,8 @@ def _fake_openvino(monkeypatch, calls):
     )
     ov = types.ModuleType("openvino")
     ov.Tensor = lambda array: types.SimpleNamespace(ids=array.tolist(), dtype=array.dtype)
+    hint = types.SimpleNamespace(get_type_name=lambda: "bf16")  # a CPU with AVX-512 BF16: OpenVINO computes in bf16
+    ov.Core = lambda: types.SimpleNamespace(get_property=lambda device, name: hint)
     monkeypatch.setitem(sys.modules, "openvino_genai", genai)
     monkeypatch.setitem(sys.modules, "openvino", ov)
 
@@ -185,6 +187,7 @@ def test_openvino_continuous_batching_runs_the_same_closed_loop(tmp_path, monkey
     assert device == "CPU" and properties == {"INFERENCE_NUM_THREADS": 2}
     assert scheduler["max_num_seqs"] == 4 and scheduler["dynamic_split_fuse"] is True
     assert [a[2] for a in adds] == [[p] for p in PROMPTS[:5]] and {a[3:] for a in adds} == {(3, False)}
+    assert peer.label == f"OpenVINO GenAI CB {tmp_path.name} (bf16 compute)"  # not fp32 greedy: the row says so
     assert run.most_in_flight == 2 and all(len(r.output_ids) == 3 for r in run.done)
     assert run.done[0].output_ids == [1, 2, 3] and run.done[2].output_ids == [4, 5, 6]  # joined when one left
     assert all(0 <= r.ttft_s <= r.last_token_s <= r.latency_s for r in run.done)
