@@ -165,3 +165,19 @@ class ModePlugin(nn.Module):
     def max_new_tokens_per_step(self) -> int:
         tree = self.tree()
         return tree.size if tree is not None else 1
+
+
+class HostDraftedPlugin(ModePlugin):
+    """A mode whose runtime drafter proposes each call's tokens and tree (inputs of the step graph, no static tree):
+    its settings are what check_options resolved, with at most settings["tokens_per_step"] tokens a call."""
+
+    def __init__(self, checkpoint, net, settings):
+        super().__init__()
+        self.checkpoint = checkpoint
+        self.settings = settings
+
+    def tree(self):
+        return None  # the runtime's drafter gives each call's tokens and tree
+
+    def max_new_tokens_per_step(self) -> int:
+        return self.settings["tokens_per_step"]

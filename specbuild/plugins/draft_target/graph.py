@@ -15,7 +15,7 @@ from specbuild import engine_format as ef
 from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.model_config import ModelConfig
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.base import ModePlugin
+from specbuild.plugins.base import HostDraftedPlugin
 from specbuild.plugins.draft_target import DRAFT_ENGINE_DIR, DRAFT_VOCAB_TENSOR, MODE
 from specbuild.tree import MAX_TREE_SIZE
 
@@ -38,14 +38,9 @@ class DraftCheckpoint(Checkpoint):
         raise SpecbuildError(f"{self.path}: a draft model has no heads")
 
 
-class DraftTargetPlugin(ModePlugin):
+class DraftTargetPlugin(HostDraftedPlugin):
     name = MODE.name
     draft_probabilities = True
-
-    def __init__(self, checkpoint, net, settings):
-        super().__init__()
-        self.checkpoint = checkpoint
-        self.settings = settings
 
     @classmethod
     def check_options(cls, checkpoint, options) -> dict:
@@ -82,12 +77,6 @@ class DraftTargetPlugin(ModePlugin):
 
     def chain_drafts(self) -> bool:
         return True
-
-    def tree(self):
-        return None  # the runtime's drafter gives each call's chain
-
-    def max_new_tokens_per_step(self) -> int:
-        return self.settings["tokens_per_step"]
 
     def manifest(self) -> dict:
         s = self.settings

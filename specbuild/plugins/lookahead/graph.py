@@ -8,7 +8,7 @@ from __future__ import annotations
 from specbuild import engine_format as ef
 from specbuild.builder.acceptance import top_token
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.base import DraftContext, ModePlugin, OutputSpec
+from specbuild.plugins.base import DraftContext, HostDraftedPlugin, OutputSpec
 from specbuild.plugins.lookahead import (
     DEFAULT_GUESSES,
     DEFAULT_LOOKUP,
@@ -25,7 +25,7 @@ from specbuild.plugins.lookahead import (
 from specbuild.tree import MAX_TREE_SIZE
 
 
-class LookaheadPlugin(ModePlugin):
+class LookaheadPlugin(HostDraftedPlugin):
     name = "lookahead"
 
     @classmethod
@@ -52,19 +52,6 @@ class LookaheadPlugin(ModePlugin):
                 f"verify {rows} tokens per step: at most {MAX_TREE_SIZE}"
             )
         return {"window": w, "ngram": n, "guesses": g, "lookup": lookup, "pool": pool, "tokens_per_step": rows}
-
-    def __init__(self, checkpoint, net, settings):
-        super().__init__()
-        self.settings = settings
-
-    def tree(self):
-        return None  # the runtime's drafter gives each call's rows
-
-    def chain_drafts(self) -> bool:
-        return False
-
-    def max_new_tokens_per_step(self) -> int:
-        return self.settings["tokens_per_step"]
 
     def draft_outputs(self) -> list[OutputSpec]:
         return [*super().draft_outputs(), OutputSpec(ef.ROW_TOP_TOKENS, "int64", ("B", "W"))]

@@ -5,7 +5,7 @@ here, and checked before any work."""
 from __future__ import annotations
 
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.base import ModePlugin
+from specbuild.plugins.base import HostDraftedPlugin
 from specbuild.plugins.ngram import (
     DEFAULT_CANDIDATES,
     DEFAULT_DRAFT_LENGTH,
@@ -16,7 +16,7 @@ from specbuild.plugins.ngram import (
 from specbuild.tree import MAX_TREE_SIZE
 
 
-class NgramPlugin(ModePlugin):
+class NgramPlugin(HostDraftedPlugin):
     name = "ngram"
 
     def chain_drafts(self) -> bool:
@@ -53,16 +53,6 @@ class NgramPlugin(ModePlugin):
             "tokens_per_step": 1 + c * k,
             "chain_drafts": c == 1,  # one candidate: each call verifies the root and one continuation
         }
-
-    def __init__(self, checkpoint, net, settings):
-        super().__init__()
-        self.settings = settings
-
-    def tree(self):
-        return None  # the runtime's drafter gives each call's tree
-
-    def max_new_tokens_per_step(self) -> int:
-        return self.settings["tokens_per_step"]
 
     def manifest(self) -> dict:
         s = self.settings
