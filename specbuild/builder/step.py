@@ -132,9 +132,9 @@ class StepModule(nn.Module):
                 torch.where(paths >= 0, paths - off, torch.full_like(paths, -1)),
             )
             sampling = (temperature, top_k, top_p, rand_accept, rand_sample)
-            if draft_probs is not None:  # drafts drawn from q (chains): rejection sampling against q
+            if draft_probs is not None:  # drafts drawn from q: recursive rejection sampling against q
                 acc_tokens, num_acc, acc_nodes_w, last_w = accept_with_draft_probs(
-                    logits, *tree, *sampling, draft_probs, max_siblings=1
+                    logits, *tree, *sampling, draft_probs, max_siblings=self.plugin.draft_siblings()
                 )
             else:
                 acc_tokens, num_acc, acc_nodes_w, last_w = accept(logits, *tree, *sampling, typical=self.typical)

@@ -162,6 +162,11 @@ class ModePlugin(nn.Module):
         are listed with role ef.ROLE_DRAFT."""
         return []
 
+    def draft_siblings(self) -> int:
+        """The most children a node of a verified tree has, for the acceptance rule against draft probabilities
+        (it tries siblings one after another: unrolled that many times)."""
+        return 1
+
     def max_new_tokens_per_step(self) -> int:
         tree = self.tree()
         return tree.size if tree is not None else 1

@@ -79,6 +79,7 @@ class Sequence:
         self._rng = np.random.default_rng(sampling.seed)
         self._table = None
         self._table_size = layout.max_seq_len + 1
+        self._sibling_rng = None
         if self._per_position:
             self._bonus_rng = np.random.default_rng([sampling.seed, 1])
 
@@ -93,10 +94,27 @@ class Sequence:
             self._table = self._rng.random(self._table_size, dtype=np.float32)
         return self._table[np.minimum(positions, self._table_size - 1)]
 
+    def sibling_uniforms(self, count: int) -> np.ndarray:
+        """Fresh uniform numbers for drafts that share their position with an earlier sibling in a call that accepts
+        against draft probabilities: the recursive rule tries each sibling with a number of its own (a stream of the
+        request's own, so a seeded request repeats its output, alone or batched)."""
+        if self._greedy:
+            return np.zeros(count, dtype=np.float32)
+        if self._sibling_rng is None:
+            self._sibling_rng = np.random.default_rng([self.sampling.seed, 2])
+        return self._sibling_rng.random(count, dtype=np.float32)
+
     def bonus_uniform(self) -> float:
         """The bonus draw of typical acceptance (and older graphs' residual draw)."""
         rng = self._bonus_rng if self._per_position else self._rng
         return float(rng.random(dtype=np.float32))
+
+
+def later_siblings(offsets: np.ndarray) -> np.ndarray:
+    """bool [N]: the nodes whose position offset an earlier node of the call has (siblings after the first)."""
+    later = np.ones(len(offsets), dtype=np.bool_)
+    later[np.unique(offsets, return_index=True)[1]] = False
+    return later
 
 
 # outputs with one entry per acceptance-window token: a row's are cut to its own tokens (padding rows dropped)
@@ -247,6 +265,10 @@ class Batch:
             paths[row, np_row:, :dp_row] = call.paths[0]
             first = t - w  # window rows [t - w, size) are real
             rand_accept[row, : size - first] = seq.uniforms(positions[row, first:size] + 1)
+            if call.draft_probs is not None:  # q-rule siblings: a uniform each (not their position's, shared)
+                later = later_siblings(call.offsets[first:size])
+                if later.any():
+                    rand_accept[row, np.flatnonzero(later)] = seq.sibling_uniforms(int(later.sum()))
             rand_sample[row] = seq.bonus_uniform()
             sampling = seq.sampling
             temperature[row], top_k[row], top_p[row] = sampling.temperature, sampling.top_k, sampling.top_p

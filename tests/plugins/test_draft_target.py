@@ -1,6 +1,7 @@
 """draft-target mode: exact greedy ids against transformers on tiny targets of several shapes with drafts of another
-depth and width, batched == batch-1, int4 against int4 `none`, the target distribution when sampling (and a wrong
-acceptance rule caught), the draft's cache kept across steps, and drafts that do not share the tokenizer refused."""
+depth and width, as chains and top-k trees, batched == batch-1, int4 against int4 `none`, the target distribution
+when sampling (and a wrong acceptance rule caught), the draft's cache kept across steps, and drafts that do not
+share the tokenizer refused."""
 
 import json
 import shutil
@@ -108,7 +109,8 @@ def test_vocabulary_subset_drafts_stay_exact(tmp_path):
     (draft_dir / "draft_vocab.json").write_text(json.dumps({"token_ids": ids}))
     config = json.loads((draft_dir / "config.json").read_text())
     # a recipe's `choose` stage, with another choice for int4 weights
-    config["specbuild_defaults"] = {"num_draft_tokens": 3, "draft_vocab_size": 30, "by_weights": {"int4": {}}}
+    config["specbuild_defaults"] = {"num_draft_tokens": 3, "draft_vocab_size": 30, "draft_top_k": 2}
+    config["specbuild_defaults"]["by_weights"] = {}
     config["specbuild_defaults"]["by_weights"]["int4"] = {"num_draft_tokens": 1, "draft_vocab_size": 20}
     (draft_dir / "config.json").write_text(json.dumps(config))
     ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={MODE: draft_dir}, progress=False)
@@ -116,10 +118,11 @@ def test_vocabulary_subset_drafts_stay_exact(tmp_path):
     from specbuild.plugins.draft_target.graph import DraftTargetPlugin
 
     int4 = DraftTargetPlugin.check_options(Checkpoint.load(ckpt), BuildOptions(speculative_mode=MODE, weights="int4"))
-    assert (int4["num_draft_tokens"], int4["vocab_size"]) == (1, 20)
+    assert (int4["num_draft_tokens"], int4["vocab_size"], int4["top_k"]) == (1, 20, 2)
     engine = build(ckpt, tmp_path / "engine")  # the draft's recorded defaults
     assert engine.manifest["mode"]["draft_model"]["vocab_size"] == 30
     assert engine.manifest["mode"]["drafter"]["num_draft_tokens"] == 3
+    assert engine.manifest["mode"]["drafter"]["top_k"] == 2  # a tree of 2 x 3 drafts
     for prompt in PROMPTS:
         got = engine.generate(input_ids=prompt, max_new_tokens=20, decode_text=False)
         assert got.output_ids == hf_greedy(target, prompt, 20)
@@ -135,13 +138,15 @@ def test_vocabulary_subset_drafts_stay_exact(tmp_path):
         build(ckpt, tmp_path / "too-many", draft_vocab_size=98)
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 5, 0.9)])
-def test_sampling_preserves_the_target_distribution(tmp_path, temperature, top_k, top_p):
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p,tree_width", [(1.0, 0, 1.0, 1), (0.8, 5, 0.9, 1), (1.0, 0, 1.0, 3), (0.8, 5, 0.9, 2)]
+)
+def test_sampling_preserves_the_target_distribution(tmp_path, temperature, top_k, top_p, tree_width):
     vocab = 8
     model = toy_model("llama_gqa_llama3rope", tmp_path / "hf", vocab=vocab, seed=3)
     toy_model("llama_gqa_llama3rope", tmp_path / "draft", vocab=vocab, seed=9)  # q far from p
     ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={MODE: tmp_path / "draft"}, progress=False)
-    engine = build(ckpt, tmp_path / "engine", num_draft_tokens=2)
+    engine = build(ckpt, tmp_path / "engine", num_draft_tokens=2, draft_top_k=tree_width)
     prompt, n, samples = [1, 5, 3, 1], 3, 2500
     exact = exact_distribution(model, prompt, n, temperature, top_k, top_p)
     check_sampled_distribution(engine, prompt, n, samples, exact, temperature, top_k, top_p)
@@ -150,18 +155,71 @@ def test_sampling_preserves_the_target_distribution(tmp_path, temperature, top_k
     # the test has power: the same drafts verified against a q they were not drawn from (uniform over the draft's
     # support) come out biased
     drafter_class = type(engine.new_drafter(prompt, SamplingParams(temperature=1.0)))
-    original = drafter_class._stack
+    original = drafter_class._scatter
 
-    def point_masses(self, probs):
-        q = original(self, probs)
-        return None if q is None else np.zeros_like(q) + (q > 0) / np.maximum((q > 0).sum(-1, keepdims=True), 1)
+    def support_only(self, row, q):
+        original(self, row, (q > 0) / max(int((q > 0).sum()), 1))
 
     try:
-        drafter_class._stack = point_masses  # q = uniform over the draft's support: not what was drawn from
+        drafter_class._scatter = support_only  # q = uniform over the draft's support: not what was drawn from
         counts, _ = sampled_counts(engine, prompt, n, samples, temperature, top_k, top_p)
     finally:
-        drafter_class._stack = original
+        drafter_class._scatter = original
     assert chi_square_pvalue(counts, exact, samples) < 1e-6
+
+
+@pytest.mark.parametrize(
+    "shape,draft,width,depth", [("llama_gqa_llama3rope", "narrow", 8, 2), ("mistral_window", "near", 2, 3)]
+)
+def test_top_k_trees_match_transformers_and_accept_siblings(tmp_path, shape, draft, width, depth):
+    model = near_copy_draft(shape) if draft == "near" else narrow_draft(shape)
+    target, ckpt = convert(tmp_path, shape, model)
+    engine = build(ckpt, tmp_path / "engine", draft_top_k=width, draft_depth=depth)
+    assert engine.manifest["mode"]["drafter"]["top_k"] == width
+    assert engine.manifest["limits"]["max_new_tokens_per_step"] == 1 + width * depth
+    for prompt in PROMPTS:
+        assert engine.generate(input_ids=prompt, max_new_tokens=24, decode_text=False).output_ids == hf_greedy(
+            target, prompt, 24
+        )
+    handles = [engine.scheduler.submit(Request(p, max_new_tokens=24)) for p in PROMPTS]
+    engine.scheduler.run_until_idle()
+    assert [h.output_ids for h in handles] == [hf_greedy(target, p, 24) for p in PROMPTS]
+    # the tree: `width` tokens at each depth, the chain going on from the first; the draft's cache holds the
+    # context and the chain's drafts but the last whichever node was accepted (siblings are never fed to it)
+    session = engine.new_session(PROMPTS[0], SamplingParams())
+    drafter = session.sequence.drafter
+    step, siblings_accepted = session.prefill(PROMPTS[0]), 0
+    for _ in range(16):
+        proposal = drafter.propose(step)
+        assert proposal.size == 1 + width * depth
+        assert drafter.fed == drafter.context + drafter.drafts[:-1]
+        deepest = int(np.flatnonzero(proposal.offsets == depth)[0])
+        chain = np.flatnonzero(proposal.mask[0, deepest])  # the chain: the first deepest node and its ancestors
+        assert proposal.tokens[0, chain[1:]].tolist() == drafter.drafts
+        step = session.verify(proposal)
+        siblings_accepted += sum(int(node) not in chain for node in step.nodes)
+    if draft == "narrow":
+        assert siblings_accepted > 0  # a token beside the chain was the target's
+
+
+def test_a_request_narrows_the_tree_and_the_scheduler_budget_too(tmp_path):
+    shape = "llama_gqa_llama3rope"
+    target, ckpt = convert(tmp_path, shape, narrow_draft(shape))
+    engine = build(ckpt, tmp_path / "engine", draft_top_k=3, draft_depth=4)
+    prompt = PROMPTS[0]
+    for options, size in [({"depth": 2}, 7), ({"top_k": 1}, 5), ({"depth": 1, "top_k": 2}, 3), ({}, 13)]:
+        drafter = engine.new_drafter(prompt, SamplingParams(), options)
+        assert drafter.propose(engine.new_session(prompt, SamplingParams()).prefill(prompt)).size == size
+        result = engine.generate(input_ids=prompt, max_new_tokens=12, decode_text=False, draft_options=options)
+        assert result.output_ids == hf_greedy(target, prompt, 12)
+    for options, message in [({"depth": 5}, "depth must be an integer from 1 to 4"), ({"width": 2}, "not one of")]:
+        with pytest.raises(SpecbuildError, match=message):
+            engine.new_drafter(prompt, SamplingParams(), options)
+    # under load the scheduler's budget cuts the tree's width first, then its depth
+    for limit, size in [(13, 13), (10, 9), (5, 5), (3, 3)]:
+        drafter = engine.new_drafter(prompt, SamplingParams())
+        drafter.limit = limit
+        assert drafter.propose(engine.new_session(prompt, SamplingParams()).prefill(prompt)).size == size
 
 
 def test_the_draft_cache_keeps_the_accepted_prefix(tmp_path):
@@ -227,7 +285,13 @@ def test_bad_build_options_are_refused_before_any_work(tmp_path, tiny_checkpoint
         build(with_draft, tmp_path / "c", draft_vocab_size=10)
     with pytest.raises(SpecbuildError, match="at most"):
         build(with_draft, tmp_path / "d", num_draft_tokens=1000)
-    assert not any((tmp_path / x).exists() for x in "abcd")
+    with pytest.raises(SpecbuildError, match="at most 511 draft tokens"):
+        build(with_draft, tmp_path / "e", draft_top_k=64, draft_depth=8)
+    with pytest.raises(SpecbuildError, match="--draft-depth 3 and --num-draft-tokens 2 disagree"):
+        build(with_draft, tmp_path / "f", draft_depth=3, num_draft_tokens=2)
+    with pytest.raises(SpecbuildError, match="--draft-top-k 98: the draft proposes from 97 tokens"):
+        build(with_draft, tmp_path / "g", draft_top_k=98)
+    assert not any((tmp_path / x).exists() for x in "abcdefg")
     shutil.rmtree(tmp_path / "ckpt")
 
 

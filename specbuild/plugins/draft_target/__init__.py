@@ -1,6 +1,7 @@
 """`--speculative-mode draft-target`: a small draft model with the target's tokenizer proposes a chain of tokens
-from its own graph and KV cache (a second graph in the engine directory, role `draft`); the target graph verifies
-the chain with exact rejection sampling against the draft's probabilities q (greedy: exact argmax match)."""
+from its own graph and KV cache (a second graph in the engine directory, role `draft`), or a top-k tree along that
+chain (--draft-top-k); the target graph verifies it with exact rejection sampling against the draft's
+probabilities q (recursive over siblings; greedy: exact argmax match)."""
 
 from specbuild.plugins.spec import HOST_DRAFTED, NUM_DRAFT_TOKENS, ModeOption, ModeSpec
 
@@ -19,6 +20,21 @@ MODE = ModeSpec(
     drafter="specbuild.plugins.draft_target.drafter:DraftModelDrafter",
     options=(
         NUM_DRAFT_TOKENS,
+        ModeOption(
+            "draft_depth",
+            "int",
+            "draft-target: the draft's chain length, i.e. draft model calls per step (the same as --num-draft-tokens "
+            "for a chain; default: the measured choice recorded with the draft).",
+            minimum=1,
+        ),
+        ModeOption(
+            "draft_top_k",
+            "int",
+            "draft-target: a top-k tree: at each depth of the chain the draft's K most likely tokens (sampled: K "
+            "draws from q) are verified, the chain going on from the first (1 + K x depth tokens a step; default: "
+            "the measured choice recorded with the draft, else 1 = a chain).",
+            minimum=1,
+        ),
         ModeOption(
             "draft_weights",
             "text",

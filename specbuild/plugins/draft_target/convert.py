@@ -25,7 +25,11 @@ from specbuild.plugins.draft_target import DRAFT_VOCAB_FILE, DRAFT_VOCAB_TENSOR,
 TOKENIZER = "tokenizer.json"
 OWN_KEY = "specbuild"  # config.json's specbuild section (embeddings, draft_vocab, lineage): not a model field
 CHOSEN_KEY, CHOICE_KEY = "specbuild_defaults", "specbuild_choice"  # written by training/defaults.choose_for_recipe
-DEFAULT_KEYS = {"num_draft_tokens": "default_num_draft_tokens", "draft_vocab_size": "default_vocab_size"}
+DEFAULT_KEYS = {
+    "num_draft_tokens": "default_num_draft_tokens",
+    "draft_vocab_size": "default_vocab_size",
+    "draft_top_k": "default_draft_top_k",
+}
 
 
 def convert_draft_model(head_dir: Path, model: ModelConfig, base: dict, base_dir: Path | None = None):
@@ -71,6 +75,7 @@ def convert_draft_model(head_dir: Path, model: ModelConfig, base: dict, base_dir
         # the draft's measured CPU defaults (its training recipe's choice), used when the build does not set them
         "default_vocab_size": _positive(own, "default_vocab_size", config_file),
         "default_num_draft_tokens": _positive(own, "default_num_draft_tokens", config_file),
+        "default_draft_top_k": _positive(own, "default_draft_top_k", config_file),
         "defaults_by_weights": {
             w: {DEFAULT_KEYS[k]: _positive(d, k, config_file) for k in DEFAULT_KEYS if k in d}
             for w, d in by_weights.items()

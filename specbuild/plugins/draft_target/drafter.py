@@ -9,12 +9,18 @@ Greedy requests draft the draft's argmax; sampled ones draw each draft from q = 
 request's temperature, top-k and top-p, and hand q to the target graph, which accepts with min(1, p/q) and draws
 the bonus from the residual (builder/acceptance.accept_with_draft_probs). A draft projected onto a vocabulary
 subset (vocab_ids) has q = 0 outside it. Host work per step is O(accepted + drafted tokens) (and q: O(V) a draft).
+
+A top-k tree (top_k K > 1) verifies K children at each depth of the chain: the draft's K most likely tokens
+(greedy) or K independent draws from q (sampled: SpecInfer's multi-draft rule stays exact for i.i.d. draws, and
+the runtime gives each sibling a uniform of its own), the chain going on from the first. The siblings are leaves:
+the draft never computes past them, so its calls and its cache are the chain's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +31,7 @@ from specbuild.runtime.drafter import Drafter, Proposal, StepResult
 from specbuild.runtime.manifest import check_fields, file_name, integer
 from specbuild.runtime.sampling import SamplingParams
 from specbuild.runtime.session import Session
+from specbuild.tree import Tree
 
 DRAFT_STREAM = 0x44524654  # "DRFT": the draft's random numbers are a stream of their own, never the target's
 
@@ -48,6 +55,7 @@ class DraftModelSettings:
     vocab_ids: np.ndarray | None  # token id of each row of the draft's logits (None: the whole vocabulary)
     vocab_size: int  # the target's
     timing: DraftTiming = dataclasses.field(default_factory=DraftTiming)
+    top_k: int = 1  # tokens verified at each depth of the chain (1: a chain; engines written before the key: 1)
 
 
 class DraftModelDrafter(Drafter):
@@ -56,6 +64,7 @@ class DraftModelDrafter(Drafter):
         "mode": {
             "drafter": {
                 "num_draft_tokens": integer(1),
+                "top_k": integer(1, optional=True),
                 "engine": file_name(),
                 "vocab_ids": file_name(optional=True, nullable=True),
             }
@@ -79,7 +88,23 @@ class DraftModelDrafter(Drafter):
         ids = None
         if fields.get("vocab_ids"):
             ids = _read_ids(draft_dir / fields["vocab_ids"], vocab)
-        return DraftModelSettings(fields["num_draft_tokens"], draft, ids, vocab)
+        return DraftModelSettings(fields["num_draft_tokens"], draft, ids, vocab, top_k=fields.get("top_k", 1))
+
+    @classmethod
+    def narrowed(cls, settings: DraftModelSettings, options: Mapping[str, Any]) -> DraftModelSettings:
+        """A request's own chain length (`depth`) and tree width (`top_k`), at most the engine's."""
+        fields = {}
+        for name, value in options.items():
+            field = {"depth": "num_draft", "top_k": "top_k"}.get(name)
+            if field is None:
+                raise SpecbuildError(f"drafting option {name!r} is not one of depth, top_k (draft-target)")
+            built = getattr(settings, field)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= built:
+                raise SpecbuildError(
+                    f"drafting option {name} must be an integer from 1 to {built} (the engine's), got {value!r}"
+                )
+            fields[field] = value
+        return dataclasses.replace(settings, **fields)
 
     def __init__(self, settings: DraftModelSettings, prompt: Sequence[int], sampling: SamplingParams | None = None):
         super().__init__(settings, prompt, sampling)
@@ -104,22 +129,29 @@ class DraftModelDrafter(Drafter):
         k = min(self.settings.num_draft, self.max_len - keep - len(pending))
         if self.limit is not None:  # the scheduler's budget under load
             k = min(k, self.limit - 1)
+        top_k = self.settings.top_k
+        if self.limit is not None:  # the scheduler's budget under load: a narrower tree, then a shorter chain
+            top_k = max(1, min(top_k, (self.limit - 1) // max(k, 1)))
+            k = min(k, (self.limit - 1) // top_k)
         if k <= 0:
             self.drafts = []
             return Proposal.root(self.context[-1])
-        tokens, probs = [self.context[-1]], []
+        chain, siblings, probs = [self.context[-1]], [], []
         feed = pending
         before = self.session.engine_s
         for _ in range(k):
             logits = self.session.prefill(feed).outputs[ef.LOGITS][0, -1]
             self.fed.extend(feed)
-            token, q = self._draw(logits)
-            tokens.append(token)
+            tokens, q = self._draw(logits, top_k)
+            chain.append(tokens[0])
+            siblings.append(tokens[1:])
             probs.append(q)
-            feed = [token]
-        self.drafts = tokens[1:]
+            feed = [tokens[0]]
+        self.drafts = chain[1:]
         self.settings.timing.add(1000 * (self.session.engine_s - before) / k)
-        return Proposal.chain(tokens, None if self.greedy else self._stack(probs))
+        if top_k == 1:
+            return Proposal.chain(chain, None if self.greedy else self._stack(probs))
+        return self._tree(chain, siblings, probs, top_k)
 
     def draft_ms(self) -> float:
         return self.settings.timing.ms
@@ -133,30 +165,63 @@ class DraftModelDrafter(Drafter):
             keep += 1
         return keep
 
-    def _draw(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
-        """The next draft token and the q it was drawn from (None when greedy)."""
+    def _draw(self, logits: np.ndarray, count: int = 1) -> tuple[list[int], np.ndarray | None]:
+        """The next `count` draft tokens at one depth (the chain's first) and the q they were drawn from (None when
+        greedy): the draft's most likely tokens, most likely first, or independent draws from q."""
         ids = self.settings.vocab_ids
         if self.greedy:
-            row = int(np.argmax(logits))
-            return (int(ids[row]) if ids is not None else row), None
-        q = processed_probs(logits, self.sampling)
-        cdf = np.cumsum(q, dtype=np.float64)
-        row = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
-        row = min(row, len(q) - 1)
-        while q[row] <= 0:  # never a token of probability 0 (rounding at the CDF's end)
-            row -= 1
-        return (int(ids[row]) if ids is not None else row), q
+            if count == 1:
+                rows = [int(np.argmax(logits))]
+            else:  # by logit, the lower row first among equals (as argmax)
+                top = np.argpartition(-logits, count - 1)[:count]
+                rows = top[np.lexsort((top, -logits[top]))].tolist()
+            q = None
+        else:
+            q = processed_probs(logits, self.sampling)
+            cdf = np.cumsum(q, dtype=np.float64)
+            rows = []
+            for u in self.rng.random(count):
+                row = min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), len(q) - 1)
+                while q[row] <= 0:  # never a token of probability 0 (rounding at the CDF's end)
+                    row -= 1
+                rows.append(row)
+        return [int(ids[r]) if ids is not None else int(r) for r in rows], q
 
     def _stack(self, probs: list[np.ndarray]) -> np.ndarray:
         """[N,V] rows of q over the target's vocabulary (row 0, the root's, zeros)."""
         out = np.zeros((len(probs) + 1, self.settings.vocab_size), dtype=np.float32)
-        ids = self.settings.vocab_ids
         for i, q in enumerate(probs, start=1):
-            if ids is None:
-                out[i] = q
-            else:
-                out[i, ids] = q
+            self._scatter(out[i], q)
         return out
+
+    def _scatter(self, row: np.ndarray, q: np.ndarray) -> None:
+        ids = self.settings.vocab_ids
+        if ids is None:
+            row[:] = q
+        else:
+            row[ids] = q
+
+    def _tree(self, chain: list[int], siblings: list[list[int]], probs: list, top_k: int) -> Proposal:
+        """The chain with the other tokens of each depth as leaf siblings of its node there (the chain's node first)."""
+        tree = _top_k_tree(len(chain) - 1, top_k)
+        tokens = [0] * tree.size
+        tokens[0] = chain[0]
+        q_rows = None if self.greedy else np.zeros((tree.size, self.settings.vocab_size), dtype=np.float32)
+        for depth in range(1, len(chain)):
+            for rank, token in enumerate([chain[depth], *siblings[depth - 1]]):
+                node = tree.node_index((0,) * (depth - 1) + (rank,))
+                tokens[node] = token
+                if q_rows is not None:
+                    self._scatter(q_rows[node], probs[depth - 1])
+        proposal = Proposal.from_tree(tokens, tree)
+        proposal.draft_probs = q_rows
+        return proposal
+
+
+@functools.lru_cache(maxsize=64)
+def _top_k_tree(depth: int, top_k: int) -> Tree:
+    """`top_k` children at each depth of a chain of `depth`: the first carries the chain on, the others are leaves."""
+    return Tree.from_choices([[0] * (d - 1) + [r] for d in range(1, depth + 1) for r in range(top_k)])
 
 
 def processed_probs(logits: np.ndarray, sampling: SamplingParams) -> np.ndarray:

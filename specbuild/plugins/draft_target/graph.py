@@ -52,9 +52,12 @@ class DraftTargetPlugin(HostDraftedPlugin):
             )
         # the draft's measured defaults, for these --weights where it recorded another choice for them
         chosen = {**head, **(head.get("defaults_by_weights") or {}).get(options.weights or "fp32", {})}
-        k = options.num_draft_tokens or chosen.get("default_num_draft_tokens") or DEFAULT_NUM_DRAFT_TOKENS
-        if 1 + k > MAX_TREE_SIZE:
-            raise SpecbuildError(f"--num-draft-tokens {k}: at most {MAX_TREE_SIZE - 1} draft tokens per step")
+        depth = _chain_length(options, chosen)
+        top_k = options.draft_top_k or chosen.get("default_draft_top_k") or 1
+        if 1 + top_k * depth > MAX_TREE_SIZE:
+            raise SpecbuildError(
+                f"--draft-top-k {top_k} x --draft-depth {depth}: at most {MAX_TREE_SIZE - 1} draft tokens per step"
+            )
         weights = options.draft_weights
         if weights is not None and weights not in ef.WEIGHTS:
             raise SpecbuildError(f"--draft-weights {weights!r} is not one of {', '.join(ef.WEIGHTS)}")
@@ -68,15 +71,23 @@ class DraftTargetPlugin(HostDraftedPlugin):
             raise SpecbuildError(
                 f"--draft-vocab-size {vocab}: the draft model lists {listed} tokens (draft_vocab.json)"
             )
+        vocab = int(vocab) if vocab and listed else None
+        drafted_from = vocab or head["model"]["vocab_size"]
+        if top_k > drafted_from:
+            raise SpecbuildError(f"--draft-top-k {top_k}: the draft proposes from {drafted_from} tokens")
         return {
-            "num_draft_tokens": int(k),
+            "num_draft_tokens": int(depth),
+            "top_k": int(top_k),
             "draft_weights": weights,
-            "vocab_size": int(vocab) if vocab and listed else None,
-            "tokens_per_step": 1 + int(k),
+            "vocab_size": vocab,
+            "tokens_per_step": 1 + int(top_k) * int(depth),
         }
 
     def chain_drafts(self) -> bool:
-        return True
+        return self.settings["top_k"] == 1
+
+    def draft_siblings(self) -> int:
+        return self.settings["top_k"]
 
     def manifest(self) -> dict:
         s = self.settings
@@ -84,6 +95,7 @@ class DraftTargetPlugin(HostDraftedPlugin):
         return {
             "drafter": {
                 "num_draft_tokens": s["num_draft_tokens"],
+                "top_k": s["top_k"],
                 "engine": DRAFT_ENGINE_DIR,
                 "vocab_ids": VOCAB_IDS_FILE if s["vocab_size"] else None,
             },
@@ -142,6 +154,18 @@ class DraftTargetPlugin(HostDraftedPlugin):
             project_onto(net, ids)
             extra[VOCAB_IDS_FILE] = np.ascontiguousarray(ids.numpy().astype(np.int64))
         return [(DRAFT_ENGINE_DIR, sub, net, extra)]
+
+
+def _chain_length(options, chosen: dict) -> int:
+    """The draft's chain length (draft calls a step): --draft-depth, or --num-draft-tokens (the same for a chain),
+    else the draft's measured default."""
+    depth, count = options.draft_depth, options.num_draft_tokens
+    if depth is not None and count is not None and depth != count:
+        raise SpecbuildError(
+            f"--draft-depth {depth} and --num-draft-tokens {count} disagree: both are the draft's chain length "
+            "(--draft-top-k adds tokens beside it)"
+        )
+    return depth or count or chosen.get("default_num_draft_tokens") or DEFAULT_NUM_DRAFT_TOKENS
 
 
 def project_onto(net, ids: torch.Tensor) -> None:

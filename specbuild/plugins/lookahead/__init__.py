@@ -7,7 +7,7 @@ row's argmax (ef.ROW_TOP_TOKENS), from which the drafter advances the window."""
 
 from specbuild.plugins.spec import HOST_DRAFTED, ModeOption, ModeSpec
 
-# the defaults, chosen by measured speed (SmolLM2-135M, 2 CPU threads, fp32, scripts/sweep-lookahead.py on fresh
+# the defaults, chosen by measured speed (SmolLM2-135M, 2 CPU threads, fp32, scripts/sweep-drafting.py on fresh
 # prompts: never the benchmark's): a verified row costs ~7 % of a one-token step there and the window's n-grams are
 # rarely accepted, so the cheapest window (one column) wins, with the context's continuation (lookup, below) and the
 # context's n-grams in the pool -- W 1, N 3, G 1, L 10: 1.46-1.88x `none` on three chat sets and a mixed one, within

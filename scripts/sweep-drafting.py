@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""Measure lookahead settings on this machine: tau, verified rows per step and decode tokens/s of each (W, N, G, pool)
-against `none` (and `ngram`, if given), greedy, on fresh prompts (code, chat, stubs; never HumanEval or MT-Bench),
-interleaved per prompt. One lookahead engine built at the largest setting serves every smaller one (per-request
-drafting options); every output is checked against `none`'s.
+"""Measure drafting settings on this machine: tau, verified rows per step and decode tokens/s of each engine and
+per-request drafting options against `none`, greedy, on fresh prompts (code, chat, stubs; never HumanEval or
+MT-Bench), interleaved per prompt. One engine built at the largest setting serves every smaller one (per-request
+drafting options, Drafter.narrowed); every output is checked against `none`'s.
 
-    scripts/sweep-lookahead.py --none e/none --lookahead e/la-max --ngram e/ngram --hf-dir hf \\
-        --prompts 16 --seed 98 1,3,2,context,10 1,3,2,context,0 4,3,4,window,0
+    scripts/sweep-drafting.py --none e/none --hf-dir hf --prompts 16 --seed 98 e/ngram \\
+        e/la-max@window=1,ngram=3,guesses=1,pool=context,lookup=10 e/dt-tree@depth=2,top_k=1 e/dt-tree@top_k=2
 
 Needs `specbuild[build]` (the fresh prompts come from the training prompt builders)."""
 
@@ -37,11 +37,19 @@ def summary(rows, base) -> str:
     )
 
 
+def parse_setting(text: str) -> tuple[str, dict]:
+    """"DIR" or "DIR@key=value,key=value" -> (DIR, drafting options; integer values as ints)."""
+    path, _, rest = text.partition("@")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        options[key] = int(value) if value.lstrip("-").isdigit() else value
+    return path, options
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--none", required=True, help="the none engine")
-    parser.add_argument("--lookahead", required=True, help="a lookahead engine built as large as any setting")
-    parser.add_argument("--ngram", help="an ngram engine to compare with")
     parser.add_argument("--hf-dir", required=True, help="the model's HF directory (its tokenizer makes the prompts)")
     parser.add_argument("--corpus-dir", help="a training corpus whose prompts are excluded")
     parser.add_argument("--prompts", type=int, default=12)
@@ -49,43 +57,31 @@ def main():
     parser.add_argument("--kind", help="only prompts of this kind (chat, chatcode, code, stub)")
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("settings", nargs="+", help="W,N,G,POOL[,L] (POOL: window, prompt or context; L: lookup)")
+    parser.add_argument("settings", nargs="+", help="ENGINE_DIR[@key=value,...] (the request's drafting options)")
     args = parser.parse_args()
-    settings = []
-    for text in args.settings:
-        w, n, g, pool, *lookup = text.split(",")
-        settings.append(
-            {"window": int(w), "ngram": int(n), "guesses": int(g), "pool": pool, "lookup": int(*lookup or [0])}
-        )
+    settings = [parse_setting(text) for text in args.settings]
     kinds = 4  # fresh_prompts interleaves chat, chatcode, code, stub
     count = args.prompts * (kinds if args.kind else 1)
     prompts = fresh_prompts(args.hf_dir, "/nonexistent", count, seed=args.seed, corpus_dir=args.corpus_dir)
     if args.kind:
         prompts = prompts[["chat", "chatcode", "code", "stub"].index(args.kind) :: kinds]
     none = Engine(args.none, threads=args.threads)
-    lookahead = Engine(args.lookahead, threads=args.threads)
-    ngram = Engine(args.ngram, threads=args.threads) if args.ngram else None
+    engines = {path: Engine(path, threads=args.threads) for path, _ in settings}
     run(none, prompts[0], 8)  # warm-up
-    run(lookahead, prompts[0], 8, settings[0])
+    for path, options in settings:
+        run(engines[path], prompts[0], 8, options or None)
     results = {i: [] for i in range(len(settings))}
-    base, ngram_rows = [], []
+    base = []
     for ids in prompts:
         want, tps, _, _ = run(none, ids, args.new_tokens)
         base.append(tps)
-        if ngram is not None:
-            out, *rest = run(ngram, ids, args.new_tokens)
-            assert out == want, "ngram differs from none"
-            ngram_rows.append(rest)
-        for i, options in enumerate(settings):
-            out, *rest = run(lookahead, ids, args.new_tokens, options)
-            assert out == want, f"lookahead {options} differs from none"
+        for i, (path, options) in enumerate(settings):
+            out, *rest = run(engines[path], ids, args.new_tokens, options or None)
+            assert out == want, f"{args.settings[i]} differs from none"
             results[i].append(rest)
     print(f"none: {np.mean(base):.1f} tok/s over {len(prompts)} prompts")
-    if ngram_rows:
-        print(f"ngram: {summary(ngram_rows, base)}")
-    for i, options in enumerate(settings):
-        name = " ".join(f"{key} {value}" for key, value in options.items())
-        print(f"{name}: {summary(results[i], base)}", flush=True)
+    for i, text in enumerate(args.settings):
+        print(f"{text}: {summary(results[i], base)}", flush=True)
 
 
 if __name__ == "__main__":
