@@ -38,7 +38,7 @@ def summary(rows, base) -> str:
 
 
 def parse_setting(text: str) -> tuple[str, dict]:
-    """"DIR" or "DIR@key=value,key=value" -> (DIR, drafting options; integer values as ints)."""
+    """ "DIR" or "DIR@key=value,key=value" -> (DIR, drafting options; integer values as ints)."""
     path, _, rest = text.partition("@")
     options = {}
     for item in filter(None, rest.split(",")):
