@@ -100,6 +100,7 @@ def test_int4_draft_target_equals_its_none_engine(smollm2_hf, tmp_path):
     options = BuildOptions(speculative_mode="draft-target", **common)
     draft = Engine(build_engine(ckpt, tmp_path / "dt", options, log=quiet))
     assert draft.drafter_settings.engine.manifest["weights"]["precision"] == "int4"
+    assert draft.manifest["mode"]["drafter"]["top_k"] == 1  # the draft's int4 choice: a chain (fp32: a tree)
     steps = accepted_steps(draft, PROMPTS[:2], greedy_of(none))
     assert sum(steps) / len(steps) > 1.3
 
