@@ -222,6 +222,36 @@ def test_a_request_narrows_the_tree_and_the_scheduler_budget_too(tmp_path):
         assert drafter.propose(engine.new_session(prompt, SamplingParams()).prefill(prompt)).size == size
 
 
+def test_each_sampled_sibling_is_tried_with_a_uniform_of_its_own(tmp_path):
+    """The recursive rule needs an independent number per tried sibling: a tree's later siblings get fresh ones of
+    the request's own stream (the first child keeps its position's), the same again for the same seed."""
+    from specbuild import engine_format as ef
+
+    shape = "llama_gqa_llama3rope"
+    _, ckpt = convert(tmp_path, shape, narrow_draft(shape))
+    engine = build(ckpt, tmp_path / "engine", draft_top_k=3, draft_depth=2)
+    fed = []
+    original = engine.backend.run
+
+    def recording(feeds, *args):
+        fed.append((feeds[ef.POSITION_IDS][0].copy(), feeds[ef.RAND_ACCEPT][0].copy()))
+        return original(feeds, *args)
+
+    engine.backend.run = recording
+    sampling = SamplingParams(temperature=1.0, seed=5)
+    runs = []
+    for _ in range(2):
+        fed.clear()
+        engine.generate(input_ids=PROMPTS[0], max_new_tokens=6, sampling=sampling, decode_text=False)
+        runs.append([u.tolist() for _, u in fed])
+        positions, uniforms = fed[1]  # the first tree: root, then 3 children at each of 2 depths
+        assert len(positions) == 7
+        for depth in (1, 2):
+            same = np.flatnonzero(positions == positions[0] + depth)
+            assert len(same) == 3 and len(set(uniforms[same].tolist())) == 3
+    assert runs[0] == runs[1]
+
+
 def test_the_draft_cache_keeps_the_accepted_prefix(tmp_path):
     shape = "llama_gqa_llama3rope"
     _, ckpt = convert(tmp_path, shape, near_copy_draft(shape))

@@ -127,12 +127,12 @@ class DraftModelDrafter(Drafter):
         self.session.batch.kv.lengths[0] = keep
         pending = self.context[keep:]
         k = min(self.settings.num_draft, self.max_len - keep - len(pending))
-        if self.limit is not None:  # the scheduler's budget under load
-            k = min(k, self.limit - 1)
         top_k = self.settings.top_k
         if self.limit is not None:  # the scheduler's budget under load: a narrower tree, then a shorter chain
-            top_k = max(1, min(top_k, (self.limit - 1) // max(k, 1)))
-            k = min(k, (self.limit - 1) // top_k)
+            budget = self.limit - 1
+            k = min(k, budget)
+            top_k = max(1, min(top_k, budget // max(k, 1)))
+            k = min(k, budget // top_k)
         if k <= 0:
             self.drafts = []
             return Proposal.root(self.context[-1])
