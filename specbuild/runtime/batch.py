@@ -201,8 +201,9 @@ class Batch:
         else:
             w = t
         lengths = self.kv.lengths
-        needed = max(lengths) + t
-        self.kv.ensure(needed + self.layout.scratch_rows)
+        # the graph's KV cache and growing states share one capacity dimension (C): they grow together
+        needed = max(lengths) + t + self.layout.scratch_rows
+        self.kv.ensure(needed)
         self.states.ensure(needed)
         feeds = self._feeds(calls, t, w, lengths)
         feeds[ef.DRAFT_ROWS] = np.arange(n if draft else 0, dtype=np.int64)

@@ -88,3 +88,19 @@ def test_state_array_grows_by_doubling_up_to_its_limit():
     assert state.capacity == 10 and state.lengths == [9]
     with pytest.raises(ValueError, match="max capacity"):
         state.append(0, new[..., :2], None)
+
+
+def test_shared_growth_copies_only_the_committed_positions_of_slots_in_use():
+    slots = SharedSlots(_layout(ef.KV_SHARED), 4, 4)
+    slots.add()
+    slots.add()
+    writer = _shared_writer(slots)
+    _fill(slots, 0, 10.0, 2, writer)
+    _fill(slots, 1, 20.0, 3, writer)
+    slots.data[:, :, :2, :, 3:] = -1.0  # scratch after the longest committed length
+    slots.data[:, :, 2:] = -1.0  # idle slots
+    slots.ensure(7)
+    assert slots.capacity == 8 and slots.lengths == [2, 3]
+    assert np.array_equal(slots.data[0, 0, 0, 0, :2, 0], 10.0 + np.arange(2))
+    assert np.array_equal(slots.data[1, 1, 1, 0, :3, 2], 20.0 + np.arange(3))
+    assert not slots.data[:, :, :, :, 3:].any() and not slots.data[:, :, 2:].any()
