@@ -82,15 +82,16 @@ class Engine:
         graph: str | None = None,
         allow_lossy: bool = False,
         speculation: str | None = None,
-        shared_cores: bool | None = None,
+        shared_cores: bool = False,
     ):
         """backend: onnxruntime or tensorrt (default: tensorrt when the engine has a plan). graph: the backend whose
         graph to run (default: the backend's own; `Engine(d, graph="tensorrt")` runs the portable graph on ONNX
         Runtime, e.g. to check it against the fused one). allow_lossy: run a speculative engine that cannot be exact
         on this CPU, labelled lossy (`exactness`), instead of refusing it. speculation: how the engine's scheduler
         drafts (runtime/speculation.py): auto (by measured cost), always, or off (roots only); default
-        $SPECBUILD_SPECULATION, else auto. shared_cores: another engine's session runs in turns with this one (a draft
-        model's): thread pools do not busy-wait between calls (default: when the engine has a draft model)."""
+        $SPECBUILD_SPECULATION, else auto. shared_cores: this engine runs between the calls of another one (a draft
+        model's between its target's): its thread pool does not busy-wait after a call. The target's pool does: a
+        draft-target step on SmolLM2 ran 14-17 % faster than with neither spinning (2 threads, AVX-512 EPYC)."""
         self.speculation = resolve_policy(speculation)
         threads = resolve_threads(threads)
         self.path = Path(engine_dir)
@@ -121,7 +122,7 @@ class Engine:
         """Rows every call is padded to (row-invariant kernels; 1 = no padding)."""
         return self.layout.min_rows
 
-    def _load_backend(self, backend: str, threads: int, shared_cores: bool | None):
+    def _load_backend(self, backend: str, threads: int, shared_cores: bool):
         """The backend session, while the engine files' hashes are checked beside it (once per file identity)."""
         with ThreadPoolExecutor(1) as pool:
             hashing = pool.submit(verify_once, self.path, self.manifest["checksums"])

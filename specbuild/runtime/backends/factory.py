@@ -52,12 +52,10 @@ def create_backend(
     backend: str | None = None,
     threads: int = 0,
     graph: dict | None = None,
-    shared_cores: bool | None = None,
+    shared_cores: bool = False,
 ) -> Backend:
-    """threads: resolved (base.resolve_threads; 0 = the backend's default). shared_cores: another engine's session
-    runs in turns with this one (default: the engine has graphs of other roles, a draft model's)."""
+    """threads: resolved (base.resolve_threads; 0 = the backend's default). shared_cores: this session runs between
+    the calls of another one (a draft model's between its target's): its threads must not busy-wait after a call."""
     backend = backend or default_backend(manifest)
     graph = graph or select_graph(manifest, backend, Path(engine_dir))
-    if shared_cores is None:
-        shared_cores = any(g["role"] != ef.ROLE_TARGET for g in manifest["graphs"])
     return backend_class(backend)(Path(engine_dir), manifest, graph, threads, shared_cores)

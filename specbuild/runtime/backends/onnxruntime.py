@@ -13,8 +13,8 @@ from specbuild.runtime.backends.base import Backend
 
 def session_options(threads: int = 0, accuracy_level: int = 1, spinning: bool = True):
     """threads: intra-op threads, resolved (base.resolve_threads; 0 = ONNX Runtime's default). spinning: the pool's
-    threads busy-wait for work after a call (the fastest for one session; two sessions run in turns -- a draft
-    model's and its target's -- would steal each other's cores: off)."""
+    threads busy-wait for work after a call (the fastest for one session, and for a target whose draft model runs
+    between its calls; the draft's session runs without: two spinning pools steal each other's cores)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
