@@ -135,6 +135,7 @@ def test_int8_activations_keep_chain_speculation_exact(toy, tmp_path):
         "none": {},
         "ngram": dict(num_draft_tokens=3),  # one candidate: chains
         "medusa": dict(tree=[[0], [0, 0], [0, 0, 0]]),  # a chain tree
+        "eagle3": dict(eagle_top_k=1, eagle_depth=3, eagle_total_tokens=4),  # a dynamic tree of top-k 1: a chain
     }
     engines = {
         mode: build_engine(toy, tmp_path / mode, BuildOptions(speculative_mode=mode, **options, **kw), log=quiet)
@@ -155,3 +156,15 @@ def test_int8_activations_keep_chain_speculation_exact(toy, tmp_path):
     )
     manifest = Engine(tree).manifest
     assert manifest["lossless"] is False and "branching trees" in manifest["lossy_reason"]
+    # prompts ending where a call's tokens + the attention pad row cross the caches' first capacity (256): the KV
+    # cache and EAGLE's draft KV state grow together (they are one dimension of the graph)
+    long = [[1 + (i * 7 + j) % 11 for j in range(length)] for i, length in enumerate(range(250, 254))]
+    base = [
+        r.output_ids for r in (Engine(engines["none"], threads=1).generate(input_ids=p, max_new_tokens=8) for p in long)
+    ]
+    eagle = Engine(engines["eagle3"], threads=1)
+    assert [eagle.generate(input_ids=p, max_new_tokens=8).output_ids for p in long] == base
+    eagle_tree = build_engine(
+        toy, tmp_path / "eagle-tree", BuildOptions(speculative_mode="eagle3", **options, **MODES["eagle3"]), log=quiet
+    )
+    assert Engine(eagle_tree, allow_lossy=True).manifest["lossless"] is False

@@ -109,6 +109,11 @@ class FeatureDraftPlugin(ModePlugin):
     def tree(self) -> Tree | None:
         return self._tree
 
+    def chain_drafts(self) -> bool:
+        """A static chain, or a dynamic tree of top-k 1: its depth candidates are one chain and the nodes kept are
+        the most probable, i.e. a prefix of it (cumulative scores only fall along a chain)."""
+        return self._tree.is_chain if self._tree is not None else self.top_k == 1
+
     def max_new_tokens_per_step(self) -> int:
         return self._tree.size if self._tree is not None else self.total_tokens
 
