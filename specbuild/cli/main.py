@@ -763,9 +763,15 @@ def _bench_load(
     metavar="KEY=VALUE",
     help="Override a recipe key (dotted, YAML value), e.g. --set train.time_budget_s=300; repeatable.",
 )
+@click.option(
+    "--choose-only",
+    is_flag=True,
+    help="Only the recipe's `choose` stage: measure its candidate build settings with the heads already in its "
+    "output_dir (--set output_dir=DIR for others) on this machine and record the fastest as their defaults.",
+)
 @handle_errors
 @needs_extra("train")
-def train(recipe, device, corpus_dir, max_sequences, overrides):
+def train(recipe, device, corpus_dir, max_sequences, overrides, choose_only):
     """Train speculative heads for a base model by self-distillation, as a recipe describes.
 
     The recipe's `kind` names the mode whose trainer runs it (see recipes/train-*-smollm2.yaml). The same recipe
@@ -781,7 +787,7 @@ def train(recipe, device, corpus_dir, max_sequences, overrides):
         overrides.append(f"corpus_dir={corpus_dir}")
     if max_sequences is not None:
         overrides.append(f"corpus.max_sequences={max_sequences}")
-    metrics = run_recipe(recipe, device=device, overrides=overrides)
+    metrics = run_recipe(recipe, device=device, overrides=overrides, choose_only=choose_only)
     click.echo(json.dumps(metrics, indent=2, default=str))
 
 

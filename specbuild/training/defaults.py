@@ -26,8 +26,9 @@ def measure_settings(
     max_seq_len: int = 1024,
     log=print,
 ) -> list[dict]:
-    """One row per candidate: {settings, tau, engine_ms_per_step, tokens_per_s} (medians over prompts), plus a
-    `none` row (the same checkpoint without speculation) for the speed-up."""
+    """One row per candidate: {settings, tau, engine_ms_per_step, tokens_per_s} (medians over prompts) and
+    same_as_none (prompts whose output equals the `none` engine's), plus a `none` row (the same checkpoint without
+    speculation) for the speed-up."""
     from specbuild.builder.build import BuildOptions, build_engine
     from specbuild.plugins.registry import baseline_mode
     from specbuild.runtime.engine import Engine
@@ -43,10 +44,13 @@ def measure_settings(
             engine_dir = build_engine(checkpoint_dir, Path(tmp) / f"e{i}", options, log=lambda *a: None)
             log(f"built {name} {settings or ''} in {time.time() - t0:.0f}s")
             engines.append((settings, Engine(engine_dir, threads=threads)))
-        stats = {i: {"tau": [], "ms": [], "tps": []} for i in range(len(engines))}
+        stats = {i: {"tau": [], "ms": [], "tps": [], "same": 0} for i in range(len(engines))}
         for ids in prompts:
+            want = None
             for i, (_, engine) in enumerate(engines):
                 r = engine.generate(input_ids=ids, max_new_tokens=max_new_tokens)
+                want = r.output_ids if want is None else want
+                stats[i]["same"] += r.output_ids == want
                 if r.steps:
                     stats[i]["tau"].append(r.mean_accepted_tokens)
                     stats[i]["ms"].append((r.engine_s - r.prefill_engine_s) / r.steps * 1e3)
@@ -61,14 +65,21 @@ def measure_settings(
                 "tokens_per_s": round(statistics.median(s["tps"]), 1),
             }
             row["speedup"] = round(row["tokens_per_s"] / base, 3)
+            row["same_as_none"] = f"{s['same']}/{len(prompts)}"
             rows.append(row)
             log(f"{row}")
     return rows
 
 
 def best(rows: list[dict]) -> dict | None:
-    """The fastest candidate (rows from measure_settings; the `none` row is not a candidate)."""
-    candidates = [r for r in rows if isinstance(r["settings"], dict)]
+    """The fastest candidate (rows from measure_settings; the `none` row is not a candidate, nor is one whose output
+    differed from `none`'s)."""
+
+    def exact(row: dict) -> bool:
+        same, _, total = row.get("same_as_none", "1/1").partition("/")
+        return same == total
+
+    candidates = [r for r in rows if isinstance(r["settings"], dict) and exact(r)]
     return max(candidates, key=lambda r: r["tokens_per_s"]) if candidates else None
 
 
@@ -129,6 +140,6 @@ def choose_for_recipe(cfg: dict, mode: str, head_dir: str | Path, log=print) -> 
         "tokens, greedy, ONNX Runtime CPU graph, engines interleaved per prompt",
         "rows": rows,
     }
-    config_file.write_text(json.dumps(head_cfg, indent=1) + "\n")
+    config_file.write_text(json.dumps(head_cfg, indent=2) + "\n")
     log(f"chosen defaults: {win['settings']} ({win['tokens_per_s']} tok/s, tau {win['tau']})")
     return {"rows": rows, "chosen": win["settings"]}

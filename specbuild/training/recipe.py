@@ -193,10 +193,13 @@ def check_device(device: str | None) -> str:
     return device
 
 
-def run_recipe(path: str | Path, log=print, device: str | None = None, overrides: list[str] | tuple = ()) -> dict:
+def run_recipe(
+    path: str | Path, log=print, device: str | None = None, overrides: list[str] | tuple = (), choose_only=False
+) -> dict:
     """Run a whole recipe (with `overrides`, see `apply_override`) with the trainer of the mode its `kind` names (on
     `device`, see check_device), then its `choose` stage (the fastest measured build settings become the heads'
-    defaults); returns the trainer's metrics, with the choice under `choice`."""
+    defaults); returns the trainer's metrics, with the choice under `choice`. choose_only: the `choose` stage alone,
+    on the heads already in `output_dir` (e.g. heads trained on a GPU, measured on the CPU that will serve them)."""
     from specbuild.errors import SpecbuildError
     from specbuild.plugins.registry import load_object, trainable_modes
 
@@ -205,7 +208,14 @@ def run_recipe(path: str | Path, log=print, device: str | None = None, overrides
     kind = cfg.get("kind")
     if kind not in modes:
         raise SpecbuildError(f"recipe {path}: `kind` {kind!r} is not one of {', '.join(modes)}")
-    metrics = load_object(modes[kind].trainer)(cfg, log=log)
+    if choose_only:
+        if not cfg.get("choose"):
+            raise SpecbuildError(f"recipe {path}: --choose-only needs a `choose` stage (choose.candidates)")
+        if not (Path(cfg["output_dir"]) / "config.json").is_file():
+            raise SpecbuildError(f"recipe {path}: --choose-only: no heads in output_dir {cfg['output_dir']}")
+        metrics = {}
+    else:
+        metrics = load_object(modes[kind].trainer)(cfg, log=log)
     from specbuild.training.defaults import choose_for_recipe
 
     choice = choose_for_recipe(cfg, kind, cfg["output_dir"], log=log)  # the recipe's `choose` stage, if it has one

@@ -20,6 +20,7 @@ def test_candidates_are_measured_against_none_and_the_fastest_is_chosen(tmp_path
     assert [r["settings"] for r in rows] == ["none", *candidates]
     assert rows[0]["tau"] == 1.0 and rows[0]["speedup"] == 1.0
     assert all(r["tau"] >= 1.0 and r["engine_ms_per_step"] > 0 and r["tokens_per_s"] > 0 for r in rows)
+    assert all(r["same_as_none"] == "2/2" for r in rows)  # greedy speculation is exact
     chosen = best(rows)
     assert chosen in rows[1:] and chosen["tokens_per_s"] == max(r["tokens_per_s"] for r in rows[1:])
 

@@ -58,3 +58,27 @@ def test_overrides_set_dotted_keys_with_yaml_values_and_end_by_shortens_the_budg
     assert recipe.loop_budget({"time_budget_s": 300}, 10) == 300
     budget = recipe.loop_budget({"time_budget_s": 300, "end_by": time.time() + 100, "end_reserve_s": 20}, 10)
     assert 79 <= budget <= 80
+
+
+def test_choose_only_measures_the_installed_heads_without_training(tmp_path, monkeypatch):
+    import json
+
+    from specbuild.errors import SpecbuildError
+    from specbuild.plugins import registry
+    from specbuild.training import defaults
+
+    heads = tmp_path / "heads"
+    text = f"kind: eagle3\nbase_model: {tmp_path}\nwork_dir: {tmp_path / 'w'}\noutput_dir: {heads}\n"
+    (tmp_path / "plain.yaml").write_text(text)
+    (tmp_path / "r.yaml").write_text(text + "choose:\n  candidates:\n    - {eagle_depth: 3}\n")
+    calls = []
+    monkeypatch.setattr(registry, "load_object", lambda name: pytest.fail("the trainer ran"))
+    monkeypatch.setattr(defaults, "choose_for_recipe", lambda cfg, kind, d, log: calls.append((kind, d)) or {"x": 1})
+    with pytest.raises(SpecbuildError, match="needs a `choose` stage"):
+        recipe.run_recipe(tmp_path / "plain.yaml", device="cpu", choose_only=True)
+    with pytest.raises(SpecbuildError, match="no heads in output_dir"):
+        recipe.run_recipe(tmp_path / "r.yaml", device="cpu", choose_only=True)
+    heads.mkdir()
+    (heads / "config.json").write_text(json.dumps({}))
+    assert recipe.run_recipe(tmp_path / "r.yaml", device="cpu", choose_only=True) == {"choice": {"x": 1}}
+    assert calls == [("eagle3", str(heads))]
