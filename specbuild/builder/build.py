@@ -28,10 +28,29 @@ def build_plan(plan: BuildPlan, log=print) -> Path:
         log("warning: typical acceptance is LOSSY (not distribution-preserving); the engine is marked lossless: false")
     if plan.checkpoint.dtype == "bfloat16" and plan.weights == "fp32":
         log("bfloat16 checkpoint: building a float32 engine (ONNX Runtime CPU has few bfloat16 kernels)")
+    if slow_quantized_verification(plan):
+        log(
+            f"note: --weights {plan.weights} with float activations: ONNX Runtime computes a call of 2+ tokens by "
+            "dequantizing every weight (SmolLM2: a 2-token call costs 2.6x a 1-token one), so speculation rarely "
+            "pays; --int8-activations keeps multi-token calls cheap (exact for chain drafts)"
+        )
     with atomic_output_dir(plan.target) as tmp:
         manifest = write_engine(plan, tmp, log, started)
     log(f"engine written to {plan.target.shown} in {manifest['build_seconds']} s")
     return Path(plan.target.shown)
+
+
+def slow_quantized_verification(plan: BuildPlan) -> bool:
+    """A speculative ONNX Runtime engine with blockwise-quantized weights and float activations (MatMulNBits level 1
+    dequantizes the weights for calls of two or more rows)."""
+    from specbuild.plugins.registry import baseline_mode
+
+    return (
+        plan.weights in ("int4", "int8")
+        and not plan.options.int8_activations
+        and plan.mode != baseline_mode()
+        and ef.BACKEND_ONNXRUNTIME in plan.options.backends
+    )
 
 
 def write_engine(plan: BuildPlan, directory: Path, log, started: float, net=None) -> dict:

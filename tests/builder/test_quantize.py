@@ -168,3 +168,18 @@ def test_int8_activations_keep_chain_speculation_exact(toy, tmp_path):
         toy, tmp_path / "eagle-tree", BuildOptions(speculative_mode="eagle3", **options, **MODES["eagle3"]), log=quiet
     )
     assert Engine(eagle_tree, allow_lossy=True).manifest["lossless"] is False
+
+
+def test_quantized_speculation_with_float_activations_gets_a_note(toy, tmp_path):
+    """ONNX Runtime's level-1 MatMulNBits dequantizes for 2+ rows: the build says so where it matters."""
+    from specbuild.builder.build import slow_quantized_verification
+    from specbuild.builder.plan import resolve
+
+    def slow(**kw):
+        return slow_quantized_verification(resolve(toy, tmp_path / "x", BuildOptions(**kw)))
+
+    assert slow(speculative_mode="medusa", weights="int4", **MODES["medusa"])
+    assert not slow(speculative_mode="medusa", weights="int4", int8_activations=True, backends=("onnxruntime",))
+    assert not slow(weights="int4")  # no speculation
+    assert not slow(speculative_mode="ngram", num_draft_tokens=3)  # float weights
+    assert not slow(speculative_mode="ngram", weights="int4", backends=("tensorrt",))
