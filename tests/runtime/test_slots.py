@@ -37,6 +37,14 @@ def _stacked_writer(slots: StackedSlots):
     return outputs
 
 
+def _two_rows(slots: int, capacity: int):
+    """A shared cache of `slots` slots with two empty rows in use, and its writer."""
+    cache = SharedSlots(_layout(ef.KV_SHARED), slots, capacity)
+    cache.add()
+    cache.add()
+    return cache, _shared_writer(cache)
+
+
 @pytest.mark.parametrize("kind", [ef.KV_SHARED, ef.KV_STACKED])
 def test_rows_join_leave_and_keep_their_positions(kind):
     layout = _layout(kind)
@@ -56,10 +64,7 @@ def test_rows_join_leave_and_keep_their_positions(kind):
 
 
 def test_shared_commit_moves_accepted_nodes_down():
-    slots = SharedSlots(_layout(ef.KV_SHARED), 2, 16)
-    slots.add()
-    slots.add()
-    writer = _shared_writer(slots)
+    slots, writer = _two_rows(2, 16)
     _fill(slots, 1, 0.0, 2, writer)
     # the graph wrote 4 tree nodes of row 1 at [2, 6); nodes 0, 2, 3 are accepted
     slots.data[:, :, 1, :, 2:6] = np.array([100.0, 101.0, 102.0, 103.0])[:, None]
@@ -91,10 +96,7 @@ def test_state_array_grows_by_doubling_up_to_its_limit():
 
 
 def test_shared_growth_copies_only_the_committed_positions_of_slots_in_use():
-    slots = SharedSlots(_layout(ef.KV_SHARED), 4, 4)
-    slots.add()
-    slots.add()
-    writer = _shared_writer(slots)
+    slots, writer = _two_rows(4, 4)
     _fill(slots, 0, 10.0, 2, writer)
     _fill(slots, 1, 20.0, 3, writer)
     slots.data[:, :, :2, :, 3:] = -1.0  # scratch after the longest committed length
