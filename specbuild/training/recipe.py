@@ -198,8 +198,9 @@ def run_recipe(
 ) -> dict:
     """Run a whole recipe (with `overrides`, see `apply_override`) with the trainer of the mode its `kind` names (on
     `device`, see check_device), then its `choose` stage (the fastest measured build settings become the heads'
-    defaults); returns the trainer's metrics, with the choice under `choice`. choose_only: the `choose` stage alone,
-    on the heads already in `output_dir` (e.g. heads trained on a GPU, measured on the CPU that will serve them)."""
+    defaults; not where `choose.after_training` is false); returns the trainer's metrics, with the choice under
+    `choice`. choose_only: the `choose` stage alone, on the heads already in `output_dir` (e.g. heads trained on a
+    GPU, measured on the CPU that will serve them)."""
     from specbuild.errors import SpecbuildError
     from specbuild.plugins.registry import load_object, trainable_modes
 
@@ -216,6 +217,8 @@ def run_recipe(
         metrics = {}
     else:
         metrics = load_object(modes[kind].trainer)(cfg, log=log)
+        if not (cfg.get("choose") or {}).get("after_training", True):
+            return metrics  # trained where it will not serve (a GPU host): choose there later, with --choose-only
     from specbuild.training.defaults import choose_for_recipe
 
     choice = choose_for_recipe(cfg, kind, cfg["output_dir"], log=log)  # the recipe's `choose` stage, if it has one

@@ -82,3 +82,8 @@ def test_choose_only_measures_the_installed_heads_without_training(tmp_path, mon
     (heads / "config.json").write_text(json.dumps({}))
     assert recipe.run_recipe(tmp_path / "r.yaml", device="cpu", choose_only=True) == {"choice": {"x": 1}}
     assert calls == [("eagle3", str(heads))]
+    # a recipe trained where it will not serve (choose.after_training: false) trains without choosing
+    (tmp_path / "gpu.yaml").write_text(text + "choose:\n  after_training: false\n  candidates: [{eagle_depth: 3}]\n")
+    monkeypatch.setattr(registry, "load_object", lambda name: lambda cfg, log: {"trained": 1})
+    assert recipe.run_recipe(tmp_path / "gpu.yaml", device="cpu") == {"trained": 1} and len(calls) == 1
+    assert recipe.run_recipe(tmp_path / "gpu.yaml", device="cpu", choose_only=True)["choice"] == {"x": 1}
