@@ -46,7 +46,7 @@ def slow_quantized_verification(plan: BuildPlan) -> bool:
     from specbuild.plugins.registry import baseline_mode
 
     return (
-        plan.weights in ("int4", "int8")
+        plan.weights in ef.BLOCKWISE_WEIGHTS
         and not plan.options.int8_activations
         and plan.mode != baseline_mode()
         and ef.BACKEND_ONNXRUNTIME in plan.options.backends

@@ -132,7 +132,7 @@ class _BuildOptions:
         bs = self.weights_block_size
         if isinstance(bs, bool) or not isinstance(bs, int) or bs < 16 or bs > 256 or bs & (bs - 1):
             fail("weights_block_size", "a power of two between 16 and 256")
-        if self.int8_activations and self.weights not in ("int4", "int8"):
+        if self.int8_activations and self.weights not in ef.BLOCKWISE_WEIGHTS:
             raise SpecbuildError(f"{source}--int8-activations applies to --weights int4 or int8")
         if self.weights == "int8" and ef.BACKEND_TENSORRT in self.backends:
             raise SpecbuildError(
