@@ -35,3 +35,13 @@ def test_choice_prompts_are_fresh_and_never_training_prompts(smollm2_hf, tmp_pat
     (tmp_path / "train.jsonl").write_text(json.dumps({"id": "x", "prompt_ids": first[0], "gen_ids": [1]}) + "\n")
     again = fresh_prompts(smollm2_hf, tmp_path, 6)
     assert first[0] not in again and len(again) == 6 and sum(p in again for p in first[1:]) >= 4
+
+
+def test_a_candidate_whose_output_differed_from_none_never_wins():
+    rows = [
+        {"settings": "none", "tokens_per_s": 10.0, "same_as_none": "4/4"},
+        {"settings": {"a": 1}, "tokens_per_s": 30.0, "same_as_none": "3/4"},
+        {"settings": {"a": 2}, "tokens_per_s": 20.0, "same_as_none": "4/4"},
+    ]
+    assert best(rows)["settings"] == {"a": 2}
+    assert best(rows[:2]) is None
