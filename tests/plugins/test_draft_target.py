@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.convert import convert_checkpoint
@@ -112,6 +113,7 @@ def test_vocabulary_subset_drafts_stay_exact(tmp_path):
     config["specbuild_defaults"] = {"num_draft_tokens": 3, "draft_vocab_size": 30, "draft_top_k": 2}
     config["specbuild_defaults"]["by_weights"] = {}
     config["specbuild_defaults"]["by_weights"]["int4"] = {"num_draft_tokens": 1, "draft_vocab_size": 20}
+    config["specbuild_defaults"]["by_weights"]["fp32"] = {"draft_weights": "int4"}  # a cheaper draft, same output
     (draft_dir / "config.json").write_text(json.dumps(config))
     ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={MODE: draft_dir}, progress=False)
     from specbuild.builder.checkpoint import Checkpoint
@@ -123,6 +125,8 @@ def test_vocabulary_subset_drafts_stay_exact(tmp_path):
     assert engine.manifest["mode"]["draft_model"]["vocab_size"] == 30
     assert engine.manifest["mode"]["drafter"]["num_draft_tokens"] == 3
     assert engine.manifest["mode"]["drafter"]["top_k"] == 2  # a tree of 2 x 3 drafts
+    draft = yaml.safe_load((tmp_path / "engine" / "draft" / "engine.yaml").read_text())
+    assert draft["weights"]["precision"] == "int4" and draft["weights"]["activations"] == "int8"
     for prompt in PROMPTS:
         got = engine.generate(input_ids=prompt, max_new_tokens=20, decode_text=False)
         assert got.output_ids == hf_greedy(target, prompt, 20)
@@ -301,6 +305,15 @@ def test_drafts_with_another_tokenizer_are_refused(tmp_path):
     with pytest.raises(SpecbuildError, match="special token"):
         convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt-special", heads={MODE: special}, progress=False)
     assert not (tmp_path / "ckpt-special").exists()
+    recorded = tmp_path / "draft-recorded"  # a recorded build default that is not one
+    narrow_draft(shape, vocab_size=100).save_pretrained(recorded)
+    write_char_tokenizer(recorded)
+    config = json.loads((recorded / "config.json").read_text())
+    config["specbuild_defaults"] = {"by_weights": {"fp32": {"draft_weights": "int3"}}}
+    (recorded / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecbuildError, match=r"specbuild_defaults.by_weights.fp32.draft_weights 'int3' is not one of"):
+        convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt-recorded", heads={MODE: recorded}, progress=False)
+    assert not (tmp_path / "ckpt-recorded").exists()
 
 
 def test_bad_build_options_are_refused_before_any_work(tmp_path, tiny_checkpoints):

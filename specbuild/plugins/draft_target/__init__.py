@@ -38,7 +38,9 @@ MODE = ModeSpec(
         ModeOption(
             "draft_weights",
             "text",
-            "draft-target: the draft graph's weights (fp32, fp16, int8, int4; default: the target's --weights).",
+            "draft-target: the draft graph's weights (fp32, fp16, int8, int4; int8/int4 run with int8 activations: "
+            "the draft's roundings never change the output; default: the measured choice recorded with the draft, "
+            "else the target's --weights).",
             metavar="fp32|fp16|int8|int4",
         ),
         ModeOption(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from specbuild import engine_format as ef
 from specbuild.builder.checkpoint import read_json
 from specbuild.builder.convert import EMBED, validate_base_tensors
 from specbuild.builder.model_config import ModelConfig
@@ -29,6 +30,7 @@ DEFAULT_KEYS = {
     "num_draft_tokens": "default_num_draft_tokens",
     "draft_vocab_size": "default_vocab_size",
     "draft_top_k": "default_draft_top_k",
+    "draft_weights": "default_draft_weights",  # the draft's roundings never change the output: its cheapest weights
 }
 
 
@@ -46,7 +48,10 @@ def convert_draft_model(head_dir: Path, model: ModelConfig, base: dict, base_dir
     raw.pop(CHOICE_KEY, None)
     if not isinstance(chosen, dict):
         raise SpecbuildError(f"{config_file}: {CHOSEN_KEY} must be an object")
-    own = {**own, **{DEFAULT_KEYS[k]: v for k, v in chosen.items() if k in DEFAULT_KEYS}}
+    own = {
+        **own,
+        **{DEFAULT_KEYS[k]: _default(chosen, k, CHOSEN_KEY, config_file) for k in chosen if k in DEFAULT_KEYS},
+    }
     by_weights = chosen.get("by_weights") or {}  # another choice for some --weights (int4: drafts cost more there)
     if not isinstance(by_weights, dict) or not all(isinstance(v, dict) for v in by_weights.values()):
         raise SpecbuildError(f"{config_file}: {CHOSEN_KEY}.by_weights must map weights to build options")
@@ -76,8 +81,13 @@ def convert_draft_model(head_dir: Path, model: ModelConfig, base: dict, base_dir
         "default_vocab_size": _positive(own, "default_vocab_size", config_file),
         "default_num_draft_tokens": _positive(own, "default_num_draft_tokens", config_file),
         "default_draft_top_k": _positive(own, "default_draft_top_k", config_file),
+        "default_draft_weights": _weights(own, "default_draft_weights", config_file),
         "defaults_by_weights": {
-            w: {DEFAULT_KEYS[k]: _positive(d, k, config_file) for k in DEFAULT_KEYS if k in d}
+            w: {
+                DEFAULT_KEYS[k]: _default(d, k, f"{CHOSEN_KEY}.by_weights.{w}", config_file)
+                for k in DEFAULT_KEYS
+                if k in d
+            }
             for w, d in by_weights.items()
         },
     }
@@ -86,10 +96,24 @@ def convert_draft_model(head_dir: Path, model: ModelConfig, base: dict, base_dir
     return cfg, tensors
 
 
-def _positive(own: dict, key: str, source) -> int | None:
+def _default(chosen: dict, key: str, where: str, source):
+    """One recorded build option of `chosen` (a DEFAULT_KEYS name), checked."""
+    if key == "draft_weights":
+        return _weights(chosen, key, source, where)
+    return _positive(chosen, key, source, where)
+
+
+def _positive(own: dict, key: str, source, where: str = OWN_KEY) -> int | None:
     value = own.get(key)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise SpecbuildError(f"{source}: {OWN_KEY}.{key} {value!r} is not an integer >= 1")
+        raise SpecbuildError(f"{source}: {where}.{key} {value!r} is not an integer >= 1")
+    return value
+
+
+def _weights(own: dict, key: str, source, where: str = OWN_KEY) -> str | None:
+    value = own.get(key)
+    if value is not None and value not in ef.WEIGHTS:
+        raise SpecbuildError(f"{source}: {where}.{key} {value!r} is not one of {', '.join(ef.WEIGHTS)}")
     return value
 
 
