@@ -29,6 +29,7 @@ KV_STACKED = "stacked"
 KV_SHARED = "shared"
 WEIGHTS = ("fp32", "fp16", "int8", "int4")
 BLOCKWISE_WEIGHTS = ("int8", "int4")  # MatMulNBits blocks in the ONNX Runtime graph
+BLOCKWISE_BITS = {"int8": 8, "int4": 4}  # bits per weight of each
 
 # Step-graph I/O (stable names; recorded in engine.yaml).
 BATCH = "num_sequences"  # the B dimension: sequences advanced by one call (each with its own length, tree and KV slot)

@@ -38,7 +38,9 @@ class GraphKind:
 
     def build(self, plan: BuildPlan, net, plugin, backends: list[str], directory: Path, log) -> dict:
         """Write the graph to directory/file; return its engine.yaml entry (for backends[0])."""
-        from specbuild.builder.quantize import quantize_step_graph
+        import onnx
+
+        from specbuild.builder.quantize import mode_nodes, quantize_step_graph
 
         step = self.module(plan, net, plugin, plan.options.output_logits or plan.quantized_bits is not None).eval()
         path = directory / self.file
@@ -49,8 +51,12 @@ class GraphKind:
         diff = export.validate_export(step, path, plan.tolerance)
         log(f"{name} graph validated against torch: max abs diff {diff:.3g} (bound {plan.tolerance:g})")
         entry = {"validation": {"max_abs_diff": diff, "tolerance": plan.tolerance}}
+        heads = plan.options.head_weights if self.contrib_ops else None  # ONNX Runtime's MatMulNBits only
+        head_nodes = mode_nodes(onnx.load(str(path), load_external_data=False)) if heads else []
         if plan.quantized_bits is not None:
             entry["quantization"] = quantize_step_graph(step, path, plan, self.contrib_ops, name, log)
+        if heads:
+            entry["head_quantization"] = quantize_heads(path, head_nodes, heads, plan.options.weights_block_size, log)
         export.lint_graph(path, tensorrt=ef.BACKEND_TENSORRT in backends)
         opset = export.record_metadata(path, {ef.GRAPH_MAX_POSITIONS: self.max_positions(plan)})
         return {
@@ -63,6 +69,22 @@ class GraphKind:
             **entry,
             **self.layout_entry(plan),
         }
+
+
+def quantize_heads(path: Path, head_nodes: list[str], weights: str, block_size: int, log) -> dict:
+    """`--head-weights`: the mode's own matmuls of the graph at `path` in blocks; engine.yaml's head_quantization."""
+    from specbuild.builder.quantize import quantize_mode_weights
+
+    bits = ef.BLOCKWISE_BITS[weights]
+    count = quantize_mode_weights(path, head_nodes, bits, block_size)
+    log(f"heads: {count} matmuls of the mode's own in {weights} blocks of {block_size}, int8 activations")
+    return {
+        "bits": bits,
+        "block_size": block_size,
+        "symmetric": True,
+        "accuracy_level": ef.ACCURACY_INT8,
+        "matmuls": count,
+    }
 
 
 class PortableGraph(GraphKind):

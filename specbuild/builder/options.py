@@ -35,6 +35,7 @@ class _BuildOptions:
     weights: str | None = None  # fp32, fp16, int8, int4 (default: fp16 for a float16 checkpoint, else fp32)
     weights_block_size: int = 32  # int4/int8: weights per quantization block along K
     int8_activations: bool = False  # int4/int8: quantize activations to int8 too (faster; calls padded, ort_kernels)
+    head_weights: str | None = None  # int8/int4: the mode's own matmuls (heads, draft layers) in the onnxruntime graph
     tensorrt: bool = False
     fp16_plan: bool = False
     overwrite: bool = False
@@ -134,6 +135,12 @@ class _BuildOptions:
             fail("weights_block_size", "a power of two between 16 and 256")
         if self.int8_activations and self.weights not in ef.BLOCKWISE_WEIGHTS:
             raise SpecbuildError(f"{source}--int8-activations applies to --weights int4 or int8")
+        if self.head_weights is not None and self.head_weights not in ef.BLOCKWISE_WEIGHTS:
+            fail("head_weights", f"one of {', '.join(ef.BLOCKWISE_WEIGHTS)}")
+        if self.head_weights is not None and ef.BACKEND_ONNXRUNTIME not in self.backends:
+            raise SpecbuildError(
+                f"{source}--head-weights quantizes the onnxruntime graph's heads: add onnxruntime to --backends"
+            )
         if self.weights == "int8" and ef.BACKEND_TENSORRT in self.backends:
             raise SpecbuildError(
                 f"{source}--weights int8 builds the onnxruntime graph only (TensorRT's ONNX parser takes blockwise "

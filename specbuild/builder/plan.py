@@ -11,7 +11,8 @@ from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.options import BuildOptions, flag
 from specbuild.errors import SpecbuildError
 from specbuild.fsutil import OutputTarget, existing_paths, prepare_output_dir
-from specbuild.plugins.registry import get_mode, load_object, mode_options, modes_reading
+from specbuild.plugins.registry import get_mode, load_object, mode_names, mode_options, modes_reading
+from specbuild.plugins.spec import ENGINE_DRAFTED
 
 
 @dataclasses.dataclass
@@ -41,7 +42,7 @@ class BuildPlan:
 
     @property
     def quantized_bits(self) -> int | None:
-        return {"int4": 4, "int8": 8}.get(self.weights)
+        return ef.BLOCKWISE_BITS.get(self.weights)
 
 
 def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
@@ -115,6 +116,12 @@ def _require_tensorrt() -> None:
 
 def _check_mode_options(options: BuildOptions) -> None:
     """A mode-specific option the chosen mode does not read is an error (it would be silently ignored)."""
+    if options.head_weights is not None and get_mode(options.speculative_mode).family != ENGINE_DRAFTED:
+        raise SpecbuildError(
+            f"--head-weights applies to modes whose step graph drafts with heads "
+            f"({', '.join(m for m in mode_names() if get_mode(m).family == ENGINE_DRAFTED)}), not "
+            f"--speculative-mode {options.speculative_mode}"
+        )
     reads = {o.name for o in get_mode(options.speculative_mode).options}
     for name in mode_options():
         if getattr(options, name) is not None and name not in reads:

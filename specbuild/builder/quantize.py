@@ -94,6 +94,133 @@ def quantize_graph(
     onnx.save(model, str(out_path), save_as_external_data=True, location=out_path.name + ".data", size_threshold=1024)
 
 
+def quantize_mode_weights(onnx_path: Path, names: list[str], bits: int, block_size: int) -> int:
+    """`build --head-weights`: the mode's own matmuls among the nodes `names` (mode_nodes, read from the graph as
+    exported: quantization drops the metadata) of the ONNX Runtime graph at onnx_path, in place, as MatMulNBits with
+    `bits`-bit blocks and int8 activations (accuracy level 4; the draft's calls have a few rows, where level 1 would
+    dequantize the weights). The heads only propose drafts: their roundings never change an accepted token. Returns
+    how many matmuls were quantized (the target's stay as they are)."""
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    model = onnx.load(str(onnx_path))
+    wanted = set(names)
+    _gemms_to_matmuls(model, wanted)
+    _fold_weight_transposes(model, wanted)
+    inits = {i.name for i in model.graph.initializer}
+    heads = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name in wanted and n.input[1] in inits]
+    if not heads:
+        return 0
+    others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in set(heads)]
+    settings = dict(
+        block_size=block_size,
+        is_symmetric=True,
+        accuracy_level=ACCURACY_INT8,
+        quant_format=QuantFormat.QOperator,
+        op_types_to_quantize=("MatMul",),
+    )
+    logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
+    config = DefaultWeightOnlyQuantConfig(bits=bits, **settings)
+    quantizer = MatMulNBitsQuantizer(model, bits=bits, algo_config=config, nodes_to_exclude=others, **settings)
+    try:
+        quantizer.process()
+    except Exception as exc:  # the quantizer raises assertion/value errors on shapes it cannot handle
+        raise SpecbuildError(f"{onnx_path.name}: head weight quantization failed ({exc})") from None
+    model = quantizer.model.model
+    _merge_repeated_definitions(model)
+    used = _read_names(model.graph)
+    for init in list(model.graph.initializer):  # the float weights the quantized ones replaced
+        if init.name not in used:
+            model.graph.initializer.remove(init)
+    staged = onnx_path.with_name("heads." + onnx_path.name)
+    onnx.save(model, str(staged), save_as_external_data=True, location=staged.name + ".data", size_threshold=1024)
+    old_data = _external_files(onnx_path)
+    staged.replace(onnx_path)
+    for name in old_data - _external_files(onnx_path):
+        (onnx_path.parent / name).unlink(missing_ok=True)
+    return len(heads)
+
+
+def _external_files(onnx_path: Path) -> set[str]:
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    return {e.value for i in model.graph.initializer for e in i.external_data if e.key == "location"}
+
+
+def _read_names(graph: onnx.GraphProto) -> set[str]:
+    """Every value name a node of `graph` or of its subgraphs (If branches) reads, and the graph's outputs."""
+    names = {o.name for o in graph.output}
+    for node in graph.node:
+        names.update(node.input)
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                names |= _read_names(sub)
+    return names
+
+
+def _gemms_to_matmuls(model: onnx.ModelProto, readers: set[str]) -> None:
+    """Gemm(A, constant B) among `readers` (alpha 1, A not transposed) -> MatMul(A, B or its transposed copy) and
+    Add(C) where it has one, under the Gemm's name (the quantizer takes MatMul only). A weight the target also reads
+    (Medusa's heads share the base lm_head) gets a copy of its own; the target keeps the float one."""
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    transposed: dict[str, str] = {}
+    for node in list(graph.node):
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if (
+            node.op_type != "Gemm"
+            or node.name not in readers
+            or node.input[1] not in inits
+            or attrs.get("alpha", 1.0) != 1.0
+            or attrs.get("transA", 0)
+            or (len(node.input) > 2 and node.input[2] and attrs.get("beta", 1.0) != 1.0)
+        ):
+            continue
+        weight = node.input[1]
+        if attrs.get("transB", 0):
+            if weight not in transposed:
+                transposed[weight] = f"{weight}.transposed"
+                array = numpy_helper.to_array(inits[weight]).T
+                graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(array), transposed[weight]))
+            weight = transposed[weight]
+        bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        product = f"{node.output[0]}.matmul" if bias else node.output[0]
+        replacement = [helper.make_node("MatMul", [node.input[0], weight], [product], name=node.name)]
+        if bias:
+            replacement.append(helper.make_node("Add", [product, bias], list(node.output), name=f"{node.name}.bias"))
+        position = list(graph.node).index(node)
+        graph.node.remove(node)
+        for offset, new in enumerate(replacement):
+            graph.node.insert(position + offset, new)
+
+
+def _fold_weight_transposes(model: onnx.ModelProto, readers: set[str]) -> None:
+    """Transpose(constant) feeding only matmuls among `readers` -> the transposed constant (the quantizer takes
+    constant weights only; ONNX Runtime folds such a Transpose at load anyway)."""
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    sources = set()
+    for node in list(graph.node):
+        if node.op_type != "Transpose" or node.input[0] not in inits:
+            continue
+        users = consumers.get(node.output[0], [])
+        if not users or any(
+            u.op_type != "MatMul" or u.name not in readers or u.input[0] == node.output[0] for u in users
+        ):
+            continue
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+        folded = numpy_helper.to_array(inits[node.input[0]]).transpose(perm)
+        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(folded), node.output[0]))
+        graph.node.remove(node)
+        sources.add(node.input[0])
+    used = _read_names(graph)
+    for name in sources - used:
+        graph.initializer.remove(inits[name])
+
+
 def _merge_repeated_definitions(model: onnx.ModelProto) -> None:
     """A weight read by several MatMuls (a draft lm_head applied at every depth) comes out of the quantizer once per
     reader, under the same names: keep one definition of each (they are identical: same weight, same bytes)."""

@@ -191,6 +191,13 @@ def _run_build(checkpoint_dir, output_dir, options) -> Path:
     "from the float-activation engine's; speculation stays exact against the none engine built the same way "
     "(attention is padded to two or more rows so that every op is batch-invariant).",
 )
+@click.option(
+    "--head-weights",
+    type=OneLineChoice(ef.BLOCKWISE_WEIGHTS),
+    help="Medusa/EAGLE/ReDrafter: the heads' and draft layers' own matmuls in int8 or int4 blocks with int8 "
+    "activations (onnxruntime graph; the target's weights stay at --weights). Drafts only propose: greedy output "
+    "is unchanged, sampling keeps the target distribution; tau may move slightly (default: float heads).",
+)
 @click.option("--output-logits", is_flag=True, help="Also output the logits of every new token.")
 @click.option("--tensorrt", is_flag=True, help="Also compile a TensorRT plan (NVIDIA GPU host with tensorrt).")
 @click.option("--fp16-plan", is_flag=True, help="Build the TensorRT plan with fp16 kernels.")
@@ -208,6 +215,7 @@ def build(
     weights,
     weights_block_size,
     int8_activations,
+    head_weights,
     output_logits,
     tensorrt,
     fp16_plan,
@@ -230,6 +238,7 @@ def build(
         weights=weights,
         weights_block_size=weights_block_size,
         int8_activations=int8_activations or None,
+        head_weights=head_weights,
         output_logits=output_logits or None,
         tensorrt=tensorrt or None,
         fp16_plan=fp16_plan or None,

@@ -197,8 +197,10 @@ SCHEMA: dict[str, Any] = {
         nullable=True,
     ),
     "weights": Check(
-        "a mapping (mode_weights: the heads' and draft layers' dtype, float32 or float16)",
-        lambda v: isinstance(v, dict) and v.get("mode_weights", ENGINE_DTYPES[0]) in ENGINE_DTYPES,
+        "a mapping (mode_weights: the heads' and draft layers' weights, float32, float16, int8 or int4)",
+        lambda v: (
+            isinstance(v, dict) and v.get("mode_weights", ENGINE_DTYPES[0]) in ENGINE_DTYPES + ef.BLOCKWISE_WEIGHTS
+        ),
         optional=True,
     ),
     "build_seconds": number(optional=True, nullable=True),

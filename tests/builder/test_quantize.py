@@ -183,3 +183,42 @@ def test_quantized_speculation_with_float_activations_gets_a_note(toy, tmp_path)
     assert not slow(weights="int4")  # no speculation
     assert not slow(speculative_mode="ngram", num_draft_tokens=3)  # float weights
     assert not slow(speculative_mode="ngram", weights="int4", backends=("tensorrt",))
+
+
+@pytest.mark.parametrize("weights", ["fp32", "int4"])
+def test_head_weights_quantize_the_heads_alone_and_keep_the_output(toy, tmp_path, weights):
+    """--head-weights: the mode's own matmuls (Medusa's heads, EAGLE-3's draft layer, fc and lm_head at every depth)
+    become MatMulNBits with int8 activations in the onnxruntime graph, the target's stay as --weights built them,
+    and the greedy output is the same-weights none engine's (drafts only propose)."""
+    ort = (ef.BACKEND_ONNXRUNTIME,)
+    base, _ = _outputs(build_engine(toy, tmp_path / "none", BuildOptions(weights=weights, backends=ort)), ort[0])
+    for mode, heads, at_least in (("medusa", "int8", 2), ("eagle3", "int4", 9)):
+        options = BuildOptions(speculative_mode=mode, weights=weights, backends=ort, head_weights=heads, **MODES[mode])
+        engine_dir = build_engine(toy, tmp_path / mode, options, log=quiet)
+        outputs, steps = _outputs(engine_dir, ort[0])
+        assert outputs == base and max(steps) > 1, mode
+        manifest = Engine(engine_dir).manifest
+        assert manifest["weights"]["mode_weights"] == heads
+        (graph,) = manifest["graphs"]
+        q = graph["head_quantization"]
+        assert (q["bits"], q["accuracy_level"]) == (ef.BLOCKWISE_BITS[heads], ef.ACCURACY_INT8)
+        fused = onnx.load(str(engine_dir / ef.ENGINE_ORT_ONNX), load_external_data=False)
+        blocks = [n for n in fused.graph.node if n.op_type == "MatMulNBits"]
+        levels = [next(a.i for a in n.attribute if a.name == "accuracy_level") for n in blocks]
+        assert len(blocks) == q["matmuls"] >= at_least and set(levels) == {ef.ACCURACY_INT8}
+        floats = {i.name for i in fused.graph.initializer if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2}
+        target = [n for n in fused.graph.node if n.op_type == "MatMul" and n.input[1] in floats]
+        assert bool(target) == (weights == "fp32")  # fp32: the target's matmuls stay float (int4: DequantizeLinear)
+
+
+def test_head_weights_are_refused_where_no_heads_or_graph_take_them(toy, tmp_path):
+    cases = [
+        (dict(head_weights="int8"), "applies to modes whose step graph drafts with heads"),
+        (dict(speculative_mode="ngram", head_weights="int4"), "not --speculative-mode ngram"),
+        (dict(speculative_mode="medusa", head_weights="fp16"), "--head-weights .fp16. is invalid"),
+        (dict(speculative_mode="medusa", head_weights="int8", backends=(ef.BACKEND_TENSORRT,)), "add onnxruntime"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(SpecbuildError, match=message):
+            build_engine(toy, tmp_path / "x", BuildOptions(**kwargs), log=quiet)
+        assert not (tmp_path / "x").exists()
