@@ -66,32 +66,39 @@ def quantize_graph(
 
     fused_gather: the embedding becomes GatherBlockQuantized (ONNX Runtime graph) instead of DequantizeLinear ->
     Gather (portable graph)."""
-    from onnxruntime.quantization import QuantFormat
-    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
-
     model = onnx.load(str(onnx_path))
     float_nodes = mode_nodes(model)  # before the opset conversion, which drops the nodes' metadata
     if bits == 4:
         model = _with_opset(model, QDQ_OPSET)
+    try:
+        model = _quantize_matmuls(model, bits, block_size, accuracy_level, qdq=bits == 4, exclude=float_nodes)
+    except Exception as exc:  # the quantizer raises assertion/value errors on shapes it cannot handle
+        raise SpecbuildError(f"{onnx_path.name}: weight quantization failed ({exc})") from None
+    if bits == 4:
+        _quantize_embedding(model, block_size, fused=fused_gather)
+    onnx.save(model, str(out_path), save_as_external_data=True, location=out_path.name + ".data", size_threshold=1024)
+
+
+def _quantize_matmuls(model, bits: int, block_size: int, accuracy_level: int, qdq: bool, exclude: list[str]):
+    """onnxruntime.quantization's MatMulNBitsQuantizer over every constant-weight MatMul but `exclude`: symmetric
+    blocks, QDQ (DequantizeLinear -> MatMul, 4-bit only) or MatMulNBits; each repeated definition kept once."""
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
     settings = dict(
         block_size=block_size,
         is_symmetric=True,
         accuracy_level=accuracy_level,
-        quant_format=QuantFormat.QDQ if bits == 4 else QuantFormat.QOperator,
+        quant_format=QuantFormat.QDQ if qdq else QuantFormat.QOperator,
         op_types_to_quantize=("MatMul",),
     )
     logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
     config = DefaultWeightOnlyQuantConfig(bits=bits, **settings)
-    quantizer = MatMulNBitsQuantizer(model, bits=bits, algo_config=config, nodes_to_exclude=float_nodes, **settings)
-    try:
-        quantizer.process()
-    except Exception as exc:  # the quantizer raises assertion/value errors on shapes it cannot handle
-        raise SpecbuildError(f"{onnx_path.name}: weight quantization failed ({exc})") from None
+    quantizer = MatMulNBitsQuantizer(model, bits=bits, algo_config=config, nodes_to_exclude=exclude, **settings)
+    quantizer.process()
     model = quantizer.model.model
     _merge_repeated_definitions(model)
-    if bits == 4:
-        _quantize_embedding(model, block_size, fused=fused_gather)
-    onnx.save(model, str(out_path), save_as_external_data=True, location=out_path.name + ".data", size_threshold=1024)
+    return model
 
 
 def quantize_mode_weights(onnx_path: Path, names: list[str], bits: int, block_size: int) -> int:
@@ -100,9 +107,6 @@ def quantize_mode_weights(onnx_path: Path, names: list[str], bits: int, block_si
     `bits`-bit blocks and int8 activations (accuracy level 4; the draft's calls have a few rows, where level 1 would
     dequantize the weights). The heads only propose drafts: their roundings never change an accepted token. Returns
     how many matmuls were quantized (the target's stay as they are)."""
-    from onnxruntime.quantization import QuantFormat
-    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
-
     model = onnx.load(str(onnx_path))
     wanted = set(names)
     _gemms_to_matmuls(model, wanted)
@@ -112,22 +116,10 @@ def quantize_mode_weights(onnx_path: Path, names: list[str], bits: int, block_si
     if not heads:
         return 0
     others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in set(heads)]
-    settings = dict(
-        block_size=block_size,
-        is_symmetric=True,
-        accuracy_level=ACCURACY_INT8,
-        quant_format=QuantFormat.QOperator,
-        op_types_to_quantize=("MatMul",),
-    )
-    logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
-    config = DefaultWeightOnlyQuantConfig(bits=bits, **settings)
-    quantizer = MatMulNBitsQuantizer(model, bits=bits, algo_config=config, nodes_to_exclude=others, **settings)
     try:
-        quantizer.process()
+        model = _quantize_matmuls(model, bits, block_size, ACCURACY_INT8, qdq=False, exclude=others)
     except Exception as exc:  # the quantizer raises assertion/value errors on shapes it cannot handle
         raise SpecbuildError(f"{onnx_path.name}: head weight quantization failed ({exc})") from None
-    model = quantizer.model.model
-    _merge_repeated_definitions(model)
     used = _read_names(model.graph)
     for init in list(model.graph.initializer):  # the float weights the quantized ones replaced
         if init.name not in used:
