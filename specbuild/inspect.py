@@ -156,7 +156,7 @@ def describe_engine(path: Path, verify: bool = False) -> dict[str, Any]:
         "mode": man.get("mode") or {},
         "states": man.get("states") or [],
         "graphs": [
-            {k: g.get(k) for k in ("role", "backend", "file", "kv_cache", "weights", "validation")}
+            {k: g.get(k) for k in ("role", "backend", "file", "kv_cache", "weights", "head_quantization", "validation")}
             | {"io": g.get("io")}
             for g in man["graphs"]
         ],
@@ -245,7 +245,7 @@ def render(info: dict[str, Any], console=None) -> None:
             (
                 "graphs",
                 "; ".join(
-                    f"{g['role']} {g['backend']}: {g['file']} ({g['weights']}, {g['kv_cache']} KV, "
+                    f"{g['role']} {g['backend']}: {g['file']} ({g['weights']}{_heads(g)}, {g['kv_cache']} KV, "
                     f"{_size(info['files'].get(g['file'], 0))})"
                     for g in info["graphs"]
                 ),
@@ -298,3 +298,9 @@ def render(info: dict[str, Any], console=None) -> None:
         for name, h in info["heads"].items():
             heads.add_row(name, str(h.get("tensors", "?")), _size(h.get("bytes", 0)), escape(json.dumps(h["config"])))
         console.print(heads)
+
+
+def _heads(graph: dict) -> str:
+    """ ", heads int8" where the build quantized the mode's own matmuls (--head-weights)."""
+    q = graph.get("head_quantization")
+    return f", heads int{q['bits']}" if q else ""

@@ -76,6 +76,12 @@ def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
     # int4/int8 quantize the float32 graph
     weights = options.weights or ("fp16" if ckpt.dtype == "float16" else "fp32")
     engine_dtype = "float16" if weights == "fp16" else "float32"
+    unfused = fused_kernels_unsupported(ckpt.model, engine_dtype)
+    if options.head_weights and unfused and ef.BACKEND_TENSORRT in options.backends:
+        raise SpecbuildError(
+            f"--head-weights: this model's onnxruntime graph is the portable one ({unfused}), which the tensorrt "
+            "backend reads too and whose heads must stay float there: build it with --backends onnxruntime"
+        )
     return BuildPlan(
         options=options,
         checkpoint=ckpt,
@@ -91,7 +97,7 @@ def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
         # padded to >= 2 rows (it needs it on every CPU measured), and the graph takes a min_rows input with which
         # the runtime pads whole calls where the probe finds other kernels need it (runtime/row_invariance.py)
         pad_rows=1 if options.int8_activations else 0,
-        unfused=fused_kernels_unsupported(ckpt.model, engine_dtype),
+        unfused=unfused,
     )
 
 

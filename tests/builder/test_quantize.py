@@ -2,8 +2,11 @@
 token (both graphs), the portable int4 graph is TensorRT-clean blockwise DequantizeLinear, both graphs share the
 int4 bytes, the build records how far the quantized graph is from the float network, and the lossy options say so."""
 
+import dataclasses
+
 import onnx
 import pytest
+from rich.console import Console
 
 from specbuild import engine_format as ef
 from specbuild.builder.build import BuildOptions, build_engine
@@ -11,6 +14,7 @@ from specbuild.builder.convert import convert_checkpoint
 from specbuild.builder.trt_compat import lint_onnx_for_tensorrt
 from specbuild.builder.weights_file import WEIGHTS_FILE
 from specbuild.errors import SpecbuildError
+from specbuild.inspect import describe, render
 from specbuild.runtime.engine import Engine
 from tests.conftest import quiet
 from tests.plugins.eagle_fixtures import write_eagle3_head
@@ -209,6 +213,9 @@ def test_head_weights_quantize_the_heads_alone_and_keep_the_output(toy, tmp_path
         floats = {i.name for i in fused.graph.initializer if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2}
         target = [n for n in fused.graph.node if n.op_type == "MatMul" and n.input[1] in floats]
         assert bool(target) == (weights == "fp32")  # fp32: the target's matmuls stay float (int4: DequantizeLinear)
+        console = Console(record=True, width=200)
+        render(describe(engine_dir), console)
+        assert f"({weights}, heads {heads}, shared KV" in console.export_text()  # specbuild inspect says so
 
 
 def test_head_weights_are_refused_where_no_heads_or_graph_take_them(toy, tmp_path):
@@ -222,3 +229,24 @@ def test_head_weights_are_refused_where_no_heads_or_graph_take_them(toy, tmp_pat
         with pytest.raises(SpecbuildError, match=message):
             build_engine(toy, tmp_path / "x", BuildOptions(**kwargs), log=quiet)
         assert not (tmp_path / "x").exists()
+
+
+def test_head_weights_go_into_the_portable_graph_where_it_serves_onnxruntime_alone(tmp_path):
+    """A model the fused kernels cannot run (head_dim 24) gets the portable graph for onnxruntime: the heads are
+    quantized there; with the tensorrt backend reading that graph too the build is refused before any work."""
+    shape = "llama_tied_linear"
+    model = toy_model(shape, tmp_path / "hf", vocab=12, seed=4)
+    write_medusa_heads(tmp_path / "medusa", "v2", model.config.hidden_size, 12, num_heads=3, seed=4)
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={"medusa": tmp_path / "medusa"}, progress=False)
+    tree = MODES["medusa"]["tree"]
+    both = BuildOptions(speculative_mode="medusa", tree=tree, head_weights="int8")
+    with pytest.raises(SpecbuildError, match="portable one .* --backends onnxruntime"):
+        build_engine(ckpt, tmp_path / "x", both, log=quiet)
+    assert not (tmp_path / "x").exists()
+    ort = (ef.BACKEND_ONNXRUNTIME,)
+    none = build_engine(ckpt, tmp_path / "none", BuildOptions(backends=ort), log=quiet)
+    engine_dir = build_engine(ckpt, tmp_path / "medusa-h8", dataclasses.replace(both, backends=ort), log=quiet)
+    (graph,) = Engine(engine_dir).manifest["graphs"]
+    assert graph["file"] == ef.ENGINE_ONNX and graph["head_quantization"]["matmuls"] >= 2
+    outputs, steps = _outputs(engine_dir, ort[0])
+    assert outputs == _outputs(none, ort[0])[0] and max(steps) > 1
