@@ -301,6 +301,6 @@ def render(info: dict[str, Any], console=None) -> None:
 
 
 def _heads(graph: dict) -> str:
-    """ ", heads int8" where the build quantized the mode's own matmuls (--head-weights)."""
+    """The heads' precision where the build quantized the mode's own matmuls (--head-weights), else nothing."""
     q = graph.get("head_quantization")
     return f", heads int{q['bits']}" if q else ""

@@ -58,11 +58,9 @@ def mode_nodes(model: onnx.ModelProto) -> list[str]:
     return out
 
 
-def quantize_graph(
-    onnx_path: Path, out_path: Path, bits: int, block_size: int, fused_gather: bool, accuracy_level: int
-) -> None:
-    """Quantize the graph at `onnx_path` into `out_path` (+ its external data file): the base network's weights; the
-    mode's own matmuls (mode_nodes) stay float.
+def quantize_graph(onnx_path: Path, bits: int, block_size: int, fused_gather: bool, accuracy_level: int) -> None:
+    """Quantize the graph at `onnx_path` in place (`_replace_graph`): the base network's weights; the mode's own
+    matmuls (mode_nodes) stay float.
 
     fused_gather: the embedding becomes GatherBlockQuantized (ONNX Runtime graph) instead of DequantizeLinear ->
     Gather (portable graph)."""
@@ -76,7 +74,18 @@ def quantize_graph(
         raise SpecbuildError(f"{onnx_path.name}: weight quantization failed ({exc})") from None
     if bits == 4:
         _quantize_embedding(model, block_size, fused=fused_gather)
-    onnx.save(model, str(out_path), save_as_external_data=True, location=out_path.name + ".data", size_threshold=1024)
+    _replace_graph(onnx_path, model, "quantized")
+
+
+def _replace_graph(onnx_path: Path, model: onnx.ModelProto, stage: str) -> None:
+    """Write `model` over the graph at onnx_path: saved beside it first (`stage`.NAME, with a data file of its own,
+    kept until share_weights gathers every graph's tensors), then swapped in; data files nothing reads any more go."""
+    staged = onnx_path.with_name(f"{stage}.{onnx_path.name}")
+    onnx.save(model, str(staged), save_as_external_data=True, location=staged.name + ".data", size_threshold=1024)
+    before = _external_files(onnx_path)
+    staged.replace(onnx_path)
+    for name in before - _external_files(onnx_path):
+        (onnx_path.parent / name).unlink(missing_ok=True)
 
 
 def _quantize_matmuls(model, bits: int, block_size: int, accuracy_level: int, qdq: bool, exclude: list[str]):
@@ -124,12 +133,7 @@ def quantize_mode_weights(onnx_path: Path, names: list[str], bits: int, block_si
     for init in list(model.graph.initializer):  # the float weights the quantized ones replaced
         if init.name not in used:
             model.graph.initializer.remove(init)
-    staged = onnx_path.with_name("heads." + onnx_path.name)
-    onnx.save(model, str(staged), save_as_external_data=True, location=staged.name + ".data", size_threshold=1024)
-    old_data = _external_files(onnx_path)
-    staged.replace(onnx_path)
-    for name in old_data - _external_files(onnx_path):
-        (onnx_path.parent / name).unlink(missing_ok=True)
+    _replace_graph(onnx_path, model, "heads")
     return len(heads)
 
 
@@ -320,11 +324,7 @@ def quantize_step_graph(step, onnx_path: Path, plan, fused_gather: bool, name: s
     bits, block_size = plan.quantized_bits, plan.options.weights_block_size
     level = ACCURACY_INT8 if plan.options.int8_activations else ACCURACY_FP32
     log(f"quantizing the {name} graph's weights to {plan.weights} (blocks of {block_size})")
-    staged = onnx_path.with_name("quantized." + onnx_path.name)
-    quantize_graph(onnx_path, staged, bits, block_size, fused_gather=fused_gather, accuracy_level=level)
-    onnx_path.unlink()
-    Path(str(onnx_path) + ".data").unlink(missing_ok=True)
-    staged.rename(onnx_path)  # it keeps its own data file until share_weights gathers every graph's tensors
+    quantize_graph(onnx_path, bits, block_size, fused_gather=fused_gather, accuracy_level=level)
     q = {
         "bits": bits,
         "block_size": block_size,
