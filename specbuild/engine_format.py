@@ -30,6 +30,9 @@ KV_SHARED = "shared"
 WEIGHTS = ("fp32", "fp16", "int8", "int4")
 BLOCKWISE_WEIGHTS = ("int8", "int4")  # MatMulNBits blocks in the ONNX Runtime graph
 BLOCKWISE_BITS = {"int8": 8, "int4": 4}  # bits per weight of each
+# --head-weights: the heads' own matmuls stay float, or become blockwise (int8 activations) in the onnxruntime graph
+FLOAT_HEADS = "float"
+HEAD_WEIGHTS = (FLOAT_HEADS, *BLOCKWISE_WEIGHTS)
 
 # Step-graph I/O (stable names; recorded in engine.yaml).
 BATCH = "num_sequences"  # the B dimension: sequences advanced by one call (each with its own length, tree and KV slot)

@@ -1,5 +1,7 @@
 """SmolLM2-135M-Instruct with the speculative heads shipped in the package: exact greedy ids and real acceptance."""
 
+import json
+
 import pytest
 
 from specbuild.builder.default_model import shipped_heads
@@ -52,6 +54,10 @@ def test_greedy_equals_transformers_with_shipped_heads(mode, smollm2_hf, smollm2
     engine = Engine(engine_dir)
     steps = accepted_steps(engine, PROMPTS, smollm2_greedy)
     assert sum(steps) / len(steps) > 1.15  # the shipped heads really draft accepted tokens (measured τ 1.25-1.8)
+    # the head modes build with the heads' recorded weights (int8/int4 blocks), and the output above is still exact
+    recorded = json.loads((heads[mode] / "config.json").read_text())["specbuild_defaults"].get("head_weights")
+    assert engine.manifest["weights"]["mode_weights"] == (recorded or "float32")
+    assert recorded is not None or mode == "draft-target"
 
 
 def test_ngram_greedy_equals_transformers(smollm2_checkpoint, smollm2_greedy, tmp_path):

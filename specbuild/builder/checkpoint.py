@@ -171,4 +171,9 @@ def recorded_defaults(head_cfg: dict, config_file: Path) -> dict:
     defaults = head_cfg.get("specbuild_defaults") or {}
     if not isinstance(defaults, dict):
         raise SpecbuildError(f"{config_file}: specbuild_defaults must be a mapping, got {defaults!r}")
+    if "head_weights" in defaults and defaults["head_weights"] not in ef.HEAD_WEIGHTS:
+        raise SpecbuildError(
+            f"{config_file}: specbuild_defaults.head_weights must be one of {', '.join(ef.HEAD_WEIGHTS)}, "
+            f"got {defaults['head_weights']!r}"
+        )
     return dict(defaults)

@@ -69,7 +69,7 @@ def engine_fields(plan: BuildPlan, plugin, graphs: list[dict], directory: Path) 
             "precision": plan.weights,
             "activations": "int8" if plan.options.int8_activations else "float",
             # heads and draft layers: the engine's float dtype unless --head-weights (onnxruntime graph only)
-            "mode_weights": plan.options.head_weights or plan.engine_dtype,
+            "mode_weights": plan.head_weights or plan.engine_dtype,
             "file": WEIGHTS_FILE,
             "bytes": (directory / WEIGHTS_FILE).stat().st_size,
         },

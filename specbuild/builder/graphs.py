@@ -53,7 +53,7 @@ class GraphKind:
         entry = {"validation": {"max_abs_diff": diff, "tolerance": plan.tolerance}}
         # MatMulNBits: in the graph that serves ONNX Runtime alone (the fused one, or the portable one where the
         # model's shape rules the fused kernels out and no tensorrt backend reads it: plan.resolve checks)
-        heads = plan.options.head_weights if backends == [ef.BACKEND_ONNXRUNTIME] else None
+        heads = plan.head_weights if backends == [ef.BACKEND_ONNXRUNTIME] else None
         head_nodes = mode_nodes(onnx.load(str(path), load_external_data=False)) if heads else []
         if plan.quantized_bits is not None:
             entry["quantization"] = quantize_step_graph(step, path, plan, self.contrib_ops, name, log)

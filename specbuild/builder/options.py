@@ -35,7 +35,9 @@ class _BuildOptions:
     weights: str | None = None  # fp32, fp16, int8, int4 (default: fp16 for a float16 checkpoint, else fp32)
     weights_block_size: int = 32  # int4/int8: weights per quantization block along K
     int8_activations: bool = False  # int4/int8: quantize activations to int8 too (faster; calls padded, ort_kernels)
-    head_weights: str | None = None  # int8/int4: the mode's own matmuls (heads, draft layers) in the onnxruntime graph
+    # int8/int4: the mode's own matmuls (heads, draft layers) in the onnxruntime graph; float: keep them float;
+    # None: the heads' recorded default (plan.resolve_head_weights)
+    head_weights: str | None = None
     tensorrt: bool = False
     fp16_plan: bool = False
     overwrite: bool = False
@@ -135,9 +137,9 @@ class _BuildOptions:
             fail("weights_block_size", "a power of two between 16 and 256")
         if self.int8_activations and self.weights not in ef.BLOCKWISE_WEIGHTS:
             raise SpecbuildError(f"{source}--int8-activations applies to --weights int4 or int8")
-        if self.head_weights is not None and self.head_weights not in ef.BLOCKWISE_WEIGHTS:
-            fail("head_weights", f"one of {', '.join(ef.BLOCKWISE_WEIGHTS)}")
-        if self.head_weights is not None and ef.BACKEND_ONNXRUNTIME not in self.backends:
+        if self.head_weights is not None and self.head_weights not in ef.HEAD_WEIGHTS:
+            fail("head_weights", f"one of {', '.join(ef.HEAD_WEIGHTS)}")
+        if self.head_weights in ef.BLOCKWISE_WEIGHTS and ef.BACKEND_ONNXRUNTIME not in self.backends:
             raise SpecbuildError(
                 f"{source}--head-weights quantizes the onnxruntime graph's heads: add onnxruntime to --backends"
             )

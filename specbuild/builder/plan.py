@@ -31,6 +31,8 @@ class BuildPlan:
     tolerance: float  # of the export validation
     pad_rows: int  # int8 activations: rows the fused attention pads a one-token call to (ort_kernels)
     unfused: str | None  # why the ONNX Runtime graph is the portable one (None: it is the fused one)
+    head_weights: str | None = None  # int8/int4: the heads' matmuls in the onnxruntime graph (None: float)
+    head_weights_source: str = ""  # where head_weights came from, in words (the build log says it)
 
     @property
     def mode(self) -> str:
@@ -77,11 +79,7 @@ def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
     weights = options.weights or ("fp16" if ckpt.dtype == "float16" else "fp32")
     engine_dtype = "float16" if weights == "fp16" else "float32"
     unfused = fused_kernels_unsupported(ckpt.model, engine_dtype)
-    if options.head_weights and unfused and ef.BACKEND_TENSORRT in options.backends:
-        raise SpecbuildError(
-            f"--head-weights: this model's onnxruntime graph is the portable one ({unfused}), which the tensorrt "
-            "backend reads too and whose heads must stay float there: build it with --backends onnxruntime"
-        )
+    head_weights, head_source = resolve_head_weights(options, plugin_cls, ckpt, unfused)
     return BuildPlan(
         options=options,
         checkpoint=ckpt,
@@ -98,7 +96,36 @@ def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
         # the runtime pads whole calls where the probe finds other kernels need it (runtime/row_invariance.py)
         pad_rows=1 if options.int8_activations else 0,
         unfused=unfused,
+        head_weights=head_weights,
+        head_weights_source=head_source,
     )
+
+
+def resolve_head_weights(options: BuildOptions, plugin_cls, ckpt: Checkpoint, unfused: str | None):
+    """(int8/int4 or None for float heads, where that came from): --head-weights, else the heads' recorded default
+    (specbuild_defaults.head_weights, which a recipe's choose stage measures), applied where a graph serving ONNX
+    Runtime alone can hold quantized heads. Heads only propose: either way the output is the same."""
+    given = options.head_weights
+    portable_shared = unfused is not None and ef.BACKEND_TENSORRT in options.backends
+    if given is not None:
+        if given == ef.FLOAT_HEADS:
+            return None, "--head-weights float"
+        if portable_shared:
+            raise SpecbuildError(
+                f"--head-weights: this model's onnxruntime graph is the portable one ({unfused}), which the tensorrt "
+                "backend reads too and whose heads must stay float there: build it with --backends onnxruntime"
+            )
+        return given, f"--head-weights {given}"
+    recorded = plugin_cls.recorded_head_weights(ckpt)
+    if recorded is None or recorded == ef.FLOAT_HEADS:
+        return None, ""
+    if portable_shared or ef.BACKEND_ONNXRUNTIME not in options.backends:
+        if ef.BACKEND_ONNXRUNTIME not in options.backends:
+            where = "no onnxruntime graph"
+        else:
+            where = f"the portable onnxruntime graph ({unfused}) serves the tensorrt backend too"
+        return None, f"float: the heads' recorded head_weights {recorded} skipped ({where})"
+    return recorded, "the heads' recorded choice (specbuild_defaults.head_weights; --head-weights float keeps float)"
 
 
 def fused_kernels_unsupported(cfg, dtype: str) -> str | None:

@@ -193,10 +193,11 @@ def _run_build(checkpoint_dir, output_dir, options) -> Path:
 )
 @click.option(
     "--head-weights",
-    type=OneLineChoice(ef.BLOCKWISE_WEIGHTS),
+    type=OneLineChoice(ef.HEAD_WEIGHTS),
     help="Medusa/EAGLE/ReDrafter: the heads' and draft layers' own matmuls in int8 or int4 blocks with int8 "
-    "activations (onnxruntime graph; the target's weights stay at --weights). Drafts only propose: greedy output "
-    "is unchanged, sampling keeps the target distribution; tau may move slightly (default: float heads).",
+    "activations (onnxruntime graph; the target's weights stay at --weights), or float. Drafts only propose: the "
+    "output is the same, greedy or sampled, alone or batched; tau may move slightly (default: the heads' recorded "
+    "choice, specbuild_defaults.head_weights, else float).",
 )
 @click.option("--output-logits", is_flag=True, help="Also output the logits of every new token.")
 @click.option("--tensorrt", is_flag=True, help="Also compile a TensorRT plan (NVIDIA GPU host with tensorrt).")

@@ -99,6 +99,7 @@ class ModePlugin(nn.Module):
     Constructed as `Plugin(checkpoint, net, settings)` with the settings check_options resolved."""
 
     name = "none"
+    head_key = ""  # the checkpoint's heads this mode drafts with (checkpoint.heads[head_key]; "": none)
     capture_layers: tuple = ()
     # drafting happens in the graph and can be skipped per row: the graph takes ef.DRAFT_ROWS and draft() drafts
     # from ctx.drafting() (its draft outputs have one row per drafted row)
@@ -141,6 +142,13 @@ class ModePlugin(nn.Module):
         are loaded), so a bad value fails before any work. Returns the settings the plugin builds with; the key
         `tokens_per_step` is the largest number of new tokens one engine call verifies (root included)."""
         return {"tokens_per_step": 1}
+
+    @classmethod
+    def recorded_head_weights(cls, checkpoint) -> str | None:
+        """The weights the heads' recipe chose for their own matmuls (specbuild_defaults.head_weights, kept by
+        convert in the heads' `defaults`); None: none recorded."""
+        cfg = checkpoint.heads.get(cls.head_key) if cls.head_key else None
+        return ((cfg or {}).get("defaults") or {}).get("head_weights")
 
     def tree(self) -> Tree | None:
         """The static tree the next call verifies (None for modes whose tree is an engine output)."""

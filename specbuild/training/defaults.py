@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from specbuild import engine_format as ef
+
 
 def measure_settings(
     checkpoint_dir: str | Path,
@@ -30,9 +32,12 @@ def measure_settings(
     same_as_none (prompts whose output equals the `none` engine's), plus a `none` row (the same checkpoint without
     speculation) for the speed-up."""
     from specbuild.builder.build import BuildOptions, build_engine
-    from specbuild.plugins.registry import baseline_mode
+    from specbuild.plugins.registry import baseline_mode, get_mode
+    from specbuild.plugins.spec import ENGINE_DRAFTED
     from specbuild.runtime.engine import Engine
 
+    if get_mode(mode).family == ENGINE_DRAFTED:  # a candidate says its heads' weights (else a recorded one would apply)
+        candidates = [{"head_weights": ef.FLOAT_HEADS, **c} for c in candidates]
     rows = []
     with tempfile.TemporaryDirectory(prefix="specbuild-choose-") as tmp:
         engines = []

@@ -3,6 +3,7 @@ token (both graphs), the portable int4 graph is TensorRT-clean blockwise Dequant
 int4 bytes, the build records how far the quantized graph is from the float network, and the lossy options say so."""
 
 import dataclasses
+import json
 
 import onnx
 import pytest
@@ -250,3 +251,62 @@ def test_head_weights_go_into_the_portable_graph_where_it_serves_onnxruntime_alo
     assert graph["file"] == ef.ENGINE_ONNX and graph["head_quantization"]["matmuls"] >= 2
     outputs, steps = _outputs(engine_dir, ort[0])
     assert outputs == _outputs(none, ort[0])[0] and max(steps) > 1
+
+
+def _record_defaults(head_dir, **defaults):
+    config_file = head_dir / "config.json"
+    cfg = json.loads(config_file.read_text())
+    cfg["specbuild_defaults"] = {**cfg.get("specbuild_defaults", {}), **defaults}
+    config_file.write_text(json.dumps(cfg))
+
+
+def test_recorded_head_weights_are_the_build_default_and_float_opts_out(tmp_path):
+    """A head's specbuild_defaults.head_weights (what its recipe's choose stage measured fastest) quantizes the heads
+    of the graph serving ONNX Runtime alone when no --head-weights is given (the portable graph beside it stays
+    float), `--head-weights float` keeps them float, and the output is the none engine's either way."""
+    model = toy_model("llama_gqa_llama3rope", tmp_path / "hf", vocab=12, seed=4)
+    write_medusa_heads(tmp_path / "medusa", "v2", model.config.hidden_size, 12, num_heads=3, seed=4)
+    write_eagle3_head(tmp_path / "eagle3", model.config, draft_vocab=8, seed=4)
+    _record_defaults(tmp_path / "medusa", head_weights="int4", tree=MODES["medusa"]["tree"])
+    _record_defaults(tmp_path / "eagle3", head_weights="int8", **MODES["eagle3"])
+    heads = {m: tmp_path / m for m in ("medusa", "eagle3")}
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads=heads, progress=False)
+    ort = ef.BACKEND_ONNXRUNTIME
+    base, _ = _outputs(build_engine(ckpt, tmp_path / "none", BuildOptions(backends=(ort,)), log=quiet), ort)
+    for mode, recorded, backends in (("medusa", "int4", ef.BACKENDS), ("eagle3", "int8", (ort,))):
+        lines = []
+        options = BuildOptions(speculative_mode=mode, backends=backends)
+        engine_dir = build_engine(ckpt, tmp_path / f"e-{mode}", options, log=lines.append)
+        assert any(line.startswith(f"heads: {recorded}: the heads' recorded choice") for line in lines), lines
+        manifest = Engine(engine_dir).manifest
+        assert manifest["weights"]["mode_weights"] == recorded
+        quantized = {g["backend"]: g.get("head_quantization") for g in manifest["graphs"]}
+        assert quantized.pop(ort)["bits"] == ef.BLOCKWISE_BITS[recorded] and not any(quantized.values())
+        outputs, steps = _outputs(engine_dir, ort)
+        assert outputs == base and max(steps) > 1, mode
+    options = BuildOptions(speculative_mode="medusa", head_weights="float", backends=(ort,))
+    manifest = Engine(float_dir := build_engine(ckpt, tmp_path / "e-float", options, log=quiet)).manifest
+    assert manifest["weights"]["mode_weights"] == "float32" and not manifest["graphs"][0].get("head_quantization")
+    assert _outputs(float_dir, ort)[0] == base
+
+
+def test_recorded_head_weights_are_checked_and_skipped_where_no_graph_takes_them(tmp_path):
+    """convert refuses a head_weights value it does not know (one line naming the field, nothing written); where
+    the onnxruntime graph is the portable one the tensorrt backend reads too, the recorded choice is skipped (the
+    build says so) instead of failing, while an explicit --head-weights is refused there."""
+    model = toy_model("llama_tied_linear", tmp_path / "hf", vocab=12, seed=4)
+    write_medusa_heads(tmp_path / "medusa", "v2", model.config.hidden_size, 12, num_heads=3, seed=4)
+    _record_defaults(tmp_path / "medusa", head_weights="int3", tree=MODES["medusa"]["tree"])
+    heads = {"medusa": tmp_path / "medusa"}
+    with pytest.raises(SpecbuildError, match=r"config.json: specbuild_defaults.head_weights must be one of float, "):
+        convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads=heads, progress=False)
+    assert not (tmp_path / "ckpt").exists()
+    _record_defaults(tmp_path / "medusa", head_weights="int8")
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads=heads, progress=False)
+    lines = []
+    engine_dir = build_engine(ckpt, tmp_path / "both", BuildOptions(speculative_mode="medusa"), log=lines.append)
+    assert any("recorded head_weights int8 skipped (the portable onnxruntime graph" in line for line in lines), lines
+    assert Engine(engine_dir).manifest["weights"]["mode_weights"] == "float32"
+    ort_only = BuildOptions(speculative_mode="medusa", backends=(ef.BACKEND_ONNXRUNTIME,))
+    engine_dir = build_engine(ckpt, tmp_path / "ort", ort_only, log=quiet)
+    assert Engine(engine_dir).manifest["graphs"][0]["head_quantization"]["bits"] == 8

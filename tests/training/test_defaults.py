@@ -14,13 +14,15 @@ def test_candidates_are_measured_against_none_and_the_fastest_is_chosen(tmp_path
     candidates = [
         {"redrafter_num_beams": 1, "redrafter_draft_len_per_beam": 2},
         {"redrafter_num_beams": 3, "redrafter_draft_len_per_beam": 3},
+        {"redrafter_num_beams": 3, "redrafter_draft_len_per_beam": 3, "head_weights": "int8"},
     ]
     rows = measure_settings(ckpt, "redrafter", candidates, [[1, 5, 9, 3, 7], [1, 4, 4]], 16, threads=1,
                             max_seq_len=64, log=lambda *a: None)  # fmt: skip
-    assert [r["settings"] for r in rows] == ["none", *candidates]
+    # a candidate that names no head weights is measured (and recorded) with float heads, whatever the heads recorded
+    assert [r["settings"] for r in rows] == ["none", *({"head_weights": "float", **c} for c in candidates)]
     assert rows[0]["tau"] == 1.0 and rows[0]["speedup"] == 1.0
     assert all(r["tau"] >= 1.0 and r["engine_ms_per_step"] > 0 and r["tokens_per_s"] > 0 for r in rows)
-    assert all(r["same_as_none"] == "2/2" for r in rows)  # greedy speculation is exact
+    assert all(r["same_as_none"] == "2/2" for r in rows)  # greedy speculation is exact, with int8 heads too
     chosen = best(rows)
     assert chosen in rows[1:] and chosen["tokens_per_s"] == max(r["tokens_per_s"] for r in rows[1:])
 

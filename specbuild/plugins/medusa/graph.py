@@ -105,7 +105,9 @@ def convert_medusa(head_dir: Path, model, base: dict, base_dir: Path | None = No
         "source": str(head_dir),
     }
     # a tree measured fastest by a recipe's choose stage wins
-    choices = recorded_defaults(cfg, head_dir / "config.json").get("tree") or cfg.get("medusa_choices")
+    defaults = recorded_defaults(cfg, head_dir / "config.json")
+    head_cfg["defaults"] = defaults
+    choices = defaults.get("tree") or cfg.get("medusa_choices")
     if choices:
         head_cfg["medusa_choices"] = Tree.from_choices(choices, source=f"{head_dir / 'config.json'}: tree").to_list()
     if draft_vocab is not None:
@@ -146,6 +148,7 @@ class MedusaHeads(nn.Module):
 
 class MedusaPlugin(ModePlugin):
     name = "medusa"
+    head_key = "medusa"
     selects_rows = True
 
     def draft_outputs(self) -> list[OutputSpec]:

@@ -21,6 +21,7 @@ MAX_DRAFT_LEN_PER_BEAM = 16  # one drafter pass per token is unrolled in the gra
 
 class RedrafterPlugin(ModePlugin):
     name = "redrafter"
+    head_key = HEAD_KEY
     selects_rows = True
 
     def draft_outputs(self) -> list[OutputSpec]:
