@@ -68,7 +68,8 @@ def engine_fields(plan: BuildPlan, plugin, graphs: list[dict], directory: Path) 
         "weights": {
             "precision": plan.weights,
             "activations": "int8" if plan.options.int8_activations else "float",
-            # heads and draft layers: the engine's float dtype unless --head-weights (onnxruntime graph only)
+            # heads and draft layers: the engine's float dtype unless --head-weights or the heads' recorded choice
+            # quantizes them (onnxruntime graph only: plan.resolve_head_weights)
             "mode_weights": plan.head_weights or plan.engine_dtype,
             "file": WEIGHTS_FILE,
             "bytes": (directory / WEIGHTS_FILE).stat().st_size,
