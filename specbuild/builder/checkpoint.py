@@ -171,9 +171,32 @@ def recorded_defaults(head_cfg: dict, config_file: Path) -> dict:
     defaults = head_cfg.get("specbuild_defaults") or {}
     if not isinstance(defaults, dict):
         raise SpecbuildError(f"{config_file}: specbuild_defaults must be a mapping, got {defaults!r}")
-    if "head_weights" in defaults and defaults["head_weights"] not in ef.HEAD_WEIGHTS:
+    by_weights = defaults.get("by_weights") or {}  # another choice for some --weights (int4: what pays differs)
+    if not isinstance(by_weights, dict) or not all(
+        w in ef.WEIGHTS and isinstance(d, dict) and "by_weights" not in d for w, d in by_weights.items()
+    ):
         raise SpecbuildError(
-            f"{config_file}: specbuild_defaults.head_weights must be one of {', '.join(ef.HEAD_WEIGHTS)}, "
-            f"got {defaults['head_weights']!r}"
+            f"{config_file}: specbuild_defaults.by_weights must map weights ({', '.join(ef.WEIGHTS)}) to build "
+            f"options, got {by_weights!r}"
         )
+    for where, chosen in [("specbuild_defaults", defaults)] + [(f"specbuild_defaults.by_weights.{w}", d)
+                                                                  for w, d in by_weights.items()]:  # fmt: skip
+        if "head_weights" in chosen and chosen["head_weights"] not in ef.HEAD_WEIGHTS:
+            raise SpecbuildError(
+                f"{config_file}: {where}.head_weights must be one of {', '.join(ef.HEAD_WEIGHTS)}, "
+                f"got {chosen['head_weights']!r}"
+            )
     return dict(defaults)
+
+
+def build_weights(checkpoint: Checkpoint, options) -> str:
+    """The weights a build of `checkpoint` gets: --weights, else fp16 for a float16 checkpoint, else fp32."""
+    return options.weights or ("fp16" if checkpoint.dtype == "float16" else "fp32")
+
+
+def defaults_for_weights(defaults: dict | None, weights: str) -> dict:
+    """A head's recorded defaults (recorded_defaults) for a build at `weights`: the entry of by_weights for those
+    weights over the rest."""
+    defaults = dict(defaults or {})
+    by_weights = defaults.pop("by_weights", None) or {}
+    return {**defaults, **by_weights.get(weights, {})}

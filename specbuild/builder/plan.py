@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild import engine_format as ef
-from specbuild.builder.checkpoint import Checkpoint
+from specbuild.builder.checkpoint import Checkpoint, build_weights
 from specbuild.builder.options import BuildOptions, flag
 from specbuild.errors import SpecbuildError
 from specbuild.fsutil import OutputTarget, existing_paths, prepare_output_dir
@@ -76,10 +76,10 @@ def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
     _check_tokenizer(ckpt)
     # ONNX Runtime's CPU kernels barely cover bfloat16: bf16 checkpoints become fp32 engines (exact upcast);
     # int4/int8 quantize the float32 graph
-    weights = options.weights or ("fp16" if ckpt.dtype == "float16" else "fp32")
+    weights = build_weights(ckpt, options)
     engine_dtype = "float16" if weights == "fp16" else "float32"
     unfused = fused_kernels_unsupported(ckpt.model, engine_dtype)
-    head_weights, head_source = resolve_head_weights(options, plugin_cls, ckpt, unfused)
+    head_weights, head_source = resolve_head_weights(options, plugin_cls, ckpt, weights, unfused)
     return BuildPlan(
         options=options,
         checkpoint=ckpt,
@@ -101,10 +101,11 @@ def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
     )
 
 
-def resolve_head_weights(options: BuildOptions, plugin_cls, ckpt: Checkpoint, unfused: str | None):
+def resolve_head_weights(options: BuildOptions, plugin_cls, ckpt: Checkpoint, weights: str, unfused: str | None):
     """(int8/int4 or None for float heads, where that came from): --head-weights, else the heads' recorded default
-    (specbuild_defaults.head_weights, which a recipe's choose stage measures), applied where a graph serving ONNX
-    Runtime alone can hold quantized heads. Heads only propose: either way the output is the same."""
+    (specbuild_defaults.head_weights, or its by_weights entry for `weights`; a recipe's choose stage measures it),
+    applied where a graph serving ONNX Runtime alone can hold quantized heads. Heads only propose: either way the
+    output is the same."""
     given = options.head_weights
     portable_shared = unfused is not None and ef.BACKEND_TENSORRT in options.backends
     if given is not None:
@@ -116,7 +117,7 @@ def resolve_head_weights(options: BuildOptions, plugin_cls, ckpt: Checkpoint, un
                 "backend reads too and whose heads must stay float there: build it with --backends onnxruntime"
             )
         return given, f"--head-weights {given}"
-    recorded = plugin_cls.recorded_head_weights(ckpt)
+    recorded = plugin_cls.recorded_head_weights(ckpt, weights)
     if recorded is None or recorded == ef.FLOAT_HEADS:
         return None, ""
     if portable_shared or ef.BACKEND_ONNXRUNTIME not in options.backends:

@@ -138,7 +138,8 @@ def choose_for_recipe(cfg: dict, mode: str, head_dir: str | Path, log=print) -> 
     win = best(rows)
     config_file = Path(head_dir) / "config.json"
     head_cfg = json.loads(config_file.read_text())
-    head_cfg["specbuild_defaults"] = win["settings"]
+    by_weights = (head_cfg.get("specbuild_defaults") or {}).get("by_weights")  # choices for other --weights: kept
+    head_cfg["specbuild_defaults"] = {**win["settings"], **({"by_weights": by_weights} if by_weights else {})}
     head_cfg["specbuild_choice"] = {
         "how": f"fastest measured setting: {len(prompts)} prompts absent from the training data, "
         f"{choice.get('max_new_tokens', 96)} new "

@@ -268,7 +268,8 @@ def test_recorded_head_weights_are_the_build_default_and_float_opts_out(tmp_path
     write_medusa_heads(tmp_path / "medusa", "v2", model.config.hidden_size, 12, num_heads=3, seed=4)
     write_eagle3_head(tmp_path / "eagle3", model.config, draft_vocab=8, seed=4)
     _record_defaults(tmp_path / "medusa", head_weights="int4", tree=MODES["medusa"]["tree"])
-    _record_defaults(tmp_path / "eagle3", head_weights="int8", **MODES["eagle3"])
+    chain = dict(eagle_top_k=1, eagle_depth=3, eagle_total_tokens=4)  # exact with int8 activations
+    _record_defaults(tmp_path / "eagle3", head_weights="int8", **MODES["eagle3"], by_weights={"int4": chain})
     heads = {m: tmp_path / m for m in ("medusa", "eagle3")}
     ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads=heads, progress=False)
     ort = ef.BACKEND_ONNXRUNTIME
@@ -288,6 +289,15 @@ def test_recorded_head_weights_are_the_build_default_and_float_opts_out(tmp_path
     manifest = Engine(float_dir := build_engine(ckpt, tmp_path / "e-float", options, log=quiet)).manifest
     assert manifest["weights"]["mode_weights"] == "float32" and not manifest["graphs"][0].get("head_quantization")
     assert _outputs(float_dir, ort)[0] == base
+    # the recorded choice for --weights int4 (by_weights) replaces the tree: a chain, exact with int8 activations
+    int4 = dict(weights="int4", int8_activations=True, backends=(ort,))
+    base4, _ = _outputs(build_engine(ckpt, tmp_path / "none4", BuildOptions(**int4), log=quiet), ort)
+    engine_dir = build_engine(ckpt, tmp_path / "e-chain", BuildOptions(speculative_mode="eagle3", **int4), log=quiet)
+    manifest = Engine(engine_dir).manifest
+    assert manifest["lossless"] is True and manifest["weights"]["mode_weights"] == "int8"
+    assert {k: manifest["mode"]["expansion"][k] for k in ("top_k", "depth")} == {"top_k": 1, "depth": 3}
+    outputs, steps = _outputs(engine_dir, ort)
+    assert outputs == base4 and max(steps) > 1
 
 
 def test_recorded_head_weights_are_checked_and_skipped_where_no_graph_takes_them(tmp_path):
@@ -301,7 +311,14 @@ def test_recorded_head_weights_are_checked_and_skipped_where_no_graph_takes_them
     with pytest.raises(SpecbuildError, match=r"config.json: specbuild_defaults.head_weights must be one of float, "):
         convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads=heads, progress=False)
     assert not (tmp_path / "ckpt").exists()
-    _record_defaults(tmp_path / "medusa", head_weights="int8")
+    _record_defaults(tmp_path / "medusa", head_weights="int8", by_weights={"int3": {"head_weights": "int4"}})
+    with pytest.raises(SpecbuildError, match=r"config.json: specbuild_defaults.by_weights must map weights \(fp32, "):
+        convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads=heads, progress=False)
+    _record_defaults(tmp_path / "medusa", by_weights={"int4": {"head_weights": "fp8"}})
+    with pytest.raises(SpecbuildError, match=r"specbuild_defaults.by_weights.int4.head_weights must be one of float"):
+        convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads=heads, progress=False)
+    assert not (tmp_path / "ckpt").exists()
+    _record_defaults(tmp_path / "medusa", by_weights={})
     ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads=heads, progress=False)
     lines = []
     engine_dir = build_engine(ckpt, tmp_path / "both", BuildOptions(speculative_mode="medusa"), log=lines.append)

@@ -71,15 +71,20 @@ def test_every_published_format_converts(tmp_path, fmt):
 
 
 def test_a_measured_default_tree_wins_over_medusa_choices(tmp_path):
-    """A recipe's choose stage records the fastest tree as specbuild_defaults.tree: it becomes the engine default."""
+    """A recipe's choose stage records the fastest tree as specbuild_defaults.tree: it becomes the engine default
+    (and specbuild_defaults.by_weights.<weights>.tree at those --weights)."""
     model = toy_model("llama_gqa_llama3rope", tmp_path / "hf")
-    measured = [[0], [0, 0], [0, 0, 0]]
-    config = {"medusa_choices": [[0], [1], [0, 0]], "specbuild_defaults": {"tree": measured}}
+    measured, measured_int4 = [[0], [0, 0], [0, 0, 0]], [[0], [1]]
+    recorded = {"tree": measured, "by_weights": {"int4": {"tree": measured_int4}}}  # another choice at int4
+    config = {"medusa_choices": [[0], [1], [0, 0]], "specbuild_defaults": recorded}
     write_medusa_heads(tmp_path / "heads", "v2", _hidden(model), 12, num_heads=3, config=config)
     ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={"medusa": tmp_path / "heads"}, progress=False)
     assert Checkpoint.load(ckpt).heads["medusa"]["medusa_choices"] == measured
     engine = build_engine(ckpt, tmp_path / "e", BuildOptions(backends=ORT_ONLY, speculative_mode="medusa"), log=quiet)
     assert Engine(engine).manifest["tree"]["choices"] == measured
+    options = BuildOptions(backends=ORT_ONLY, speculative_mode="medusa", weights="int4")
+    engine = build_engine(ckpt, tmp_path / "e4", options, log=quiet)
+    assert Engine(engine).manifest["tree"]["choices"] == measured_int4
 
 
 def test_broken_heads_fail_naming_the_tensor(tmp_path):

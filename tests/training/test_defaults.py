@@ -47,3 +47,31 @@ def test_a_candidate_whose_output_differed_from_none_never_wins():
     ]
     assert best(rows)["settings"] == {"a": 2}
     assert best(rows[:2]) is None
+
+
+def test_the_choose_stage_records_the_winner_and_keeps_the_choices_for_other_weights(tmp_path, monkeypatch):
+    """The winner (its head weights included) becomes specbuild_defaults; a by_weights entry (another --weights'
+    choice, which the stage does not measure) stays."""
+    import json
+
+    from specbuild.builder import convert
+    from specbuild.training import defaults
+
+    heads = tmp_path / "heads"
+    heads.mkdir()
+    by_weights = {"int4": {"eagle_top_k": 1, "eagle_depth": 3, "eagle_total_tokens": 4}}
+    (heads / "config.json").write_text(json.dumps({"specbuild_defaults": {"eagle_depth": 3, "by_weights": by_weights}}))
+    exact = {"tau": 2.0, "same_as_none": "1/1"}
+    rows = [
+        {"settings": "none", "tokens_per_s": 1.0, **exact},
+        {"settings": {"head_weights": "float", "eagle_depth": 4}, "tokens_per_s": 2.0, **exact},
+        {"settings": {"head_weights": "int8", "eagle_depth": 4}, "tokens_per_s": 3.0, **exact},
+    ]
+    monkeypatch.setattr(defaults, "fresh_prompts", lambda *a, **k: [[1, 2]])
+    monkeypatch.setattr(defaults, "measure_settings", lambda *a, **k: rows)
+    monkeypatch.setattr(convert, "convert_checkpoint", lambda *a, **k: tmp_path / "ckpt")
+    cfg = {"base_model": "m", "work_dir": str(tmp_path), "choose": {"candidates": [{"eagle_depth": 4}]}}
+    assert defaults.choose_for_recipe(cfg, "eagle", heads, log=lambda *a: None)["chosen"] == rows[2]["settings"]
+    recorded = json.loads((heads / "config.json").read_text())
+    assert recorded["specbuild_defaults"] == {"head_weights": "int8", "eagle_depth": 4, "by_weights": by_weights}
+    assert recorded["specbuild_choice"]["rows"] == rows
