@@ -34,7 +34,7 @@ def build_plan(plan: BuildPlan, log=print) -> Path:
             "dequantizing every weight (SmolLM2: a 2-token call costs 2.6x a 1-token one), so speculation rarely "
             "pays; --int8-activations keeps multi-token calls cheap (exact for chain drafts)"
         )
-    if plan.head_weights_source and not plan.head_weights_source.startswith("--head-weights"):
+    if plan.head_weights_source:
         log(f"heads: {plan.head_weights or 'float'}: {plan.head_weights_source}")
     with atomic_output_dir(plan.target) as tmp:
         manifest = write_engine(plan, tmp, log, started)

@@ -179,8 +179,9 @@ def recorded_defaults(head_cfg: dict, config_file: Path) -> dict:
             f"{config_file}: specbuild_defaults.by_weights must map weights ({', '.join(ef.WEIGHTS)}) to build "
             f"options, got {by_weights!r}"
         )
-    for where, chosen in [("specbuild_defaults", defaults)] + [(f"specbuild_defaults.by_weights.{w}", d)
-                                                                  for w, d in by_weights.items()]:  # fmt: skip
+    entries = {f"specbuild_defaults.by_weights.{w}": d for w, d in by_weights.items()}
+    entries["specbuild_defaults"] = defaults
+    for where, chosen in entries.items():
         if "head_weights" in chosen and chosen["head_weights"] not in ef.HEAD_WEIGHTS:
             raise SpecbuildError(
                 f"{config_file}: {where}.head_weights must be one of {', '.join(ef.HEAD_WEIGHTS)}, "

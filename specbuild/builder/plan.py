@@ -32,7 +32,7 @@ class BuildPlan:
     pad_rows: int  # int8 activations: rows the fused attention pads a one-token call to (ort_kernels)
     unfused: str | None  # why the ONNX Runtime graph is the portable one (None: it is the fused one)
     head_weights: str | None = None  # int8/int4: the heads' matmuls in the onnxruntime graph (None: float)
-    head_weights_source: str = ""  # where head_weights came from, in words (the build log says it)
+    head_weights_source: str = ""  # where a recorded head_weights came from, in words (the build log says it)
 
     @property
     def mode(self) -> str:
@@ -79,7 +79,7 @@ def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
     weights = build_weights(ckpt, options)
     engine_dtype = "float16" if weights == "fp16" else "float32"
     unfused = fused_kernels_unsupported(ckpt.model, engine_dtype)
-    head_weights, head_source = resolve_head_weights(options, plugin_cls, ckpt, weights, unfused)
+    head_weights, head_source = resolve_head_weights(options, plugin_cls, ckpt, unfused)
     return BuildPlan(
         options=options,
         checkpoint=ckpt,
@@ -101,31 +101,28 @@ def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
     )
 
 
-def resolve_head_weights(options: BuildOptions, plugin_cls, ckpt: Checkpoint, weights: str, unfused: str | None):
-    """(int8/int4 or None for float heads, where that came from): --head-weights, else the heads' recorded default
-    (specbuild_defaults.head_weights, or its by_weights entry for `weights`; a recipe's choose stage measures it),
-    applied where a graph serving ONNX Runtime alone can hold quantized heads. Heads only propose: either way the
-    output is the same."""
+def resolve_head_weights(options: BuildOptions, plugin_cls, ckpt: Checkpoint, unfused: str | None):
+    """(int8/int4, or None for float heads; why, where the build log should say it): --head-weights, else the heads'
+    recorded default (specbuild_defaults.head_weights, or its by_weights entry for the build's weights; a recipe's
+    choose stage measures it), applied where a graph serving ONNX Runtime alone can hold quantized heads. Heads only
+    propose: either way the output is the same."""
     given = options.head_weights
     portable_shared = unfused is not None and ef.BACKEND_TENSORRT in options.backends
     if given is not None:
-        if given == ef.FLOAT_HEADS:
-            return None, "--head-weights float"
-        if portable_shared:
+        if given in ef.BLOCKWISE_WEIGHTS and portable_shared:
             raise SpecbuildError(
                 f"--head-weights: this model's onnxruntime graph is the portable one ({unfused}), which the tensorrt "
                 "backend reads too and whose heads must stay float there: build it with --backends onnxruntime"
             )
-        return given, f"--head-weights {given}"
-    recorded = plugin_cls.recorded_head_weights(ckpt, weights)
+        return (None if given == ef.FLOAT_HEADS else given), ""
+    recorded = plugin_cls.recorded_defaults(ckpt, options).get("head_weights")
     if recorded is None or recorded == ef.FLOAT_HEADS:
         return None, ""
-    if portable_shared or ef.BACKEND_ONNXRUNTIME not in options.backends:
-        if ef.BACKEND_ONNXRUNTIME not in options.backends:
-            where = "no onnxruntime graph"
-        else:
-            where = f"the portable onnxruntime graph ({unfused}) serves the tensorrt backend too"
-        return None, f"float: the heads' recorded head_weights {recorded} skipped ({where})"
+    skipped = f"float: the heads' recorded head_weights {recorded} skipped"
+    if ef.BACKEND_ONNXRUNTIME not in options.backends:
+        return None, f"{skipped} (no onnxruntime graph)"
+    if portable_shared:
+        return None, f"{skipped} (the portable onnxruntime graph ({unfused}) serves the tensorrt backend too)"
     return recorded, "the heads' recorded choice (specbuild_defaults.head_weights; --head-weights float keeps float)"
 
 

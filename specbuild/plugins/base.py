@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from specbuild import engine_format as ef
-from specbuild.builder.checkpoint import defaults_for_weights
+from specbuild.builder.checkpoint import build_weights, defaults_for_weights
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.spec import TYPICAL_ACCEPTANCE
 from specbuild.tree import Tree
@@ -145,16 +145,12 @@ class ModePlugin(nn.Module):
         return {"tokens_per_step": 1}
 
     @classmethod
-    def recorded_defaults(cls, checkpoint, weights: str) -> dict:
-        """The build settings the heads' recipe measured fastest for a build at `weights` (their
-        specbuild_defaults, kept by convert in the heads' `defaults`, by_weights applied); {} without heads."""
+    def recorded_defaults(cls, checkpoint, options) -> dict:
+        """The build settings the heads' recipe measured fastest for a build with `options` (their
+        specbuild_defaults, kept by convert in the heads' `defaults`, with the by_weights entry of the build's
+        weights applied); {} without heads."""
         cfg = checkpoint.heads.get(cls.head_key) if cls.head_key else None
-        return defaults_for_weights((cfg or {}).get("defaults"), weights)
-
-    @classmethod
-    def recorded_head_weights(cls, checkpoint, weights: str) -> str | None:
-        """The weights the heads' recipe chose for their own matmuls at `weights`; None: none recorded."""
-        return cls.recorded_defaults(checkpoint, weights).get("head_weights")
+        return defaults_for_weights((cfg or {}).get("defaults"), build_weights(checkpoint, options))
 
     def tree(self) -> Tree | None:
         """The static tree the next call verifies (None for modes whose tree is an engine output)."""

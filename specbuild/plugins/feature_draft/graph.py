@@ -8,7 +8,6 @@ at the accepted nodes like the base cache); expansion happens inside the graph a
 from __future__ import annotations
 
 from specbuild import engine_format as ef
-from specbuild.builder.checkpoint import build_weights
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.base import DraftContext, ModePlugin, OutputSpec, StateSpec
 from specbuild.plugins.feature_draft.draft_net import commit_pass, expand_dynamic, expand_static
@@ -37,7 +36,7 @@ class FeatureDraftPlugin(ModePlugin):
             raise SpecbuildError(
                 f"{checkpoint.path}: checkpoint holds no {cls.head_key} heads; convert with `--{cls.head_key}-dir DIR`"
             )
-        defaults = {**PUBLISHED_DEFAULTS, **cls.recorded_defaults(checkpoint, build_weights(checkpoint, options))}
+        defaults = {**PUBLISHED_DEFAULTS, **cls.recorded_defaults(checkpoint, options)}
         vocab = int(cfg.get("draft_vocab_size") or checkpoint.model.vocab_size)  # the draft proposes from these
         max_draft = getattr(options, "max_draft_len", None)
         given_tree = getattr(options, "tree", None)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from specbuild import engine_format as ef
-from specbuild.builder.checkpoint import build_weights, read_json, recorded_defaults
+from specbuild.builder.checkpoint import read_json, recorded_defaults
 from specbuild.builder.weights_io import load_hf_weights, load_tensor_file
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.base import DraftContext, ModePlugin, OutputSpec
@@ -172,7 +172,7 @@ class MedusaPlugin(ModePlugin):
                 f"--medusa-top-k {top_k} must be between 1 and {limit} (the heads propose from {vocab} tokens)"
             )
         spec = getattr(options, "tree", None)
-        recorded = cls.recorded_defaults(checkpoint, build_weights(checkpoint, options)).get("tree")
+        recorded = cls.recorded_defaults(checkpoint, options).get("tree")
         if spec is not None:
             tree = parse_tree(spec)
         elif recorded or cfg.get("medusa_choices"):  # the measured tree for these weights, else the heads' own

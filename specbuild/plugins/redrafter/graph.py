@@ -9,7 +9,6 @@ padded to 1 + beams x draft length nodes; the runtime's drafter verifies the fir
 from __future__ import annotations
 
 from specbuild import engine_format as ef
-from specbuild.builder.checkpoint import build_weights
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.base import DraftContext, ModePlugin, OutputSpec
 from specbuild.plugins.redrafter import DEFAULT_DRAFT_LEN, DEFAULT_NUM_BEAMS, TOP_K_WARP
@@ -45,7 +44,7 @@ class RedrafterPlugin(ModePlugin):
         defaults = {
             "redrafter_num_beams": DEFAULT_NUM_BEAMS,
             "redrafter_draft_len_per_beam": DEFAULT_DRAFT_LEN,
-            **cls.recorded_defaults(checkpoint, build_weights(checkpoint, options)),
+            **cls.recorded_defaults(checkpoint, options),
         }
 
         def pick(key):
