@@ -4,6 +4,7 @@ converts (`specbuild convert --<mode>-dir`) and builds into an engine that repro
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from transformers import AutoModelForCausalLM
 
@@ -49,8 +50,22 @@ def test_medusa(data, tmp_path):
         feats, data / "hf", num_heads=2, epochs=2, lr=3e-2, batch=64, heldout_frac=0.0, n_negatives=8, log=quiet
     )
     assert_learns(result.losses)
-    head = medusa.save_medusa_v2(tmp_path / "head", state, 2, 1, 64, "tiny", [[0], [1], [0, 0]], vocab_size=97)
+    vocab = medusa.draft_vocabulary(feats["next_token"], 40)  # a capped draft vocabulary stays exact
+    assert len(vocab) == 40
+    head = medusa.save_medusa_v2(
+        tmp_path / "head", state, 2, 1, 64, "tiny", [[0], [1], [0, 0]], vocab_size=97, draft_vocab=vocab
+    )
     assert_builds_exact(data, "medusa", head, tmp_path)
+
+
+def test_medusa_draft_vocabulary_keeps_the_most_frequent_targets_seen_twice():
+    from specbuild.plugins.medusa.training import draft_vocabulary
+
+    targets = np.array([7] * 5 + [3] * 4 + [9] * 4 + [1] * 2 + [4])  # 4 is seen once
+    assert draft_vocabulary(targets).tolist() == [1, 3, 7, 9]
+    assert draft_vocabulary(targets, 3).tolist() == [3, 7, 9]
+    assert draft_vocabulary(targets, 2).tolist() == [3, 7]  # 3 and 9 tie: the lower id stays
+    assert draft_vocabulary(targets, 10).tolist() == [1, 3, 7, 9]
 
 
 def test_redrafter(data, tmp_path):

@@ -385,8 +385,7 @@ def finish(cfg: dict, state, feats: dict, facts: dict, log=print) -> dict:
         log(f"{name}: {json.dumps(metrics[name])}")
     vocab = None
     if t.get("draft_vocab", True):  # specbuild extension: project onto the training targets seen twice or more
-        counts = np.bincount(feats["next_token"][~held])
-        vocab = np.nonzero(counts >= 2)[0]
+        vocab = draft_vocabulary(feats["next_token"][~held], t.get("draft_vocab_size"))
         metrics["draft_vocab_size"] = int(len(vocab))
     extra = {"specbuild_training": {k: v for k, v in metrics.items() if k != "medusa_choices"}}
     if tr.get("note"):
@@ -406,6 +405,17 @@ def finish(cfg: dict, state, feats: dict, facts: dict, log=print) -> dict:
     )
     Path(work / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     return metrics
+
+
+def draft_vocabulary(targets: np.ndarray, max_size: int | None = None) -> np.ndarray:
+    """Sorted ids of the training targets seen at least twice; with `max_size` (recipe `train.draft_vocab_size`)
+    only that many of them, the most frequent (ties to the lower id), so that a larger corpus does not make each
+    head's projection wider on CPU."""
+    counts = np.bincount(np.asarray(targets, dtype=np.int64))
+    seen = np.nonzero(counts >= 2)[0]
+    if max_size is not None and len(seen) > int(max_size):
+        seen = np.sort(seen[np.argsort(-counts[seen], kind="stable")[: int(max_size)]])
+    return seen
 
 
 def evaluate_heads(heads: list, hf_dir, records: list[dict], device: str = "cpu", log=print) -> list[dict]:
