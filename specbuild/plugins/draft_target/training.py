@@ -34,6 +34,7 @@ from specbuild.training import corpus, distill
 from specbuild.training.heldout import heldout_mask
 from specbuild.training.loop import ProgressCosine, train_loop
 from specbuild.training.recipe import loop_budget
+from specbuild.training.vocab import frequent_targets
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json")  # fmt: skip
@@ -81,10 +82,7 @@ def draft_vocabulary(seqs: list[dict], vocab: int) -> tuple[np.ndarray, np.ndarr
     """(token ids, counts) of the training targets (generated ids) seen at least twice, most frequent first, ties
     by id."""
     targets = np.concatenate([s["ids"][s["gen_start"] :] for s in seqs]) if seqs else np.zeros(0, np.int32)
-    counts = np.bincount(targets, minlength=vocab)
-    ids = np.nonzero(counts >= 2)[0]
-    order = np.lexsort((ids, -counts[ids]))
-    return ids[order], counts[ids[order]]
+    return frequent_targets(targets, vocab)
 
 
 def make_batch(seqs: list[dict]) -> dict[str, torch.Tensor]:

@@ -29,6 +29,7 @@ from specbuild.training.heldout import heldout_mask
 from specbuild.training.loop import FittedCosine, LoopResult, row_batches, train_loop
 from specbuild.training.recipe import loop_budget, prepare_data
 from specbuild.training.teacher_forced import loop_facts
+from specbuild.training.vocab import frequent_targets
 
 TOPK = 10
 
@@ -105,8 +106,7 @@ def train_medusa(
     valid = target_index(feats, num_heads)
     held = heldout_mask(feats["seq"], heldout_frac, seed)
     rows = np.nonzero(valid[:, 0] & ~held)[0]
-    counts = np.bincount(feats["next_token"][~held], minlength=V)
-    base_vocab = torch.from_numpy(np.nonzero(counts >= 2)[0])
+    base_vocab = torch.from_numpy(draft_vocabulary(feats["next_token"][~held]))
     log(f"train rows {len(rows)}, held-out rows {int(held.sum())}, vocab subset {len(base_vocab)} of {V}")
     model = MedusaV2Heads(H, num_heads, num_layers)
     if init_state:
@@ -411,11 +411,8 @@ def draft_vocabulary(targets: np.ndarray, max_size: int | None = None) -> np.nda
     """Sorted ids of the training targets seen at least twice; with `max_size` (recipe `train.draft_vocab_size`)
     only that many of them, the most frequent (ties to the lower id), so that a larger corpus does not make each
     head's projection wider on CPU."""
-    counts = np.bincount(np.asarray(targets, dtype=np.int64))
-    seen = np.nonzero(counts >= 2)[0]
-    if max_size is not None and len(seen) > int(max_size):
-        seen = np.sort(seen[np.argsort(-counts[seen], kind="stable")[: int(max_size)]])
-    return seen
+    ids, _ = frequent_targets(targets)
+    return np.sort(ids if max_size is None else ids[: int(max_size)])
 
 
 def evaluate_heads(heads: list, hf_dir, records: list[dict], device: str = "cpu", log=print) -> list[dict]:
