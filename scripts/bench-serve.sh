@@ -27,4 +27,4 @@ if [ ! -x "$AIPERF_VENV/bin/aiperf" ] || [ "$(cat "$MARKER" 2>/dev/null)" != "$A
     echo "$AIPERF_PIN" > "$MARKER"
 fi
 
-exec "$PYTHON" -m specbuild.bench_serve --aiperf "$AIPERF_VENV/bin/aiperf" "$@"
+exec "$PYTHON" -m specbuild.bench.serve --aiperf "$AIPERF_VENV/bin/aiperf" "$@"

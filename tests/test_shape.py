@@ -24,7 +24,7 @@ HOMONYMS = {
     ("kv_cache", "specbuild/builder/*.py"): "engine.yaml graphs[].kv_cache, the KV layout",
     ("kv_cache", "specbuild/runtime/*.py"): "engine.yaml graphs[].kv_cache, the KV layout",
     ("min_rows", "specbuild/runtime/exactness.py"): "a field of the exactness report (inspect, run --json)",
-    ("min_rows", "specbuild/benchmark.py"): "a field of the exactness report (inspect, run --json)",
+    ("min_rows", "specbuild/bench/sequential.py"): "a field of the exactness report (inspect, run --json)",
     ("top_k", "specbuild/plugins/*/*.py"): "a mode setting (engine.yaml mode.top_k: the draft tree's branching)",
     ("paths", "specbuild/plugins/redrafter/*.py"): "a key of the ReDrafter tree a beam merge returns",
     ("input_ids", "specbuild/training/*.py"): "the Hugging Face tokenizer's output key",

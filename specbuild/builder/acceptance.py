@@ -240,7 +240,8 @@ def _walk(flags, depth, siblings_before, paths):
 def accept_with_draft_probs(
     logits, tokens, tree_mask, paths, temperature, top_k, top_p, rand_accept, rand_sample, draft_probs, max_siblings
 ):
-    """Tree acceptance for drafts drawn from distributions q (../shared/reference/algorithms-and-formats.md §7).
+    """Tree acceptance for drafts drawn from distributions q (Leviathan et al. 2023, arXiv:2211.17192;
+    Chen et al. 2023, arXiv:2302.01318; recursive rejection over siblings as in SpecInfer, arXiv:2305.09781).
 
     The children x_1..x_k of a node are tried in node order against that node's target distribution p, as a
     residual R_0 = p: child j is accepted with probability min(1, R_{j-1}(x_j) / q_j(x_j)); when rejected,

@@ -45,12 +45,10 @@ def build_plan(plan: BuildPlan, log=print) -> Path:
 def slow_quantized_verification(plan: BuildPlan) -> bool:
     """A speculative ONNX Runtime engine with blockwise-quantized weights and float activations (MatMulNBits level 1
     dequantizes the weights for calls of two or more rows)."""
-    from specbuild.plugins.registry import baseline_mode
-
     return (
         plan.weights in ef.BLOCKWISE_WEIGHTS
         and not plan.options.int8_activations
-        and plan.mode != baseline_mode()
+        and not plan.spec.baseline
         and ef.BACKEND_ONNXRUNTIME in plan.options.backends
     )
 

@@ -137,7 +137,7 @@ def _convert_heads(
 ) -> dict[str, tuple[dict, dict]]:
     """Each mode's converter reads its head directory against the base model's config, tensors and directory (its
     tokenizer, for a draft model)."""
-    from specbuild.plugins.registry import head_converter
+    from specbuild.modes.registry import head_converter
 
     out = {}
     for name, head_dir in heads.items():

@@ -103,7 +103,7 @@ HEADS_ROOT = Path(__file__).resolve().parent.parent / "data" / "heads"
 
 def shipped_heads() -> dict[str, Path]:
     """Speculative heads trained for SmolLM2 and shipped in the package: mode -> head directory."""
-    from specbuild.plugins.registry import head_modes
+    from specbuild.modes.registry import head_modes
 
     out = {}
     for mode, spec in head_modes().items():

@@ -11,7 +11,7 @@ import yaml
 
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.registry import baseline_mode, get_mode, mode_options
+from specbuild.modes.registry import baseline_mode, mode_options
 
 # Largest --max-seq-len accepted whatever the model's max_position_embeddings (a 2**20-position KV cache of even a
 # small model is tens of GB).
@@ -94,7 +94,8 @@ class _BuildOptions:
         def number(value) -> bool:
             return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
-        get_mode(self.speculative_mode, option=f"{source}--speculative-mode")
+        if not isinstance(self.speculative_mode, str):
+            fail("speculative_mode", "the name of a mode")
         integer("max_seq_len", 2, MAX_SEQ_LEN)
         integer("max_batch_size", 1, ef.MAX_BATCH_SIZE)
         if self.max_batch_size is None:

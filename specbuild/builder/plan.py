@@ -11,8 +11,8 @@ from specbuild.builder.checkpoint import Checkpoint, build_weights
 from specbuild.builder.options import BuildOptions, flag
 from specbuild.errors import SpecbuildError
 from specbuild.fsutil import OutputTarget, existing_paths, prepare_output_dir
-from specbuild.plugins.registry import get_mode, load_object, mode_names, mode_options, modes_reading
-from specbuild.plugins.spec import ENGINE_DRAFTED
+from specbuild.modes.registry import get_mode, load_object, mode_options, modes, modes_reading
+from specbuild.modes.spec import ENGINE_DRAFTED, ModeSpec
 
 
 @dataclasses.dataclass
@@ -22,6 +22,7 @@ class BuildPlan:
     options: BuildOptions
     checkpoint: Checkpoint
     target: OutputTarget
+    spec: ModeSpec  # the mode, looked up once (resolve)
     plugin_cls: type  # the mode's ModePlugin
     settings: dict[str, Any]  # the mode's resolved options (plugin_cls.check_options)
     typical: tuple[float, float] | None  # typical acceptance (lossy), or None: rejection sampling
@@ -36,7 +37,7 @@ class BuildPlan:
 
     @property
     def mode(self) -> str:
-        return self.options.speculative_mode
+        return self.spec.name
 
     @property
     def model(self):
@@ -46,14 +47,58 @@ class BuildPlan:
     def quantized_bits(self) -> int | None:
         return ef.BLOCKWISE_BITS.get(self.weights)
 
+    def companion(self, checkpoint: Checkpoint, weights: str, **options) -> BuildPlan:
+        """The plan of an engine built beside this one from `checkpoint` (draft-target: the draft model's), in plain
+        decoding at `weights`, with these build options changed; the mode's own options are dropped and the
+        precision-derived settings recomputed as resolve does."""
+        baseline = next(spec for spec in modes().values() if spec.baseline)
+        dtype = engine_dtype(weights)
+        options = dataclasses.replace(
+            self.options,
+            speculative_mode=baseline.name,
+            weights=weights,
+            tensorrt=False,
+            **{o.name: None for o in self.spec.options},
+            **options,
+        )
+        return dataclasses.replace(
+            self,
+            options=options,
+            checkpoint=checkpoint,
+            spec=baseline,
+            plugin_cls=load_object(baseline.graph_plugin),
+            settings={"tokens_per_step": 1},
+            typical=None,
+            # a companion that addresses fewer positions works within them
+            max_seq_len=min(self.max_seq_len, checkpoint.model.max_position_embeddings),
+            weights=weights,
+            engine_dtype=dtype,
+            tolerance=validation_tolerance(options, dtype),
+            unfused=fused_kernels_unsupported(checkpoint.model, dtype),
+            head_weights=None,
+            head_weights_source="",
+        )
+
+
+def engine_dtype(weights: str) -> str:
+    """The float type of an engine built at `weights` (int4/int8 quantize a float32 graph)."""
+    return "float16" if weights == "fp16" else "float32"
+
+
+def validation_tolerance(options: BuildOptions, dtype: str) -> float:
+    """How far the ONNX graph's float outputs may stray from torch's in the export validation."""
+    return options.validate_tolerance or (1e-3 if dtype == "float32" else 5e-2)
+
 
 def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
     """Check the options, the output directory, the checkpoint's configs and tokenizer and the mode's bounds."""
     options.check()
+    source = f"recipe {options.recipe}: " if options.recipe else ""
+    spec = get_mode(options.speculative_mode, option=f"{source}--speculative-mode")  # the one lookup of the mode
     if not Path(checkpoint_dir).is_dir():
         raise SpecbuildError(f"{checkpoint_dir}: checkpoint directory does not exist")
     # the inputs (checkpoint, recipe, files the mode's text options name) are checked before any work: never replaced
-    texts = [getattr(options, o.name) for o in get_mode(options.speculative_mode).options if o.kind == "text"]
+    texts = [getattr(options, o.name) for o in spec.options if o.kind == "text"]
     inputs = [checkpoint_dir, *existing_paths(options.recipe, *texts)]
     target = prepare_output_dir(output_dir, overwrite=options.overwrite, inputs=inputs)
     if options.tensorrt:
@@ -65,32 +110,33 @@ def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
             f"--max-seq-len {max_seq_len} must be between 2 and the model's max_position_embeddings "
             f"({ckpt.model.max_position_embeddings})"
         )
-    plugin_cls = load_object(get_mode(options.speculative_mode).graph_plugin)
-    _check_mode_options(options)
+    plugin_cls = load_object(spec.graph_plugin)
+    _check_mode_options(options, spec)
     settings = plugin_cls.check_options(ckpt, options)  # mode bounds from the configs: before any weight loads
     if settings["tokens_per_step"] >= max_seq_len:
         raise SpecbuildError(
-            f"--max-seq-len {max_seq_len} leaves no room for the prompt: one {options.speculative_mode} step verifies "
+            f"--max-seq-len {max_seq_len} leaves no room for the prompt: one {spec.name} step verifies "
             f"{settings['tokens_per_step']} tokens; use a larger --max-seq-len or a smaller tree"
         )
     _check_tokenizer(ckpt)
     # ONNX Runtime's CPU kernels barely cover bfloat16: bf16 checkpoints become fp32 engines (exact upcast);
     # int4/int8 quantize the float32 graph
     weights = build_weights(ckpt, options)
-    engine_dtype = "float16" if weights == "fp16" else "float32"
-    unfused = fused_kernels_unsupported(ckpt.model, engine_dtype)
+    dtype = engine_dtype(weights)
+    unfused = fused_kernels_unsupported(ckpt.model, dtype)
     head_weights, head_source = resolve_head_weights(options, plugin_cls, ckpt, unfused)
     return BuildPlan(
         options=options,
         checkpoint=ckpt,
         target=target,
+        spec=spec,
         plugin_cls=plugin_cls,
         settings=settings,
         typical=plugin_cls.typical_acceptance(options),
         max_seq_len=max_seq_len,
         weights=weights,
-        engine_dtype=engine_dtype,
-        tolerance=options.validate_tolerance or (1e-3 if engine_dtype == "float32" else 5e-2),
+        engine_dtype=dtype,
+        tolerance=validation_tolerance(options, dtype),
         # int8 activations turn last-bit row differences into other tokens (ort_kernels: row padding): attention is
         # padded to >= 2 rows (it needs it on every CPU measured), and the graph takes a min_rows input with which
         # the runtime pads whole calls where the probe finds other kernels need it (runtime/row_invariance.py)
@@ -145,19 +191,19 @@ def _require_tensorrt() -> None:
         )
 
 
-def _check_mode_options(options: BuildOptions) -> None:
+def _check_mode_options(options: BuildOptions, spec: ModeSpec) -> None:
     """A mode-specific option the chosen mode does not read is an error (it would be silently ignored)."""
-    if options.head_weights is not None and get_mode(options.speculative_mode).family != ENGINE_DRAFTED:
+    if options.head_weights is not None and spec.family != ENGINE_DRAFTED:
         raise SpecbuildError(
             f"--head-weights applies to modes whose step graph drafts with heads "
-            f"({', '.join(m for m in mode_names() if get_mode(m).family == ENGINE_DRAFTED)}), not "
-            f"--speculative-mode {options.speculative_mode}"
+            f"({', '.join(name for name, other in modes().items() if other.family == ENGINE_DRAFTED)}), not "
+            f"--speculative-mode {spec.name}"
         )
-    reads = {o.name for o in get_mode(options.speculative_mode).options}
+    reads = {o.name for o in spec.options}
     for name in mode_options():
         if getattr(options, name) is not None and name not in reads:
             raise SpecbuildError(
-                f"{flag(name)} does not apply to --speculative-mode {options.speculative_mode} "
+                f"{flag(name)} does not apply to --speculative-mode {spec.name} "
                 f"(it is an option of {', '.join(modes_reading(name))})"
             )
 

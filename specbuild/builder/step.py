@@ -14,7 +14,7 @@ from torch import nn
 from specbuild import engine_format as ef
 from specbuild.builder.acceptance import accept, accept_root, accept_with_draft_probs
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.base import DraftContext, ModePlugin
+from specbuild.modes.base import DraftContext, ModePlugin
 
 HEAD_INPUTS = [ef.INPUT_IDS, ef.POSITION_IDS, ef.TREE_MASK, ef.PAST_LENGTH]
 SAMPLING_INPUTS = [ef.TEMPERATURE, ef.TOP_K, ef.TOP_P, ef.RAND_ACCEPT, ef.RAND_SAMPLE]

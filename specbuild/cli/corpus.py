@@ -202,7 +202,7 @@ def compare_heads(corpus_dir, mode, heads, max_sequences, heldout_frac, device, 
     accuracy and simulated tau."""
     _positive(max_sequences=max_sequences, threads=threads)
     _choice("--device", device, DEVICES)
-    from specbuild.plugins.registry import get_mode, load_object
+    from specbuild.modes.registry import get_mode, load_object
     from specbuild.training import distill, teacher_forced
 
     spec = get_mode(mode, "--mode")

@@ -19,7 +19,7 @@ from specbuild import engine_format as ef
 from specbuild.cli.extras import needs_extra, require_extra
 from specbuild.cli.handling import handle_errors
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.registry import baseline_mode, get_mode, head_modes, mode_names, mode_options, modes
+from specbuild.modes.registry import baseline_mode, get_mode, head_modes, mode_names, mode_options, modes
 
 DTYPE_CHOICES = ("float32", "float16", "bfloat16")
 BACKEND_CHOICES = ("onnxruntime", "tensorrt")
@@ -667,7 +667,7 @@ def bench(
 ):
     """Benchmark engines (interleaved per prompt) on HumanEval / MT-Bench prompts, greedy; with --concurrency, under
     load (closed loop, in-flight batching)."""
-    from specbuild.benchmark import render, run_benchmark
+    from specbuild.bench.sequential import render, run_benchmark
     from specbuild.prompts import PROMPT_SETS
 
     if hf_model_dir:
@@ -710,7 +710,7 @@ def bench(
         )
     render(report)
     if json_out:
-        from specbuild.bench_plot import plot_available, write_plot
+        from specbuild.bench.plot import plot_available, write_plot
 
         Path(json_out).write_text(json.dumps(report, indent=2))
         click.echo(f"numbers written to {json_out}", err=True)
@@ -724,8 +724,8 @@ def _bench_load(
     engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy,
     repeats=1,
 ):  # fmt: skip
-    """`bench --concurrency`: the closed-loop load benchmark (specbuild/bench_load.py)."""
-    from specbuild.bench_load import parse_concurrency, render_load, run_load_benchmark
+    """`bench --concurrency`: the closed-loop load benchmark (specbuild/bench/load.py)."""
+    from specbuild.bench.load import parse_concurrency, render_load, run_load_benchmark
 
     levels = parse_concurrency(concurrency)
     with _stderr_console().status("benchmarking under load ...", spinner="dots") as status:

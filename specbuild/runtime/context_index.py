@@ -1,6 +1,6 @@
 """The context's n-gram index, for drafters that copy (numpy-free, host only): where the latest tokens occurred
 before in the prompt and the generated text, and what followed them (prompt lookup,
-../shared/reference/algorithms-and-formats.md §6).
+github.com/apoorvumang/prompt-lookup-decoding).
 
 Which occurrence, and how many tokens of what followed:
 - the most recent occurrences of the longest suffix n-gram (n = max_n down to 1) that occurred before are measured:

@@ -18,7 +18,7 @@ import numpy as np
 
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.registry import get_mode, load_object
+from specbuild.modes.registry import get_mode, load_object
 from specbuild.runtime import exactness
 from specbuild.runtime.backends.base import resolve_threads
 from specbuild.runtime.backends.factory import create_backend, default_backend, select_graph

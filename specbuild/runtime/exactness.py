@@ -19,7 +19,7 @@ from pathlib import Path
 
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.registry import baseline_mode
+from specbuild.modes.registry import baseline_mode
 
 
 @dataclasses.dataclass

@@ -119,7 +119,7 @@ ACCURACY_LEVEL = Check(
     optional=True,
 )
 
-# Every field read by the runtime (engine.py, backends), inspect.py and benchmark.py. `format` and
+# Every field read by the runtime (engine.py, backends), inspect.py and bench/sequential.py. `format` and
 # `format_version` are checked first, by load_manifest itself.
 SCHEMA: dict[str, Any] = {
     "specbuild_version": text(optional=True),

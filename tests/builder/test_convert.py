@@ -19,7 +19,7 @@ from specbuild.builder.convert import convert_checkpoint
 from specbuild.builder.tokenizer_io import carry_tokenizer, read_chat_template
 from specbuild.builder.weights_io import load_hf_weights, load_tensor_file
 from specbuild.errors import SpecbuildError
-from specbuild.plugins import registry
+from specbuild.modes import registry
 from tests.conftest import TINY_SHAPES, save_tiny_model, tiny_hf_model
 
 ALL_SHAPES = sorted(TINY_SHAPES)
@@ -235,7 +235,7 @@ def fake_converter(head_dir, model_config, base_tensors, base_dir=None):
 
 
 def test_heads_use_registered_converter(tiny_hf_models, tmp_path, monkeypatch):
-    from specbuild.plugins.spec import ENGINE_DRAFTED, ModeSpec
+    from specbuild.modes.spec import ENGINE_DRAFTED, ModeSpec
 
     fake = ModeSpec(
         name="fakemode",

@@ -194,7 +194,7 @@ def test_module_entry_point_knows_every_command():
 
 def test_mode_and_weights_are_choices_in_help(tmp_path):
     from specbuild import engine_format as ef
-    from specbuild.plugins.registry import mode_names
+    from specbuild.modes.registry import mode_names
 
     help_text = invoke("build", "--help").stdout
     assert f"[{'|'.join(mode_names())}]" in help_text and f"[{'|'.join(ef.WEIGHTS)}]" in help_text
@@ -206,7 +206,7 @@ def test_demo_shows_a_speculative_mode_beside_none():
     from types import SimpleNamespace
 
     from specbuild.cli.main import _demo_summary, demo_mode
-    from specbuild.plugins.registry import baseline_mode, get_mode
+    from specbuild.modes.registry import baseline_mode, get_mode
 
     assert not get_mode(demo_mode()).baseline
     none = SimpleNamespace(tokens_per_s=40.0, mean_accepted_tokens=1.0, output_ids=[5, 6, 7])

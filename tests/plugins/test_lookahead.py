@@ -39,7 +39,8 @@ def step(tokens, top=None):
 
 
 def reference_rows(root, guesses, levels, w):
-    """The rows of a call from the definition (../shared/reference/serving-batching-draft-lookahead.md §6), each a
+    """The rows of a call from the definition (LADE's j_make_causal_mask_multilevel, llama.cpp's
+    examples/lookahead), each a
     label: ("root",), ("guess", n-gram index, token index), ("cell", level, column); in the drafter's order (the
     root, the guesses' trie, then level 0's columns 1..W-1 and each further level's W columns)."""
     first = {}  # each distinct prefix of a guess (n-grams sharing a prefix share its nodes): where it first occurs

@@ -1,8 +1,10 @@
 """Package boundaries (imports inside functions count): no mode package imports another mode package (what modes
-share lives in a non-mode package such as specbuild.plugins.feature_draft), and the builder never imports training.
+share lives in a non-mode package such as specbuild.plugins.feature_draft); the builder never imports training; the
+mode contract (specbuild.modes) sits below the implementations: builder, runtime, training, serve and the benchmarks
+reach a mode only through the registry, and no mode reaches into the build orchestrator.
 """
 
-from specbuild.plugins.registry import MODE_PACKAGES
+from specbuild.modes.registry import MODE_PACKAGES
 from tests.test_import_graph import import_graph
 
 
@@ -41,3 +43,39 @@ def test_shared_draft_package_is_not_a_mode():
     graph = import_graph()
     shared = [m for m in graph if _inside(m, "specbuild.plugins.feature_draft")]
     assert shared and not [t for m in shared for t in graph[m] if any(_inside(t, p) for p in MODE_PACKAGES)]
+
+
+LAYERS_BELOW_THE_MODES = ("specbuild.builder", "specbuild.runtime", "specbuild.training", "specbuild.serve")
+ORCHESTRATOR = ("specbuild.builder.plan", "specbuild.builder.build")
+
+
+def _mode_crossings(graph, importers, imported) -> list[str]:
+    return [
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if any(_inside(module, p) for p in importers)
+        for target in targets
+        if any(_inside(target, p) for p in imported)
+    ]
+
+
+def test_builder_runtime_training_serve_import_no_mode_package():
+    graph = import_graph()
+    assert not _mode_crossings(graph, LAYERS_BELOW_THE_MODES, (*MODE_PACKAGES, "specbuild.plugins.feature_draft"))
+
+
+def test_no_mode_package_imports_the_build_orchestrator():
+    graph = import_graph()
+    assert not _mode_crossings(graph, (*MODE_PACKAGES, "specbuild.plugins.feature_draft"), ORCHESTRATOR)
+
+
+def test_the_mode_contract_imports_no_implementation():
+    graph = import_graph()
+    assert not _mode_crossings(graph, ("specbuild.modes",), ("specbuild.plugins",))
+
+
+def test_the_boundary_check_sees_a_crossing():
+    graph = {"specbuild.builder.x": {"specbuild.plugins.medusa.graph"}, "specbuild.plugins.medusa.graph": set()}
+    assert _mode_crossings(graph, LAYERS_BELOW_THE_MODES, MODE_PACKAGES) == [
+        "specbuild.builder.x -> specbuild.plugins.medusa.graph"
+    ]

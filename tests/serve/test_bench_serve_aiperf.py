@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from specbuild.bench_serve.run import Settings, run_benchmark
+from specbuild.bench.serve.run import Settings, run_benchmark
 
 AIPERF = os.environ.get("SPECBUILD_AIPERF")
 pytestmark = [

@@ -64,7 +64,7 @@ def test_choose_only_measures_the_installed_heads_without_training(tmp_path, mon
     import json
 
     from specbuild.errors import SpecbuildError
-    from specbuild.plugins import registry
+    from specbuild.modes import registry
     from specbuild.training import defaults
 
     heads = tmp_path / "heads"

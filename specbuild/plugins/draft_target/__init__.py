@@ -3,7 +3,7 @@ from its own graph and KV cache (a second graph in the engine directory, role `d
 chain (--draft-top-k); the target graph verifies it with exact rejection sampling against the draft's
 probabilities q (recursive over siblings; greedy: exact argmax match)."""
 
-from specbuild.plugins.spec import HOST_DRAFTED, NUM_DRAFT_TOKENS, ModeOption, ModeSpec
+from specbuild.modes.spec import HOST_DRAFTED, NUM_DRAFT_TOKENS, ModeOption, ModeSpec
 
 DRAFT_ENGINE_DIR = "draft"  # the draft's own engine directory, inside the engine directory
 DRAFT_VOCAB_FILE = "draft_vocab.json"  # optional beside a draft model: {"token_ids": [...]} most frequent first

@@ -15,7 +15,7 @@ from specbuild import engine_format as ef
 from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.model_config import ModelConfig
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.base import HostDraftedPlugin
+from specbuild.modes.base import HostDraftedPlugin
 from specbuild.plugins.draft_target import DRAFT_ENGINE_DIR, DRAFT_VOCAB_TENSOR, MODE
 from specbuild.tree import MAX_TREE_SIZE
 
@@ -111,8 +111,6 @@ class DraftTargetPlugin(HostDraftedPlugin):
     def companion_engines(self, plan) -> list:
         """The draft model's engine: plain decoding with logits, at --draft-weights (default the target's)."""
         from specbuild.builder.network import LlamaNetwork
-        from specbuild.builder.plan import fused_kernels_unsupported
-        from specbuild.plugins.registry import baseline_mode, get_mode, load_object
 
         head = self.checkpoint.heads[MODE.name]
         ckpt = DraftCheckpoint(
@@ -124,33 +122,10 @@ class DraftTargetPlugin(HostDraftedPlugin):
             target=self.checkpoint,
         )
         weights = self.settings["draft_weights"] or plan.weights
-        dtype = "float16" if weights == "fp16" else "float32"
-        options = dataclasses.replace(
-            plan.options,
-            speculative_mode=baseline_mode(),
-            weights=weights,
-            output_logits=True,
-            tensorrt=False,
-            # the draft's roundings never change the output (the target decides every token), so its blockwise
-            # weights take ONNX Runtime's int8-activation kernels: faster, and 1-row calls are not padded here
-            int8_activations=weights in ef.BLOCKWISE_WEIGHTS,
-            **{o.name: None for o in MODE.options},
-        )
-        sub = dataclasses.replace(
-            plan,
-            options=options,
-            checkpoint=ckpt,
-            plugin_cls=load_object(get_mode(baseline_mode()).graph_plugin),
-            settings={"tokens_per_step": 1},
-            typical=None,
-            # a draft that addresses fewer positions drafts nothing beyond them (the target goes on alone)
-            max_seq_len=min(plan.max_seq_len, ckpt.model.max_position_embeddings),
-            weights=weights,
-            engine_dtype=dtype,
-            tolerance=plan.options.validate_tolerance or (1e-3 if dtype == "float32" else 5e-2),
-            unfused=fused_kernels_unsupported(ckpt.model, dtype),
-        )
-        net = LlamaNetwork.from_tensors(ckpt.model, ckpt.tensors(), dtype)
+        # the draft's roundings never change the output (the target decides every token), so its blockwise weights
+        # take ONNX Runtime's int8-activation kernels: faster, and 1-row calls are not padded here
+        sub = plan.companion(ckpt, weights, output_logits=True, int8_activations=weights in ef.BLOCKWISE_WEIGHTS)
+        net = LlamaNetwork.from_tensors(ckpt.model, ckpt.tensors(), sub.engine_dtype)
         extra = {}
         if self.settings["vocab_size"]:
             ids = self.checkpoint.head_tensors(MODE.name)[DRAFT_VOCAB_TENSOR][: self.settings["vocab_size"]]

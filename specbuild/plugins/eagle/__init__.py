@@ -1,7 +1,7 @@
 """`--speculative-mode eagle`: EAGLE-1 (static tree) and EAGLE-2 (dynamic top-k tree) drafting in the step graph."""
 
+from specbuild.modes.spec import ENGINE_DRAFTED, GRAPH_DRAFTER, ModeSpec
 from specbuild.plugins.feature_draft import OPTIONS
-from specbuild.plugins.spec import ENGINE_DRAFTED, GRAPH_DRAFTER, ModeSpec
 
 MODE = ModeSpec(
     name="eagle",

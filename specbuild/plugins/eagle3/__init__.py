@@ -1,7 +1,7 @@
 """`--speculative-mode eagle3`: EAGLE-3 drafting (fused low/mid/high features, reduced draft vocabulary)."""
 
+from specbuild.modes.spec import ENGINE_DRAFTED, GRAPH_DRAFTER, ModeSpec
 from specbuild.plugins.feature_draft import OPTIONS
-from specbuild.plugins.spec import ENGINE_DRAFTED, GRAPH_DRAFTER, ModeSpec
 
 MODE = ModeSpec(
     name="eagle3",

@@ -6,7 +6,7 @@ Not a mode itself: the registry lists only mode packages, which specialise these
 `__init__`: no torch.
 """
 
-from specbuild.plugins.spec import MAX_DRAFT_LEN, TREE, TYPICAL_ACCEPTANCE, ModeOption
+from specbuild.modes.spec import MAX_DRAFT_LEN, TREE, TYPICAL_ACCEPTANCE, ModeOption
 
 OPTIONS = (
     TREE,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.base import DraftContext, ModePlugin, OutputSpec, StateSpec
+from specbuild.modes.base import DraftContext, ModePlugin, OutputSpec, StateSpec
 from specbuild.plugins.feature_draft.draft_net import commit_pass, expand_dynamic, expand_static
 from specbuild.tree import MAX_TOP_K, MAX_TREE_SIZE, Tree, parse_tree
 

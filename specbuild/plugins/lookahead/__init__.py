@@ -1,11 +1,11 @@
 """`--speculative-mode lookahead`: lookahead decoding. The model drafts for itself: a Jacobi window of guesses of
 future tokens is refined by every engine call, the n-grams it completes go to a pool keyed by their first token,
-and the pool's n-grams that start with the current token are verified in the same call
-(../shared/reference/algorithms-and-formats.md §5, serving-batching-draft-lookahead.md §6). No heads, no draft
+and the pool's n-grams that start with the current token are verified in the same call (Fu et al. 2024,
+arXiv:2402.02057; github.com/hao-ai-lab/LookaheadDecoding, llama.cpp's examples/lookahead). No heads, no draft
 model: the runtime's drafter builds each call's rows, the step graph verifies the pool's guesses and returns each
 row's argmax (ef.ROW_TOP_TOKENS), from which the drafter advances the window."""
 
-from specbuild.plugins.spec import HOST_DRAFTED, ModeOption, ModeSpec
+from specbuild.modes.spec import HOST_DRAFTED, ModeOption, ModeSpec
 
 # the defaults, chosen by measured speed (SmolLM2-135M, 2 CPU threads, fp32, scripts/sweep-drafting.py on fresh
 # prompts: never the benchmark's): a verified row costs ~7 % of a one-token step there and the window's n-grams are

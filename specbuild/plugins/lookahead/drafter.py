@@ -15,11 +15,11 @@ The graph returns every row's argmax (ef.ROW_TOP_TOKENS). From the last level's,
 while it has fewer than N - 1 levels (the first N - 2 steps) the argmaxes become a new level; then each column i
 completes an n-gram -- row 0's token, levels 1..N-2's, the new argmax -- which goes to the pool under its first
 token (at most G per key, de-duplicated, the most recent kept), and the window shifts by one position: level 0 <-
-level 1 from column 1, level l <- level l + 1, the last level <- the new argmaxes
-(../shared/reference/algorithms-and-formats.md §5). Level 0 starts as W - 1 tokens of the prompt (a fixed random
-choice: the same prompt gives the same drafts). Besides the window's, the pool takes (`pool`) nothing ("window", LADE's
-default), the prompt's n-grams at the start ("prompt", LADE's POOL_FROM_PROMPT) or those and each committed token's
-n-gram as it is accepted ("context").
+level 1 from column 1, level l <- level l + 1, the last level <- the new argmaxes (github.com/hao-ai-lab/
+LookaheadDecoding, lade/decoding.py). Level 0 starts as W - 1 tokens of the prompt (a fixed random choice: the same
+prompt gives the same drafts). Besides the window's, the pool takes (`pool`) nothing ("window", LADE's default), the
+prompt's n-grams at the start ("prompt", LADE's POOL_FROM_PROMPT) or those and each committed token's n-gram as it is
+accepted ("context").
 
 Acceptance is the graph's (greedy exact; sampling: the drafts are deterministic, point masses, so the recursive rule
 keeps the target distribution). Host work per step is O(W N + G N): it never grows with the context.

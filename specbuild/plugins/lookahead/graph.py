@@ -8,7 +8,7 @@ from __future__ import annotations
 from specbuild import engine_format as ef
 from specbuild.builder.acceptance import top_token
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.base import DraftContext, HostDraftedPlugin, OutputSpec
+from specbuild.modes.base import DraftContext, HostDraftedPlugin, OutputSpec
 from specbuild.plugins.lookahead import (
     DEFAULT_GUESSES,
     DEFAULT_LOOKUP,

@@ -1,6 +1,6 @@
 """`--speculative-mode medusa`: Medusa heads draft a static tree inside the step graph."""
 
-from specbuild.plugins.spec import (
+from specbuild.modes.spec import (
     ENGINE_DRAFTED,
     GRAPH_DRAFTER,
     MAX_DRAFT_LEN,

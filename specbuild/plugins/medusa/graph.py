@@ -18,7 +18,7 @@ from specbuild import engine_format as ef
 from specbuild.builder.checkpoint import read_json, recorded_defaults
 from specbuild.builder.weights_io import load_hf_weights, load_tensor_file
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.base import DraftContext, ModePlugin, OutputSpec
+from specbuild.modes.base import DraftContext, ModePlugin, OutputSpec
 from specbuild.tree import MAX_TOP_K, Tree, parse_tree
 
 DEFAULT_TOP_K = 10

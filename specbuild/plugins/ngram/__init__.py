@@ -1,9 +1,9 @@
 """`--speculative-mode ngram`: prompt lookup decoding. The runtime drafts from n-grams of the prompt and the
 generated text; the step graph only verifies (any base model, no heads)."""
 
-from specbuild.plugins.spec import HOST_DRAFTED, MAX_DRAFT_LEN, NUM_DRAFT_TOKENS, ModeOption, ModeSpec
+from specbuild.modes.spec import HOST_DRAFTED, MAX_DRAFT_LEN, NUM_DRAFT_TOKENS, ModeOption, ModeSpec
 
-DEFAULT_MAX_NGRAM_SIZE = 3  # prompt lookup decoding's defaults (../shared/reference/algorithms-and-formats.md §6)
+DEFAULT_MAX_NGRAM_SIZE = 3  # prompt lookup decoding's defaults (github.com/apoorvumang/prompt-lookup-decoding)
 DEFAULT_NUM_DRAFT_TOKENS = 10
 DEFAULT_CANDIDATES = 1
 DEFAULT_DRAFT_LENGTH = "match"

@@ -5,7 +5,7 @@ here, and checked before any work."""
 from __future__ import annotations
 
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.base import HostDraftedPlugin
+from specbuild.modes.base import HostDraftedPlugin
 from specbuild.plugins.ngram import (
     DEFAULT_CANDIDATES,
     DEFAULT_DRAFT_LENGTH,

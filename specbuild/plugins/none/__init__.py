@@ -1,6 +1,6 @@
 """`--speculative-mode none`: plain autoregressive decoding through the same step graph (the baseline)."""
 
-from specbuild.plugins.spec import GRAPH_DRAFTER, PLAIN, ModeSpec
+from specbuild.modes.spec import GRAPH_DRAFTER, PLAIN, ModeSpec
 
 MODE = ModeSpec(
     name="none",

@@ -1,6 +1,6 @@
 """`--speculative-mode none`: plain autoregressive decoding through the same step graph."""
 
-from specbuild.plugins.base import ModePlugin
+from specbuild.modes.base import ModePlugin
 
 
 class NonePlugin(ModePlugin):

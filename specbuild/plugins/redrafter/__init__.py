@@ -1,8 +1,9 @@
 """`--speculative-mode redrafter`: Apple's recurrent drafter (ReDrafter). After acceptance the step graph runs the
 drafter's beam search from the last accepted token's hidden state, merges the beams' shared prefixes into one tree
-and outputs it as the next call's candidates (../shared/reference/algorithms-and-formats.md §4)."""
+and outputs it as the next call's candidates (Cheng et al. 2024, arXiv:2403.09919;
+github.com/apple/ml-recurrent-drafter)."""
 
-from specbuild.plugins.spec import ENGINE_DRAFTED, MAX_DRAFT_LEN, TYPICAL_ACCEPTANCE, ModeOption, ModeSpec
+from specbuild.modes.spec import ENGINE_DRAFTED, MAX_DRAFT_LEN, TYPICAL_ACCEPTANCE, ModeOption, ModeSpec
 
 DEFAULT_NUM_BEAMS = 5  # TensorRT-LLM's redrafter_num_beams and redrafter_draft_len_per_beam
 DEFAULT_DRAFT_LEN = 5

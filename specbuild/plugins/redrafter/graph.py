@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.base import DraftContext, ModePlugin, OutputSpec
+from specbuild.modes.base import DraftContext, ModePlugin, OutputSpec
 from specbuild.plugins.redrafter import DEFAULT_DRAFT_LEN, DEFAULT_NUM_BEAMS, TOP_K_WARP
 from specbuild.plugins.redrafter.drafter_net import RecurrentDrafter, beam_search, beams_to_tree
 from specbuild.tree import MAX_TREE_SIZE

@@ -10,12 +10,12 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from specbuild.bench_serve.aiperf_run import aiperf_command, run_aiperf, shell_line
-from specbuild.bench_serve.dataset import dataset_args
-from specbuild.bench_serve.server_process import ServedEngine
-from specbuild.bench_serve.summary import markdown_table, spec_decode_counts, speedups, summary_row
+from specbuild.bench.serve.aiperf_run import aiperf_command, run_aiperf, shell_line
+from specbuild.bench.serve.dataset import dataset_args
+from specbuild.bench.serve.server_process import ServedEngine
+from specbuild.bench.serve.summary import markdown_table, spec_decode_counts, speedups, summary_row
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.registry import get_mode
+from specbuild.modes.registry import get_mode
 
 
 @dataclasses.dataclass
@@ -104,10 +104,10 @@ def write_summary(report: dict, out: Path) -> None:
     (out / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "summary.md").write_text(_title(report) + "\n\n" + markdown_table(report["rows"], baseline) + "\n")
     (out / "commands.sh").write_text("#!/usr/bin/env bash\n" + "\n".join(report["commands"]) + "\n")
-    from specbuild.bench_plot import plot_available
+    from specbuild.bench.plot import plot_available
 
     if plot_available():  # else only the tables (pip install specbuild[bench] for the plot)
-        from specbuild.bench_serve.plot import write_plot
+        from specbuild.bench.serve.plot import write_plot
 
         write_plot(report["rows"], _title(report), out / "summary.png")
 

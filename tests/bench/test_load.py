@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from specbuild.bench_load import (
+from specbuild.bench.load import (
     Finished,
     OpenVINOLoad,
     closed_loop,
@@ -215,7 +215,7 @@ def test_concurrency_refuses_the_one_at_a_time_peers(tmp_path):
 
 def test_bench_concurrency_end_to_end(load_engines, tmp_path, monkeypatch):
     """The CLI renders the load table and the cost curve and writes every number to --json-out."""
-    import specbuild.bench_load as bench_load
+    import specbuild.bench.load as bench_load
 
     monkeypatch.setattr(bench_load, "interleaved_prompts", lambda engine, sets, n: PROMPTS[:n])
     out = tmp_path / "load.json"

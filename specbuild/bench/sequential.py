@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.registry import get_mode
+from specbuild.modes.registry import get_mode
 from specbuild.prompts import is_chat, load_prompt_set
 
 SWEEP_CONTEXTS = (64, 1024)
@@ -133,7 +133,7 @@ class HFTimer:
         one claims the directory, else any transformers model directory)."""
         from transformers import AutoModelForCausalLM
 
-        from specbuild.plugins.registry import load_object, modes
+        from specbuild.modes.registry import load_object, modes
 
         if not Path(assistant_dir).is_dir():
             raise SpecbuildError(f"{assistant_dir}: --hf-assistant-dir does not exist")
@@ -266,7 +266,8 @@ class OpenVINOTimer:
     """OpenVINO GenAI's LLMPipeline (what an Intel/AMD CPU user would also run) on the same ids: greedy, or with its
     prompt lookup (`num_assistant_tokens` 5, `max_ngram_size` 3, its documented example). Needs the `openvino-genai`
     package and an OpenVINO model directory made by optimum-intel (`optimum-cli export openvino --model HF_DIR --task
-    text-generation-with-past --weight-format int4 --group-size 64 DIR`; see ../shared/reference/cpu-baselines.md)."""
+    text-generation-with-past --weight-format int4 --group-size 64 DIR`; docs/benchmarking.md: setting it up
+    offline)."""
 
     PROMPT_LOOKUP = {"num_assistant_tokens": 5, "max_ngram_size": 3}
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from specbuild.benchmark import add_relative_speed, render
+from specbuild.bench.sequential import add_relative_speed, render
 
 
 def _rows():
@@ -70,7 +70,7 @@ def test_ort_genai_peer_rows_are_greedy_and_its_ngram_is_lossless(tiny_hf_models
     import torch
     from transformers import AutoModelForCausalLM
 
-    from specbuild.benchmark import OrtGenAITimer
+    from specbuild.bench.sequential import OrtGenAITimer
     from specbuild.errors import SpecbuildError
     from tests.conftest import hf_greedy, write_char_tokenizer
 
@@ -93,7 +93,7 @@ def test_ort_genai_peer_rows_are_greedy_and_its_ngram_is_lossless(tiny_hf_models
 
 def test_transformers_rows_greedy_and_prompt_lookup_give_its_greedy_ids(tiny_hf_models):
     """`--hf-model-dir` adds transformers' greedy generate and its prompt lookup decoding; both are exact."""
-    from specbuild.benchmark import HFTimer
+    from specbuild.bench.sequential import HFTimer
     from tests.conftest import hf_greedy
 
     model = HFTimer.load(tiny_hf_models["llama_gqa_llama3rope"], threads=1)
@@ -112,7 +112,7 @@ def test_transformers_assisted_generation_with_a_draft_that_borrows_the_embeddin
     import torch
     from safetensors.torch import load_file, save_file
 
-    from specbuild.benchmark import HFTimer
+    from specbuild.bench.sequential import HFTimer
     from specbuild.errors import SpecbuildError
     from tests.conftest import hf_greedy, tiny_hf_model
 
@@ -139,7 +139,7 @@ def test_transformers_assisted_generation_with_a_draft_that_borrows_the_embeddin
 
 def test_the_plot_shows_every_row_of_every_prompt_set(tmp_path):
     pytest.importorskip("matplotlib")
-    from specbuild.bench_plot import rows_of, write_plot
+    from specbuild.bench.plot import rows_of, write_plot
 
     rows = _rows()
     add_relative_speed(rows, "none")
@@ -164,7 +164,7 @@ def test_openvino_peer_rows_ask_for_greedy_and_prompt_lookup(tmp_path, monkeypat
 
     import numpy as np
 
-    from specbuild.benchmark import OpenVINOTimer
+    from specbuild.bench.sequential import OpenVINOTimer
     from specbuild.errors import SpecbuildError
 
     with pytest.raises(SpecbuildError, match="not an OpenVINO model directory"):

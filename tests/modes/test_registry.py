@@ -9,8 +9,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 import specbuild
-from specbuild.plugins import registry
-from specbuild.plugins.spec import FAMILIES
+from specbuild.modes import registry
+from specbuild.modes.spec import FAMILIES
 
 ROOT = Path(specbuild.__file__).parent
 
@@ -31,7 +31,7 @@ def test_every_mode_is_a_package_whose_references_resolve():
 def test_mode_packages_and_drafters_import_without_torch():
     code = (
         "import sys\n"
-        "from specbuild.plugins import registry\n"
+        "from specbuild.modes import registry\n"
         "for spec in registry.modes().values(): registry.load_object(spec.drafter)\n"
         "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('specbuild.builder'))\n"
         "assert not bad, bad\n"

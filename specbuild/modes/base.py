@@ -11,7 +11,7 @@ from torch import nn
 from specbuild import engine_format as ef
 from specbuild.builder.checkpoint import build_weights, defaults_for_weights
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.spec import TYPICAL_ACCEPTANCE
+from specbuild.modes.spec import TYPICAL_ACCEPTANCE
 from specbuild.tree import Tree
 
 
@@ -95,11 +95,11 @@ class DraftContext:
 
 
 class ModePlugin(nn.Module):
-    """`none` behaviour; speculative modes override draft(), draft_outputs(), tree(), state_specs().
+    """Plain decoding's behaviour; speculative modes override draft(), draft_outputs(), tree(), state_specs().
 
     Constructed as `Plugin(checkpoint, net, settings)` with the settings check_options resolved."""
 
-    name = "none"
+    name = "plain"  # the mode's name in messages: each mode's plugin sets its own
     head_key = ""  # the checkpoint's heads this mode drafts with (checkpoint.heads[head_key]; "": none)
     capture_layers: tuple = ()
     # drafting happens in the graph and can be skipped per row: the graph takes ef.DRAFT_ROWS and draft() drafts

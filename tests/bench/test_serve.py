@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from specbuild.bench_serve.__main__ import parse_args
-from specbuild.bench_serve.aiperf_run import aiperf_command, shell_line
-from specbuild.bench_serve.dataset import dataset_args
-from specbuild.bench_serve.run import engine_labels
-from specbuild.bench_serve.server_process import metric_sums
-from specbuild.bench_serve.summary import SPEC_COUNTERS, markdown_table, spec_decode_counts, speedups, summary_row
+from specbuild.bench.serve.__main__ import parse_args
+from specbuild.bench.serve.aiperf_run import aiperf_command, shell_line
+from specbuild.bench.serve.dataset import dataset_args
+from specbuild.bench.serve.run import engine_labels
+from specbuild.bench.serve.server_process import metric_sums
+from specbuild.bench.serve.summary import SPEC_COUNTERS, markdown_table, spec_decode_counts, speedups, summary_row
 from specbuild.errors import SpecbuildError
 
 

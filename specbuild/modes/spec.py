@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-# mode families (../shared/DESIGN.md): who proposes the draft tokens
+# mode families (docs/modes.md): who proposes the draft tokens
 PLAIN = "plain"  # no drafts: autoregressive decoding through the same step graph (the baseline)
 ENGINE_DRAFTED = "engine"  # the step graph drafts the next tree after acceptance (Medusa, EAGLE)
 HOST_DRAFTED = "host"  # the runtime's drafter proposes tokens and a tree; the graph verifies them (n-gram)

@@ -11,7 +11,7 @@ import functools
 import importlib
 
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.spec import ModeOption, ModeSpec
+from specbuild.modes.spec import ModeOption, ModeSpec
 
 MODE_PACKAGES = (
     "specbuild.plugins.none",

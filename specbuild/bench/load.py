@@ -198,7 +198,7 @@ class OpenVINOLoad:
     `openvino-genai` package and an OpenVINO model directory (see benchmark.OpenVINOTimer)."""
 
     def __init__(self, model_dir, threads: int | None, max_num_seqs: int, max_new_tokens: int):
-        from specbuild.benchmark import import_openvino, openvino_compute
+        from specbuild.bench.sequential import import_openvino, openvino_compute
 
         model_dir, ov, ov_genai = import_openvino(model_dir)
         scheduler_config = ov_genai.SchedulerConfig()
@@ -396,7 +396,7 @@ def run_load_benchmark(
     repeats: int = 1,
 ) -> dict[str, Any]:
     """`specbuild bench --concurrency`: the report (settings, engines with their cost curves, rows per C)."""
-    from specbuild.benchmark import load_engines
+    from specbuild.bench.sequential import load_engines
     from specbuild.runtime.row_invariance import cpu_description
 
     engines, labels = load_engines(engine_dirs, max_new_tokens, threads, allow_lossy)
@@ -436,7 +436,7 @@ def run_load_benchmark(
 
 
 def _is_plain(engine) -> bool:
-    from specbuild.plugins.registry import get_mode
+    from specbuild.modes.registry import get_mode
 
     return get_mode(engine.manifest["speculative_mode"]).baseline
 

@@ -1,4 +1,4 @@
-"""`python -m specbuild.bench_serve --engine-dir A --engine-dir B [--concurrency 1,4,16] ...` (what
+"""`python -m specbuild.bench.serve --engine-dir A --engine-dir B [--concurrency 1,4,16] ...` (what
 scripts/bench-serve.sh runs, with --aiperf from its AIPerf environment)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specbuild.bench_serve.run import Settings, run_benchmark
+from specbuild.bench.serve.run import Settings, run_benchmark
 from specbuild.errors import SpecbuildError
 
 
