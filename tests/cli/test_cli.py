@@ -205,7 +205,7 @@ def test_mode_and_weights_are_choices_in_help(tmp_path):
 def test_demo_shows_a_speculative_mode_beside_none():
     from types import SimpleNamespace
 
-    from specbuild.cli.main import _demo_summary, demo_mode
+    from specbuild.cli.demo import _demo_summary, demo_mode
     from specbuild.modes.registry import baseline_mode, get_mode
 
     assert not get_mode(demo_mode()).baseline

@@ -292,7 +292,7 @@ def test_read_only_parent(tiny_hf_models, tmp_path, monkeypatch):
 def test_os_error_escaping_a_command_is_one_line():
     import click
 
-    from specbuild.cli.main import handle_errors
+    from specbuild.cli.handling import handle_errors
 
     @click.command()
     @handle_errors

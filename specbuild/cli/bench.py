@@ -1,0 +1,183 @@
+"""`specbuild bench`: engines (and optionally transformers, ONNX Runtime GenAI, OpenVINO GenAI) timed on the
+benchmark prompt sets, one prompt at a time (specbuild/bench/sequential.py) or under load with --concurrency
+(specbuild/bench/load.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from specbuild.cli.extras import require_extra
+from specbuild.cli.handling import handle_errors
+from specbuild.cli.options import ALLOW_LOSSY_HELP, check_choice
+from specbuild.cli.output import stderr_console
+from specbuild.errors import SpecbuildError
+
+
+@click.command()
+@click.option("--engine-dir", "engine_dirs", multiple=True, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--prompts",
+    default="humaneval,mtbench",
+    show_default=True,
+    help="Comma-separated prompt sets: humaneval (code), mtbench (chat), summarize (chat, the text is in the prompt).",
+)
+@click.option("--num-prompts", type=int, default=8, show_default=True, help="Prompts per set.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--hf-model-dir", type=click.Path(path_type=Path), help="Also time transformers' generate.")
+@click.option(
+    "--hf-assistant-dir",
+    type=click.Path(path_type=Path),
+    help="With --hf-model-dir: also time transformers' assisted generation with this draft model (e.g. the draft "
+    "shipped for SmolLM2, specbuild/data/heads/smollm2-draft).",
+)
+@click.option(
+    "--ort-genai-model",
+    "ort_genai_dirs",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Also time ONNX Runtime GenAI on this model directory (greedy and its n-gram speculation); needs the "
+    "onnxruntime-genai package.",
+)
+@click.option(
+    "--openvino-model",
+    "openvino_dirs",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Also time OpenVINO GenAI on this model directory (greedy and its prompt lookup); needs the openvino-genai "
+    "package.",
+)
+@click.option("--threads", type=int, help="Threads for ONNX Runtime (and torch with --hf-model-dir).")
+@click.option("--context-sweep", is_flag=True, help="Host/engine ms per step at ~64 vs ~1024 context tokens.")
+@click.option("--json-out", type=click.Path(path_type=Path), help="Write all numbers to this JSON file.")
+@click.option("--allow-lossy", is_flag=True, help=ALLOW_LOSSY_HELP)
+@click.option(
+    "--concurrency",
+    help="Comma-separated numbers of requests in flight (e.g. 1,4,16): instead of one prompt at a time, run every "
+    "prompt through each engine's scheduler as a closed loop at each concurrency (aggregate tokens/s, TTFT and "
+    "inter-token latency percentiles, τ, the engines' call cost curves); --openvino-model then runs OpenVINO GenAI's "
+    "continuous batching.",
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="With --concurrency: rounds of every engine and peer at each concurrency, in turns; each row is its "
+    "median round (the machine's slow spells fall on all of them).",
+)
+@handle_errors
+def bench(
+    engine_dirs,
+    prompts,
+    num_prompts,
+    max_new_tokens,
+    hf_model_dir,
+    hf_assistant_dir,
+    ort_genai_dirs,
+    openvino_dirs,
+    threads,
+    context_sweep,
+    json_out,
+    allow_lossy,
+    concurrency,
+    repeats,
+):
+    """Benchmark engines (interleaved per prompt) on HumanEval / MT-Bench prompts, greedy; with --concurrency, under
+    load (closed loop, in-flight batching)."""
+    from specbuild.bench.sequential import render, run_benchmark
+
+    if hf_model_dir:
+        require_extra("build", "bench --hf-model-dir")
+    if hf_assistant_dir and not hf_model_dir:
+        raise SpecbuildError("--hf-assistant-dir drafts for transformers' generate: give --hf-model-dir too")
+    sets = _prompt_sets(prompts)
+    if concurrency is not None:
+        if hf_model_dir or ort_genai_dirs or context_sweep:
+            raise SpecbuildError(
+                "--concurrency runs the load benchmark: --hf-model-dir, --ort-genai-model and --context-sweep belong "
+                "to the one-at-a-time benchmark (run it without --concurrency)"
+            )
+        _bench_load(
+            engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy,
+            repeats,
+        )  # fmt: skip
+        return
+    if repeats != 1:
+        raise SpecbuildError("--repeats belongs to the load benchmark (--concurrency)")
+    console = stderr_console()
+    with console.status("benchmarking ...", spinner="dots") as status:
+        report = run_benchmark(
+            list(engine_dirs),
+            sets,
+            num_prompts=num_prompts,
+            max_new_tokens=max_new_tokens,
+            hf_model_dir=hf_model_dir,
+            threads=threads,
+            sweep=context_sweep,
+            log=lambda msg: status.update(f"benchmarking: {msg}"),
+            ort_genai_dirs=list(ort_genai_dirs),
+            allow_lossy=allow_lossy,
+            openvino_dirs=list(openvino_dirs),
+            hf_assistant_dir=hf_assistant_dir,
+        )
+    render(report)
+    if json_out:
+        _write_numbers(report, json_out)
+        _write_plot(report, json_out)
+
+
+def _prompt_sets(prompts: str) -> list[str]:
+    """The prompt sets --prompts names (comma-separated), each one of specbuild.prompts.PROMPT_SETS."""
+    from specbuild.prompts import PROMPT_SETS
+
+    sets = [p.strip() for p in prompts.split(",") if p.strip()]
+    if not sets:
+        raise SpecbuildError("--prompts: give at least one prompt set")
+    for name in sets:
+        check_choice("--prompts", name, tuple(PROMPT_SETS))
+    return sets
+
+
+def _write_numbers(report: dict, json_out: Path) -> None:
+    """--json-out: every number of the report as JSON."""
+    Path(json_out).write_text(json.dumps(report, indent=2))
+    click.echo(f"numbers written to {json_out}", err=True)
+
+
+def _write_plot(report: dict, json_out: Path) -> None:
+    """The one-at-a-time report's plot beside its --json-out (.png), when matplotlib is installed."""
+    from specbuild.bench.plot import plot_available, write_plot
+
+    if plot_available():
+        click.echo(f"plot written to {write_plot(report, Path(json_out).with_suffix('.png'))}", err=True)
+    else:
+        click.echo("no plot: matplotlib is not installed (pip install specbuild[bench])", err=True)
+
+
+def _bench_load(
+    engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy,
+    repeats=1,
+):  # fmt: skip
+    """`bench --concurrency`: the closed-loop load benchmark (specbuild/bench/load.py)."""
+    from specbuild.bench.load import parse_concurrency, render_load, run_load_benchmark
+
+    levels = parse_concurrency(concurrency)
+    with stderr_console().status("benchmarking under load ...", spinner="dots") as status:
+        report = run_load_benchmark(
+            list(engine_dirs),
+            sets,
+            levels,
+            num_prompts=num_prompts,
+            max_new_tokens=max_new_tokens,
+            threads=threads,
+            log=lambda msg: status.update(f"benchmarking: {msg}"),
+            allow_lossy=allow_lossy,
+            openvino_dirs=list(openvino_dirs),
+            repeats=repeats,
+        )
+    render_load(report)
+    if json_out:
+        _write_numbers(report, json_out)

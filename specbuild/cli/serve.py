@@ -1,0 +1,57 @@
+"""`specbuild serve`: an engine behind an OpenAI-compatible HTTP API (extra specbuild[serve]), or with --triton
+through Triton Inference Server (extra specbuild[triton])."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from specbuild.cli.extras import require_extra
+from specbuild.cli.handling import handle_errors
+from specbuild.cli.options import ALLOW_LOSSY_HELP
+
+
+@click.command()
+@click.option("--engine-dir", required=True, type=click.Path(path_type=Path), help="Engine directory.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--threads", type=int, help="Intra-op threads for ONNX Runtime.")
+@click.option(
+    "--max-queue",
+    type=int,
+    default=64,
+    show_default=True,
+    help="Requests that may wait for a KV slot; more are refused (429).",
+)
+@click.option("--max-batch-size", type=int, help="KV slots to use (default: the engine's limits.max_batch_size).")
+@click.option("--model-name", help="The model id clients send (default: the engine directory's name).")
+@click.option("--allow-lossy", is_flag=True, help=ALLOW_LOSSY_HELP)
+@click.option(
+    "--triton",
+    is_flag=True,
+    help="Serve through Triton Inference Server instead (PyTriton, extra specbuild[triton]): a decoupled streaming "
+    "model on Triton's HTTP port (--port; /v2/models/NAME/generate_stream) and gRPC port (--grpc-port).",
+)
+@click.option("--grpc-port", type=int, default=8001, show_default=True, help="With --triton: Triton's gRPC port.")
+@click.option("--metrics-port", type=int, default=8002, show_default=True, help="With --triton: Triton's metrics.")
+@handle_errors
+def serve(
+    engine_dir, host, port, threads, max_queue, max_batch_size, model_name, allow_lossy, triton, grpc_port,
+    metrics_port,
+):  # fmt: skip
+    """Serve an engine over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, streaming),
+    with /health and Prometheus /metrics; SIGINT/SIGTERM stop it within seconds. With --triton, through Triton
+    Inference Server (gRPC streaming and the generate extension)."""
+    if not triton:
+        require_extra("serve", "serve")
+        from specbuild.serve.server import run_server
+
+        run_server(engine_dir, host, port, threads, max_queue, max_batch_size, model_name, allow_lossy)
+        return
+    require_extra("triton", "serve --triton")
+    from specbuild.serve.triton_pytriton import run_triton
+
+    run_triton(
+        engine_dir, host, port, grpc_port, metrics_port, threads, max_queue, max_batch_size, model_name, allow_lossy
+    )
