@@ -33,6 +33,9 @@ HOMONYMS = {
     ("window", "specbuild/plugins/lookahead/*.py"): "a lookahead setting (engine.yaml mode.drafter.window: W) and the "
     "name of its window-only n-gram pool",
     ("temperature", "specbuild/serve/*.py"): "an OpenAI request field",
+    ("temperature", "specbuild/runtime/sampling.py"): "a SamplingParams field, named in its errors",
+    ("top_p", "specbuild/runtime/sampling.py"): "a SamplingParams field, named in its errors",
+    ("top_k", "specbuild/runtime/sampling.py"): "a SamplingParams field, named in its errors",
     ("top_p", "specbuild/serve/*.py"): "an OpenAI request field",
     ("top_k", "specbuild/serve/*.py"): "an OpenAI request field (an extension, as vLLM's)",
 }

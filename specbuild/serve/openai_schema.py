@@ -10,13 +10,12 @@ import dataclasses
 import secrets
 
 from specbuild.errors import SpecbuildError
-from specbuild.runtime.sampling import SamplingParams, is_integer
+from specbuild.runtime.sampling import SamplingError, SamplingParams, is_integer
 from specbuild.runtime.scheduler import Request
 from specbuild.serve.errors import APIError, bad_request
 
 MAX_STOP_STRINGS = 16
 CHAT_ROLES = ("system", "developer", "user", "assistant")
-SAMPLING_FLAGS = {"--temperature": "temperature", "--top-p": "top_p", "--top-k": "top_k", "--seed": "seed"}
 # parameter -> the value that means "off" (anything else is refused)
 UNSUPPORTED = {
     "logprobs": (None, False, 0),
@@ -180,12 +179,9 @@ def _sampling(body: dict) -> SamplingParams:
     if values["seed"] is None:
         values["seed"] = secrets.randbelow(2**31)
     try:
-        return SamplingParams(**values)
-    except SpecbuildError as exc:
-        message = str(exc)
-        flag = next((f for f in SAMPLING_FLAGS if message.startswith(f)), None)
-        param = SAMPLING_FLAGS.get(flag)
-        raise bad_request(message.replace(flag, param, 1) if flag else message, param) from None
+        return SamplingParams(**values)  # errors name the request's parameters: the fields' own names
+    except SamplingError as exc:
+        raise bad_request(str(exc), exc.field) from None
 
 
 def _or_default(body: dict, name: str, default):

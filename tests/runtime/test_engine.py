@@ -8,6 +8,7 @@ from specbuild.errors import SpecbuildError
 from specbuild.runtime import row_invariance
 from specbuild.runtime import slots as slots_module
 from specbuild.runtime.engine import Engine, SamplingParams
+from specbuild.runtime.sampling import SamplingError
 from tests.conftest import TINY_SHAPES, hf_greedy, tiny_hf_model
 
 pytestmark = pytest.mark.xdist_group("tiny")
@@ -82,27 +83,31 @@ def test_stops_at_max_seq_len(tiny_engines):
 
 
 @pytest.mark.parametrize(
-    "kwargs,option",
+    "kwargs,field",
     [
-        (dict(temperature=float("nan")), "--temperature"),
-        (dict(temperature=float("inf")), "--temperature"),
-        (dict(temperature=-1.0), "--temperature"),
-        (dict(temperature=1e-30), "--temperature"),
-        (dict(temperature=1e39), "--temperature"),  # not a finite float32
-        (dict(temperature="0.5"), "--temperature"),
-        (dict(top_p=0.0), "--top-p"),
-        (dict(top_p=1.5), "--top-p"),
-        (dict(top_p=float("nan")), "--top-p"),
-        (dict(top_k=-1), "--top-k"),
-        (dict(top_k=2.5), "--top-k"),
-        (dict(top_k=2049), "--top-k"),
-        (dict(seed=-1), "--seed"),
-        (dict(seed=1.5), "--seed"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(temperature=float("inf")), "temperature"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(temperature=1e-30), "temperature"),
+        (dict(temperature=1e39), "temperature"),  # not a finite float32
+        (dict(temperature="0.5"), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_p=float("nan")), "top_p"),
+        (dict(top_k=-1), "top_k"),
+        (dict(top_k=2.5), "top_k"),
+        (dict(top_k=2049), "top_k"),
+        (dict(seed=-1), "seed"),
+        (dict(seed=1.5), "seed"),
     ],
 )
-def test_sampling_params_reject_values_out_of_range(kwargs, option):
-    with pytest.raises(SpecbuildError, match=f"^{option} must be"):
+def test_sampling_params_reject_values_out_of_range(kwargs, field):
+    with pytest.raises(SamplingError, match=f"^{field} must be") as caught:
         SamplingParams(**kwargs)
+    assert caught.value.field == field
+    flag = "--" + field.replace("_", "-")
+    with pytest.raises(SpecbuildError, match=f"^{flag} must be"):  # named the way the caller names it
+        SamplingParams(**kwargs, names={field: flag})
 
 
 def test_smallest_temperature_samples_and_bad_threads_or_lengths_are_refused(tiny_engines):
