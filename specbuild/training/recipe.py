@@ -7,7 +7,6 @@ Every stage resumes: sequences are appended and skipped when done, feature shard
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import yaml
@@ -36,7 +35,7 @@ def resolve_paths(cfg: dict) -> dict:
 
 def load_recipe(path: str | Path, device: str | None = None, overrides: list[str] | tuple = ()) -> dict:
     """The recipe with its `overrides` applied (see `apply_override`) and its paths resolved; `device` (where to
-    run) is stored under `device`."""
+    run) is stored under `device`, `path` under `recipe_path`."""
     from specbuild.errors import SpecbuildError
 
     try:
@@ -50,6 +49,7 @@ def load_recipe(path: str | Path, device: str | None = None, overrides: list[str
             raise SpecbuildError(f"recipe {path}: needs `{key}`")
     cfg = resolve_paths(cfg)
     cfg["device"] = device or cfg.get("device") or distill.default_device()
+    cfg["recipe_path"] = str(path)  # named by errors about its keys (settings.read_train)
     return cfg
 
 
@@ -166,16 +166,6 @@ def declared_layer_features(by_mode: dict) -> tuple:
     if spec.features is None:
         raise SpecbuildError(f"data.layer_features: mode {mode!r} declares no layer features")
     return load_object(spec.features), Path(expand_path(directory))
-
-
-def loop_budget(train: dict, default: float) -> float:
-    """The training loop's time budget (s): the recipe's `train.time_budget_s`, shortened so that the run ends by
-    `train.end_by` (a Unix time, set by a caller that must finish in time such as scripts/device/train-heads.sh)
-    less `train.end_reserve_s` (default 30) for evaluation and export; read when the loop is about to start."""
-    budget = float(train.get("time_budget_s", default))
-    if train.get("end_by"):
-        budget = min(budget, float(train["end_by"]) - time.time() - float(train.get("end_reserve_s", 30)))
-    return max(budget, 1.0)
 
 
 def check_device(device: str | None) -> str:

@@ -2,6 +2,7 @@
 `convert --redrafter-dir` reads back to the same drafter, and the acceptance simulation."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -34,11 +35,10 @@ def features(smollm2_hf, tmp_path_factory):
 
 
 def test_train_export_convert_round_trip(smollm2_hf, features, tmp_path):
-    drafter, facts = rt.train_drafter(
-        features, smollm2_hf, exit_dim=576, num_layers=2, rnn=True, draft_len=3, vocab_size=64, epochs=2,
-        batch=32, heldout_frac=0.0, log=lambda *a: None,
-    )  # fmt: skip
-    assert facts["optimizer_steps"] >= 2 and drafter.draft_ids.numel() <= 64
+    settings = replace(rt.SETTINGS, draft_vocab_size=64, epochs=2, batch=32, heldout_frac=0.0)
+    knobs = rt.DrafterKnobs(exit_dim=576, num_layers=2, rnn=True, draft_len=3)
+    drafter, facts = rt.train_drafter(features, smollm2_hf, settings, knobs, log=lambda *a: None)
+    assert facts["optimizer_steps"] >= 2 and 50 <= drafter.draft_ids.numel() <= 64
     out = rt.save_redrafter(tmp_path / "d", drafter, 49152, {"specbuild_defaults": {"redrafter_num_beams": 3}})
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model_type"] == "recurrent_drafting_drafter" and cfg["exit_dim"] == 576 and cfg["rnn"] is True
@@ -61,10 +61,9 @@ def test_train_export_convert_round_trip(smollm2_hf, features, tmp_path):
 
 
 def test_acceptance_simulation_counts_matching_prefixes(smollm2_hf, features):
-    drafter, _ = rt.train_drafter(
-        features, smollm2_hf, exit_dim=576, num_layers=1, rnn=False, draft_len=2, vocab_size=None, epochs=1,
-        batch=32, heldout_frac=0.0, log=lambda *a: None,
-    )  # fmt: skip
+    settings = replace(rt.SETTINGS, draft_vocab_size=None, epochs=1, batch=32, heldout_frac=0.0)
+    knobs = rt.DrafterKnobs(exit_dim=576, num_layers=1, rnn=False, draft_len=2)
+    drafter, _ = rt.train_drafter(features, smollm2_hf, settings, knobs, log=lambda *a: None)
     tau = rt.simulate_tau(drafter, features, smollm2_hf, [(1, 2), (4, 2)])
     assert 1.0 <= tau["1x2"] <= tau["4x2"] <= 3.0  # more beams never accept less
     acc = rt.step_accuracy(drafter, features, smollm2_hf, 2)

@@ -1,8 +1,12 @@
-"""The recipe's data stage: several generation rounds append to one data set without id collisions."""
+"""Recipes: the data stage (several generation rounds append to one data set without id collisions), overrides, the
+settings a `train:` mapping fills, and the `choose` stage alone."""
+
+from dataclasses import replace
 
 import pytest
 
 from specbuild.training import distill, recipe
+from specbuild.training.settings import TrainSettings, read_train
 
 pytestmark = pytest.mark.xdist_group("training")
 
@@ -55,9 +59,37 @@ def test_overrides_set_dotted_keys_with_yaml_values_and_end_by_shortens_the_budg
     assert recipe.apply_override({}, "train.simulate=[[2, 3]]") == {"train": {"simulate": [[2, 3]]}}
     with pytest.raises(SpecbuildError, match="KEY=VALUE"):
         recipe.apply_override(cfg, "train.batch")
-    assert recipe.loop_budget({"time_budget_s": 300}, 10) == 300
-    budget = recipe.loop_budget({"time_budget_s": 300, "end_by": time.time() + 100, "end_reserve_s": 20}, 10)
+    settings = TrainSettings(epochs=1, lr=0.1, batch=8, warmup=0, time_budget_s=300)
+    assert settings.loop_budget() == 300
+    budget = replace(settings, end_by=time.time() + 100, end_reserve_s=20).loop_budget()
     assert 79 <= budget <= 80
+
+
+def test_a_recipe_fills_the_shared_settings_and_a_trainers_own_knobs_with_typed_values():
+    import dataclasses
+
+    from specbuild.errors import SpecbuildError
+
+    @dataclasses.dataclass(frozen=True)
+    class Knobs:
+        layers: tuple[int, ...] = (0, 1)
+        rnn: bool = True
+        exit_dim: int | None = None
+
+    defaults = TrainSettings(epochs=2.0, lr=1e-3, batch=512, warmup=50, time_budget_s=1200.0, draft_vocab_size=8192)
+    train = {"lr": "0.002", "batch_tokens": 64, "draft_vocab": None, "epochs": 3, "other": "left to the trainer"}
+    cfg = {"recipe_path": "r.yaml", "device": "cpu", "train": train}
+    settings = TrainSettings.from_recipe(cfg, defaults, {"batch": "batch_tokens", "draft_vocab_size": "draft_vocab"})
+    assert settings == replace(defaults, lr=0.002, batch=64, draft_vocab_size=None, epochs=3.0)
+    assert isinstance(settings.epochs, float) and settings.time_budget_s == 1200.0  # defaults stay
+    cfg["train"] = {"layers": [2], "exit_dim": "64"}
+    assert read_train(cfg, Knobs()) == Knobs(layers=(2,), exit_dim=64)
+    cfg["train"] = {"lr": "fast"}
+    with pytest.raises(SpecbuildError, match=r"recipe r.yaml: train.lr 'fast' is not a valid float"):
+        TrainSettings.from_recipe(cfg, defaults)
+    cfg["train"] = {"layers": 3}
+    with pytest.raises(SpecbuildError, match=r"train.layers 3 is not a valid tuple"):
+        read_train(cfg, Knobs())
 
 
 def test_choose_only_measures_the_installed_heads_without_training(tmp_path, monkeypatch):

@@ -4,7 +4,8 @@ converts (`specbuild convert --<mode>-dir`) and builds into an engine that repro
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import replace
+
 import pytest
 from transformers import AutoModelForCausalLM
 
@@ -12,6 +13,7 @@ from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.runtime.engine import Engine
 from specbuild.training import distill
+from specbuild.training.vocab import draft_vocabulary
 from tests.conftest import ORT_ONLY, hf_greedy, quiet
 from tests.training.tiny_distill import make_tiny_distill
 
@@ -46,11 +48,11 @@ def test_medusa(data, tmp_path):
     from specbuild.plugins.medusa import training as medusa
 
     feats = distill.load_features(data / "feat_train")
-    state, result = medusa.train_medusa(
-        feats, data / "hf", num_heads=2, epochs=2, lr=3e-2, batch=64, heldout_frac=0.0, n_negatives=8, log=quiet
-    )
+    settings = replace(medusa.SETTINGS, epochs=2, lr=3e-2, batch=64, heldout_frac=0.0)
+    state, result = medusa.train_medusa(feats, data / "hf", settings, medusa.MedusaKnobs(num_heads=2, n_negatives=8),
+                                        log=quiet)  # fmt: skip
     assert_learns(result.losses)
-    vocab = medusa.draft_vocabulary(feats["next_token"], 40)  # a capped draft vocabulary stays exact
+    vocab = draft_vocabulary(feats["next_token"], max_size=40)  # a capped draft vocabulary stays exact
     assert len(vocab) == 40
     head = medusa.save_medusa_v2(
         tmp_path / "head", state, 2, 1, 64, "tiny", [[0], [1], [0, 0]], vocab_size=97, draft_vocab=vocab
@@ -58,24 +60,13 @@ def test_medusa(data, tmp_path):
     assert_builds_exact(data, "medusa", head, tmp_path)
 
 
-def test_medusa_draft_vocabulary_keeps_the_most_frequent_targets_seen_twice():
-    from specbuild.plugins.medusa.training import draft_vocabulary
-
-    targets = np.array([7] * 5 + [3] * 4 + [9] * 4 + [1] * 2 + [4])  # 4 is seen once
-    assert draft_vocabulary(targets).tolist() == [1, 3, 7, 9]
-    assert draft_vocabulary(targets, 3).tolist() == [3, 7, 9]
-    assert draft_vocabulary(targets, 2).tolist() == [3, 7]  # 3 and 9 tie: the lower id stays
-    assert draft_vocabulary(targets, 10).tolist() == [1, 3, 7, 9]
-
-
 def test_redrafter(data, tmp_path):
     from specbuild.plugins.redrafter import training as redrafter
 
     feats = distill.load_features(data / "feat_train")
-    drafter, facts = redrafter.train_drafter(
-        feats, data / "hf", exit_dim=64, num_layers=1, draft_len=3, vocab_size=None, epochs=1, lr=1e-2, batch=64,
-        heldout_frac=0.0, log=quiet,
-    )  # fmt: skip
+    settings = replace(redrafter.SETTINGS, draft_vocab_size=None, epochs=1, lr=1e-2, batch=64, heldout_frac=0.0)
+    knobs = redrafter.DrafterKnobs(exit_dim=64, num_layers=1, draft_len=3)
+    drafter, facts = redrafter.train_drafter(feats, data / "hf", settings, knobs, log=quiet)
     assert_learns(facts["losses"])
     head = redrafter.save_redrafter(tmp_path / "head", drafter, 97, {"specbuild_defaults": {"redrafter_num_beams": 2}})
     assert_builds_exact(data, "redrafter", head, tmp_path)
@@ -85,17 +76,33 @@ def test_redrafter(data, tmp_path):
 def test_eagle(data, tmp_path, mode):
     from specbuild.plugins.eagle import training as eagle
     from specbuild.plugins.eagle3 import training as eagle3
-    from specbuild.plugins.feature_draft.training import load_sequences, train_draft
+    from specbuild.plugins.feature_draft.training import SETTINGS, TTTKnobs, load_sequences, train_draft
 
     family, features = (eagle.EAGLE1, "feat_train") if mode == "eagle" else (eagle3.EAGLE3, "feat_layers")
-    res = train_draft(
-        family, data / "hf", load_sequences(family, data / features, data / "train.jsonl"), intermediate_size=32,
-        draft_vocab_size=64,
-        steps=2, chunk_len=16, batch=8, lr=3e-3, warmup=2, epochs=2, heldout_frac=0.0, log=quiet,
-    )  # fmt: skip
+    settings = replace(SETTINGS, draft_vocab_size=64, batch=8, lr=3e-3, warmup=2, epochs=2, heldout_frac=0.0)
+    seqs = load_sequences(family, data / features, data / "train.jsonl")
+    res = train_draft(family, data / "hf", seqs, settings, TTTKnobs(intermediate_size=32, ttt_steps=2, chunk_len=16),
+                      log=quiet)  # fmt: skip
     assert_learns(res["losses"])
     if mode == "eagle":
         eagle.save_eagle1(tmp_path / "head", res["draft"], data / "hf", "tiny", EAGLE_DEFAULTS, res["metrics"])
     else:
         eagle3.save_eagle3(tmp_path / "head", res["draft"], res["used"], data / "hf", "tiny", EAGLE_DEFAULTS)
     assert_builds_exact(data, mode, tmp_path / "head", tmp_path)
+
+
+def test_a_small_training_set_keeps_the_vocabulary_each_head_drafts_from(data):
+    """With few targets seen twice, EAGLE's draft vocabulary keeps the published top-k (10) ids and ReDrafter's its
+    top-50 warp: the most frequent targets first, then those seen once, then ids never seen."""
+    from specbuild.plugins.eagle.training import EAGLE1
+    from specbuild.plugins.feature_draft.training import draft_vocab, load_sequences
+    from specbuild.plugins.redrafter import training as redrafter
+
+    seqs = load_sequences(EAGLE1, data / "feat_train", data / "train.jsonl")[:1]
+    targets = seqs[0]["token"][1:][seqs[0]["valid"][:-1]]
+    assert list(draft_vocab(seqs, 8192, 97)) == sorted(draft_vocabulary(targets, vocab=97, min_size=10))
+    assert len(draft_vocab(seqs, 8192, 97)) == 10 and len(draft_vocab(seqs, 4, 97)) == 4  # 3 targets seen twice
+    feats = {k: v[:40] for k, v in distill.load_features(data / "feat_train").items()}
+    settings = replace(redrafter.SETTINGS, epochs=1, batch=8, heldout_frac=0.0)
+    drafter, _ = redrafter.train_drafter(feats, data / "hf", settings, redrafter.DrafterKnobs(exit_dim=64), log=quiet)
+    assert drafter.draft_ids.numel() == 50 and set(feats["next_token"].tolist()) <= set(drafter.draft_ids.tolist())

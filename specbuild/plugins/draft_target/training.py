@@ -17,6 +17,7 @@ predicts the tokens accepted per step of a k-token draft chain (greedy).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -33,29 +34,31 @@ from specbuild.plugins.draft_target import DRAFT_VOCAB_FILE, EMBEDDINGS_FROM_TAR
 from specbuild.training import corpus, distill
 from specbuild.training.heldout import heldout_mask
 from specbuild.training.loop import ProgressCosine, train_loop
-from specbuild.training.recipe import loop_budget
+from specbuild.training.settings import TrainSettings, read_train
 from specbuild.training.vocab import frequent_targets
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json")  # fmt: skip
-DEFAULTS = {
-    "num_layers": 2,
-    "init_layers": [0, 1],
-    "vocab_size": 8192,  # the loss's softmax runs over the first vocab_size ids of draft_vocab.json
-    "negatives": 1024,  # ids from outside the subset added to each step's softmax (0: the subset alone)
-    "seq_len": 384,  # tokens per sequence: the generated ones and the prompt's tail
-    "batch_tokens": 4096,  # padded tokens per optimizer step
-    "lr": 2e-3,
-    "warmup": 30,
-    "epochs": 1.0,
-    "time_budget_s": 1800,
-    "heldout_frac": 0.05,
-    "eval_sequences": 300,  # held-out sequences for loss, accuracy and the chain estimate
-    "chain_len": 5,
-    "cpu_dtype": "float32",  # float32 or bfloat16 (autocast) on the CPU; cuda always runs bf16 autocast
-    "log_every_s": 30,
-    "seed": 0,
-}
+# The draft model's defaults of what every trainer shares (the other trainers' differ); its batch is in padded tokens
+# (`train.batch_tokens`), its draft vocabulary's cap is the loss's softmax (`train.vocab_size`: the first that many ids
+# of draft_vocab.json), and it logs by time (log_every_s), not by steps.
+SETTINGS = TrainSettings(epochs=1.0, lr=2e-3, batch=4096, warmup=30, time_budget_s=1800.0, log_every=10**9,
+                         draft_vocab_size=8192)  # fmt: skip
+RECIPE_KEYS = {"batch": "batch_tokens", "draft_vocab_size": "vocab_size"}
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftModelKnobs:
+    """The draft model's own training knobs (`train:` keys of the same names)."""
+
+    num_layers: int = 2
+    init_layers: tuple[int, ...] = (0, 1)  # the base layers the draft's layers start from
+    negatives: int = 1024  # ids from outside the subset added to each step's softmax (0: the subset alone)
+    seq_len: int = 384  # tokens per sequence: the generated ones and the prompt's tail
+    eval_sequences: int = 300  # held-out sequences for loss, accuracy and the chain estimate
+    chain_len: int = 5
+    cpu_dtype: str = "float32"  # float32 or bfloat16 (autocast) on the CPU; cuda always runs bf16 autocast
+    log_every_s: float = 30.0  # a progress line at most this often
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -159,14 +162,14 @@ def lm_rows(model, vocab_ids: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------- training
 
 
-def make_loss_fn(model, subset: torch.Tensor, t: dict, device: str, stats: dict):
-    """Cross-entropy over the `subset` ids, plus t["negatives"] ids drawn from outside it per step (so that the
+def make_loss_fn(model, subset: torch.Tensor, knobs: DraftModelKnobs, device: str, stats: dict):
+    """Cross-entropy over the `subset` ids, plus knobs.negatives ids drawn from outside it per step (so that the
     logits of the ids the loss never targets stay low), at the batch's generated positions whose target is in the
     subset; counts tokens, targets and covered targets into `stats` and keeps the losses there."""
     remap = torch.full((model.config.vocab_size,), -1, dtype=torch.long)
     remap[subset] = torch.arange(len(subset))
     rows, rest = lm_rows(model, subset), torch.nonzero(remap < 0)[:, 0]
-    n_neg, cpu_bf16 = min(int(t["negatives"]), len(rest)), t["cpu_dtype"] == "bfloat16"
+    n_neg, cpu_bf16 = min(knobs.negatives, len(rest)), knobs.cpu_dtype == "bfloat16"
 
     def loss_of(batch) -> torch.Tensor:
         labels = batch["labels"]
@@ -206,18 +209,20 @@ def progress_logger(stats: dict, every_s: float, log):
     return after
 
 
-def train_draft(model, train_seqs: list[dict], subset: torch.Tensor, t: dict, device: str, log=print):
-    """Train the draft's layers and final norm (AdamW, warm-up + cosine over the time budget); returns the loop's
-    result and the token counts."""
+def train_draft(model, train_seqs: list[dict], subset: torch.Tensor, settings: TrainSettings, knobs: DraftModelKnobs,
+                log=print):  # fmt: skip
+    """Train the draft's layers and final norm on `settings.device` (AdamW, warm-up + cosine over the time budget);
+    returns the loop's result and the token counts."""
+    s, device = settings, settings.device
     stats = {"tokens": 0, "targets": 0, "covered": 0, "losses": []}
-    loss_fn = make_loss_fn(model, subset, t, device, stats)
-    per_epoch = max(1, sum(len(s["ids"]) for s in train_seqs) // int(t["batch_tokens"]))
-    total = max(1, int(per_epoch * float(t["epochs"])))
-    schedule = ProgressCosine(float(t["lr"]), total, min(int(t["warmup"]), total // 10), loop_budget(t, 1800))
-    batches = length_batches(train_seqs, int(t["batch_tokens"]), np.random.default_rng(int(t["seed"])))
+    loss_fn = make_loss_fn(model, subset, knobs, device, stats)
+    per_epoch = max(1, sum(len(q["ids"]) for q in train_seqs) // s.batch)
+    total = max(1, int(per_epoch * s.epochs))
+    schedule = ProgressCosine(s.lr, total, min(s.warmup, total // 10), s.loop_budget())
+    batches = length_batches(train_seqs, s.batch, np.random.default_rng(s.seed))
     log(f"training {total} steps at most, time budget {schedule.time_budget_s:.0f}s, on {device}")
-    result = train_loop(model, batches, loss_fn, schedule, device, grad_clip=1.0, log_every=10**9, log=log,
-                        every=(1, progress_logger(stats, float(t["log_every_s"]), log)))  # fmt: skip
+    result = train_loop(model, batches, loss_fn, schedule, device, grad_clip=1.0, log_every=s.log_every, log=log,
+                        every=(1, progress_logger(stats, knobs.log_every_s, log)))  # fmt: skip
     return result, {k: v for k, v in stats.items() if k != "losses"}
 
 
@@ -318,11 +323,12 @@ def write_draft(out_dir: str | Path | OutputTarget, model, hf_dir, vocab: tuple,
     return out_dir.path if isinstance(out_dir, OutputTarget) else Path(out_dir)
 
 
-def lineage_of(cfg: dict, t: dict, counts: dict, result, initial: dict, final: dict) -> dict:
+def lineage_of(cfg: dict, settings: TrainSettings, knobs: DraftModelKnobs, counts: dict, result, initial: dict,
+               final: dict) -> dict:  # fmt: skip
     """What the draft records about its training (config.json's specbuild.lineage)."""
     from specbuild.training.corpus_grow import hardware
 
-    device = cfg["device"]
+    device = settings.device
     return {
         "base_model": cfg.get("base_model_name", str(cfg["base_model"])),
         "corpus": str(cfg["corpus_dir"]),
@@ -334,13 +340,19 @@ def lineage_of(cfg: dict, t: dict, counts: dict, result, initial: dict, final: d
         "epochs": round(counts["train_tokens_seen"] / max(counts["train_split_tokens"], 1), 3),
         "device": device,
         "hardware": hardware(device),
-        "precision": "bf16 autocast" if device == "cuda" or t["cpu_dtype"] == "bfloat16" else "float32",
+        "precision": "bf16 autocast" if device == "cuda" or knobs.cpu_dtype == "bfloat16" else "float32",
         "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "init": f"base layers {list(t['init_layers'])} and final norm; embedding frozen, tied (the target's)",
+        "init": f"base layers {list(knobs.init_layers)} and final norm; embedding frozen, tied (the target's)",
         "settings": {
-            k: t[k] for k in ("num_layers", "vocab_size", "negatives", "seq_len", "batch_tokens", "lr", "heldout_frac")
-        },  # fmt: skip
+            "num_layers": knobs.num_layers,
+            "vocab_size": settings.draft_vocab_size,
+            "negatives": knobs.negatives,
+            "seq_len": knobs.seq_len,
+            "batch_tokens": settings.batch,
+            "lr": settings.lr,
+            "heldout_frac": settings.heldout_frac,
+        },
         "heldout_initial": initial,
         "heldout_final": final,
     }
@@ -352,24 +364,25 @@ def run_draft_recipe(cfg: dict, log=print) -> dict:
     `work_dir`/metrics-draft-target.json; returns the metrics (the lineage the config records)."""
     if not cfg.get("corpus_dir"):
         raise SpecbuildError("a draft-target recipe trains on a corpus: it needs `corpus_dir` (or --corpus-dir)")
-    t, device, hf = {**DEFAULTS, **(cfg.get("train") or {})}, cfg["device"], cfg["base_model"]
+    settings = TrainSettings.from_recipe(cfg, SETTINGS, RECIPE_KEYS)
+    knobs, device, hf = read_train(cfg, DraftModelKnobs()), settings.device, cfg["base_model"]
     target = prepare_output_dir(cfg["output_dir"], overwrite=True, inputs=[hf, cfg["corpus_dir"]])  # before training
     distill.setup_torch()
-    torch.manual_seed(int(t["seed"]))
-    seqs = read_corpus(cfg["corpus_dir"], int(t["seq_len"]), (cfg.get("corpus") or {}).get("max_sequences"))
-    held_mask = heldout_mask(np.array([s["seq"] for s in seqs]), float(t["heldout_frac"]))
+    torch.manual_seed(settings.seed)
+    seqs = read_corpus(cfg["corpus_dir"], knobs.seq_len, (cfg.get("corpus") or {}).get("max_sequences"))
+    held_mask = heldout_mask(np.array([s["seq"] for s in seqs]), settings.heldout_frac)
     train = [s for s, h in zip(seqs, held_mask) if not h]
     held = [s for s, h in zip(seqs, held_mask) if h]
-    model = build_draft(hf, int(t["num_layers"]), [int(i) for i in t["init_layers"]]).to(device)
+    model = build_draft(hf, knobs.num_layers, list(knobs.init_layers)).to(device)
     vocab = draft_vocabulary(train, model.config.vocab_size)
-    subset = torch.from_numpy(vocab[0][: int(t["vocab_size"])].astype(np.int64))
+    subset = torch.from_numpy(vocab[0][: settings.draft_vocab_size].astype(np.int64))
     log(f"{len(train)} training and {len(held)} held-out sequences; draft vocabulary {len(vocab[0])}, "
         f"trained on its first {len(subset)}")  # fmt: skip
-    evaluation = held[: int(t["eval_sequences"])]
-    initial = evaluate(model, evaluation, subset, device, int(t["chain_len"])) if held else {}
+    evaluation = held[: knobs.eval_sequences]
+    initial = evaluate(model, evaluation, subset, device, knobs.chain_len) if held else {}
     log(f"held-out before training: {json.dumps(initial)}")
-    result, stats = train_draft(model, train, subset, t, device, log=log)
-    final = evaluate(model, evaluation, subset, device, int(t["chain_len"])) if held else {}
+    result, stats = train_draft(model, train, subset, settings, knobs, log=log)
+    final = evaluate(model, evaluation, subset, device, knobs.chain_len) if held else {}
     log(f"held-out after training: {json.dumps(final)}")
     counts = {
         "corpus_sequences": len(seqs),
@@ -384,7 +397,7 @@ def run_draft_recipe(cfg: dict, log=print) -> dict:
         "first_loss": round(result.losses[0], 4) if result.losses else None,
         "last_loss": round(float(np.mean(result.losses[-20:])), 4) if result.losses else None,
     }
-    metrics = lineage_of(cfg, t, counts, result, initial, final)
+    metrics = lineage_of(cfg, settings, knobs, counts, result, initial, final)
     write_draft(target, model, hf, vocab, metrics)
     work = Path(cfg["work_dir"])
     work.mkdir(parents=True, exist_ok=True)

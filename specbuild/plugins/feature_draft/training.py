@@ -16,6 +16,7 @@ family's feature loss. The loop is specbuild.training.loop's (ProgressCosine sch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -26,12 +27,31 @@ import torch
 
 from specbuild import engine_format as ef
 from specbuild.plugins.feature_draft.draft_net import DraftNet
+from specbuild.plugins.feature_draft.graph import PUBLISHED_DEFAULTS
 from specbuild.training import distill, teacher_forced
 from specbuild.training.base_weights import BaseParts, load_base_weights
 from specbuild.training.features import LayerFeatures
 from specbuild.training.heldout import heldout_mask
 from specbuild.training.loop import ProgressCosine, epoch_batches, train_loop
-from specbuild.training.recipe import loop_budget
+from specbuild.training.settings import TrainSettings, read_train
+from specbuild.training.vocab import draft_vocabulary
+
+# EAGLE's defaults of what every trainer shares (the other trainers' epochs, batch, warm-up and logging differ)
+SETTINGS = TrainSettings(epochs=4.0, lr=1e-3, batch=16, warmup=50, time_budget_s=1200.0, log_every=20,
+                         draft_vocab_size=8192)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class TTTKnobs:
+    """The training-time-test trainer's own knobs (`train:` keys of the same names)."""
+
+    intermediate_size: int = 768  # the draft's MLP
+    ttt_steps: int = 3  # step 0 on the true features + unrolled steps
+    step_decay: float = 0.8  # the loss weight of step j: step_decay^j
+    l1_weight: float = 0.1  # the feature loss's weight (families with feature_loss)
+    chunk_len: int = 256  # positions per training item (sequences are cut into chunks)
+    feature_noise: float = 0.0  # uniform noise of this width added to the input features
+    epoch_eval_sequences: int = 0  # held-out sequences evaluated after every epoch (0: none)
 
 
 class DraftFamily:
@@ -121,14 +141,12 @@ def split_heldout(seqs: list[dict], frac: float) -> tuple[list[dict], list[dict]
     return [s for s, h in zip(seqs, held) if not h], [s for s, h in zip(seqs, held) if h]
 
 
-def draft_vocab(seqs: list[dict], size: int, vocab: int) -> np.ndarray:
-    """The `size` most frequent target tokens of the training generations, sorted by id."""
-    counts = np.zeros(vocab, dtype=np.int64)
-    for s in seqs:
-        np.add.at(counts, s["token"][1:][s["valid"][:-1]], 1)
-    counts += np.bincount(np.concatenate([s["token"] for s in seqs]), minlength=vocab)[:vocab] > 0  # tie-break
-    top = np.argsort(-counts, kind="stable")[:size]
-    return np.sort(top)
+def draft_vocab(seqs: list[dict], size: int | None, vocab: int) -> np.ndarray:
+    """The draft vocabulary (specbuild.training.vocab) of the sequences' generated targets, at most `size` ids and
+    at least the published EAGLE-2 top-k, sorted by id."""
+    targets = [s["token"][1:][s["valid"][:-1]] for s in seqs]
+    targets = np.concatenate(targets) if targets else np.zeros(0, np.int64)
+    return draft_vocabulary(targets, vocab=vocab, max_size=size, min_size=PUBLISHED_DEFAULTS["eagle_top_k"])
 
 
 def chunks(seqs: list[dict], length: int) -> list[dict]:
@@ -283,49 +301,34 @@ def train_draft(
     family: DraftFamily,
     hf_dir: str | Path,
     seqs: list[dict],
+    settings: TrainSettings = SETTINGS,
+    knobs: TTTKnobs = TTTKnobs(),
     eval_sets: dict[str, list[dict]] | None = None,
-    intermediate_size: int = 768,
-    draft_vocab_size: int = 8192,
-    steps: int = 3,
-    step_decay: float = 0.8,
-    l1_weight: float = 0.1,
-    chunk_len: int = 256,
-    batch: int = 16,
-    lr: float = 1e-3,
-    warmup: int = 50,
-    epochs: float = 4.0,
-    time_budget_s: float = 1200.0,
-    heldout_frac: float = 0.05,
-    feature_noise: float = 0.0,
-    seed: int = 0,
-    log_every: int = 20,
-    init_from: str | Path | None = None,
-    epoch_eval_sequences: int = 0,
     log=print,
-    device: str = "cpu",
 ) -> dict:
-    """Train the family's draft with training-time test on `device` (bf16 autocast on cuda). Returns
+    """Train the family's draft with training-time test on `settings.device` (bf16 autocast on cuda). Returns
     {draft, used, metrics, losses} (the draft on the CPU, float32; losses: one per optimizer step).
 
     seqs: per-sequence features (`load_sequences` or `cut_sequences`), split into training and held-out here.
-    eval_sets: {name: sequences} evaluated after training (never trained on). epoch_eval_sequences: after every
+    eval_sets: {name: sequences} evaluated after training (never trained on). knobs.epoch_eval_sequences: after every
     epoch, the per-step held-out accuracy on that many held-out sequences is logged (metrics `per_epoch`).
-    init_from: a head directory this function wrote before (model.safetensors); training continues from its
+    settings.init_from: a head directory this function wrote before (model.safetensors); training continues from its
     weights (and a head with its own vocabulary keeps it, see DraftFamily.vocabulary)."""
+    s, k, device = settings, knobs, settings.device
     distill.setup_torch()
     net = BaseParts(load_base_weights(hf_dir))
-    train, held = split_heldout(seqs, heldout_frac)
-    draft, used, tgt_map, sub_w = _start_draft(family, hf_dir, net, train, intermediate_size, draft_vocab_size,
-                                               init_from, seed, log)  # fmt: skip
-    items = chunks(train, chunk_len)
-    batch = max(1, min(batch, len(items)))  # a tiny subset still trains (epoch_batches needs one full batch)
+    train, held = split_heldout(seqs, s.heldout_frac)
+    draft, used, tgt_map, sub_w = _start_draft(family, hf_dir, net, train, k.intermediate_size, s.draft_vocab_size,
+                                               s.init_from, s.seed, log)  # fmt: skip
+    items = chunks(train, k.chunk_len)
+    batch = max(1, min(s.batch, len(items)))  # a tiny subset still trains (epoch_batches needs one full batch)
     n_tok = sum(int(it["valid"].sum()) for it in items)
     steps_per_epoch = max(1, len(items) // batch)
-    total_steps = max(1, int(epochs * len(items) / batch))
+    total_steps = max(1, int(s.epochs * len(items) / batch))
     log(
         f"{family.net_class.__name__}: {len(train)} train / {len(held)} held-out sequences, {len(items)} chunks, "
         f"{n_tok} targets, {total_steps} optimizer steps max ({steps_per_epoch} per epoch), draft vocab coverage "
-        f"{float(tgt_map[torch.from_numpy(np.concatenate([s['token'] for s in train]))].ge(0).float().mean()):.3f}"
+        f"{float(tgt_map[torch.from_numpy(np.concatenate([q['token'] for q in train]))].ge(0).float().mean()):.3f}"
     )
     draft.to(device)
     net.to(device)
@@ -336,29 +339,31 @@ def train_draft(
 
     def loss_of(items_batch):
         bt = collate(items_batch, device)
-        if feature_noise:
-            bt["feat"] = bt["feat"] + (torch.rand_like(bt["feat"]) - 0.5) * feature_noise
-        res = step_losses(family, draft, net, ttt_forward(draft, net, bt, steps), bt, tgt_map, sub_w, l1_weight)
+        if k.feature_noise:
+            bt["feat"] = bt["feat"] + (torch.rand_like(bt["feat"]) - 0.5) * k.feature_noise
+        outs = ttt_forward(draft, net, bt, k.ttt_steps)
+        res = step_losses(family, draft, net, outs, bt, tgt_map, sub_w, k.l1_weight)
         accs = [r[1] / max(r[2], 1) for r in res]
         ema[:] = accs if not ema else [0.95 * e + 0.05 * a for e, a in zip(ema, accs)]
         seen[0] += res[0][2]
-        return sum(step_decay**j * r[0] for j, r in enumerate(res))
+        return sum(k.step_decay**j * r[0] for j, r in enumerate(res))
 
     per_epoch: list[dict] = []
 
     def epoch_eval(step: int) -> None:
-        acc = evaluate(family, draft, net, held[:epoch_eval_sequences], tgt_map, sub_w, device=device)["acc_all"]
+        n_eval = k.epoch_eval_sequences
+        acc = evaluate(family, draft, net, held[:n_eval], tgt_map, sub_w, device=device)["acc_all"]
         per_epoch.append({"epoch": round(step / steps_per_epoch, 2), "step": step, "heldout_acc_all": acc,
                           "s": round(time.time() - seen[1], 1)})  # fmt: skip
-        log(f"epoch {per_epoch[-1]['epoch']}: held-out acc_all {acc} ({min(len(held), epoch_eval_sequences)} seqs)")
+        log(f"epoch {per_epoch[-1]['epoch']}: held-out acc_all {acc} ({min(len(held), n_eval)} seqs)")
 
     def note() -> str:
         return f"acc {[round(a, 3) for a in ema]} {seen[0] / (time.time() - seen[1]):.0f} tok/s"
 
-    schedule = ProgressCosine(lr, total_steps, warmup, time_budget_s)
-    every = (steps_per_epoch, epoch_eval) if epoch_eval_sequences and held else None
-    result = train_loop(draft, epoch_batches(items, batch, random.Random(seed)), loss_of, schedule, device,
-                        betas=(0.9, 0.95), grad_clip=0.5, log_every=log_every, note=note, log=log,
+    schedule = ProgressCosine(s.lr, total_steps, s.warmup, s.loop_budget())
+    every = (steps_per_epoch, epoch_eval) if k.epoch_eval_sequences and held else None
+    result = train_loop(draft, epoch_batches(items, batch, random.Random(s.seed)), loss_of, schedule, device,
+                        betas=(0.9, 0.95), grad_clip=0.5, log_every=s.log_every, note=note, log=log,
                         every=every)  # fmt: skip
     metrics = {"version": draft.version, "train_s": round(result.seconds, 1), "optimizer_steps": result.steps}
     metrics.update(epochs=round(result.steps / steps_per_epoch, 2), train_sequences=len(train),
@@ -527,32 +532,9 @@ def train_from_recipe(cfg: dict, family: DraftFamily, train_dir: Path | None, hu
     """The training stage of a draft recipe (`load_recipe`'s dict): train on the features of `recipe_sequences`,
     evaluate on the held-out ones (and the HumanEval ones of a shard recipe); returns train_draft's result, with
     the corpus lineage in its metrics. The metrics go to `work_dir`/metrics-<mode>.json."""
-    t = cfg.get("train", {})
     seqs, eval_sets, lineage = recipe_sequences(cfg, family, train_dir, humaneval_dir, log)
-    res = train_draft(
-        family,
-        cfg["base_model"],
-        seqs,
-        eval_sets=eval_sets,
-        intermediate_size=int(t.get("intermediate_size", 768)),
-        draft_vocab_size=int(t.get("draft_vocab_size", 8192)),
-        steps=int(t.get("ttt_steps", 3)),
-        step_decay=float(t.get("step_decay", 0.8)),
-        l1_weight=float(t.get("l1_weight", 0.1)),
-        chunk_len=int(t.get("chunk_len", 256)),
-        batch=int(t.get("batch", 16)),
-        lr=float(t.get("lr", 1e-3)),
-        warmup=int(t.get("warmup", 50)),
-        epochs=float(t.get("epochs", 4)),
-        time_budget_s=loop_budget(t, 1200),
-        heldout_frac=float(t.get("heldout_frac", 0.05)),
-        feature_noise=float(t.get("feature_noise", 0.0)),
-        log_every=int(t.get("log_every", 20)),
-        init_from=t.get("init_from"),
-        epoch_eval_sequences=int(t.get("epoch_eval_sequences", 0)),
-        log=log,
-        device=cfg["device"],
-    )
+    settings, knobs = TrainSettings.from_recipe(cfg, SETTINGS), read_train(cfg, TTTKnobs())
+    res = train_draft(family, cfg["base_model"], seqs, settings, knobs, eval_sets=eval_sets, log=log)
     res["metrics"].update(lineage)
     work = Path(cfg["work_dir"])
     work.mkdir(parents=True, exist_ok=True)

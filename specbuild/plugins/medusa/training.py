@@ -14,6 +14,7 @@ held-out rows (joint rank statistics of all heads, so no independence assumption
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -27,11 +28,26 @@ from specbuild.training.base_weights import load_base_weights
 from specbuild.training.distill import load_features, setup_torch
 from specbuild.training.heldout import heldout_mask
 from specbuild.training.loop import FittedCosine, LoopResult, row_batches, train_loop
-from specbuild.training.recipe import loop_budget, prepare_data
+from specbuild.training.recipe import prepare_data
+from specbuild.training.settings import TrainSettings, read_train
 from specbuild.training.teacher_forced import loop_facts
-from specbuild.training.vocab import frequent_targets
+from specbuild.training.vocab import draft_vocabulary
 
 TOPK = 10
+
+# Medusa's defaults of what every trainer shares (the other trainers' lr, batch, warm-up and logging differ)
+SETTINGS = TrainSettings(epochs=2.0, lr=1e-3, batch=512, warmup=50, time_budget_s=1200.0, log_every=50)
+
+
+@dataclasses.dataclass(frozen=True)
+class MedusaKnobs:
+    """Medusa's own training knobs (`train:` keys of the same names)."""
+
+    num_heads: int = 4
+    num_layers: int = 1  # ResBlocks per head
+    head_decay: float = 0.8  # the loss weight of head k: head_decay^(k+1)
+    n_negatives: int = 1024  # random ids added to each step's vocabulary subset
+    soft_weight: float = 0.5  # the soft cross-entropy's share (to the base's distribution)
 
 
 class ResBlock(nn.Module):
@@ -81,53 +97,54 @@ def target_index(feats: dict[str, np.ndarray], num_heads: int) -> np.ndarray:
 def train_medusa(
     features_dir: str | Path | dict,
     hf_dir: str | Path,
-    num_heads: int = 4,
-    num_layers: int = 1,
-    epochs: float = 2.0,
-    lr: float = 1e-3,
-    batch: int = 512,
-    time_budget_s: float = 1200.0,
-    heldout_frac: float = 0.05,
-    head_decay: float = 0.8,
-    n_negatives: int = 1024,
-    soft_weight: float = 0.5,
-    seed: int = 0,
-    init_state: dict | None = None,
+    settings: TrainSettings = SETTINGS,
+    knobs: MedusaKnobs = MedusaKnobs(),
     log=print,
-    device: str = "cpu",
 ) -> tuple[dict[str, torch.Tensor], LoopResult]:
-    """Train the ResBlocks on `device` (bf16 autocast on cuda); returns the heads' state dict
-    (`medusa_head.{k}.{j}.linear.weight|bias`, float32, on the CPU) and the loop's facts."""
+    """Train the ResBlocks on `settings.device` (bf16 autocast on cuda), from the heads at `settings.init_from` if
+    given; returns the heads' state dict (`medusa_head.{k}.{j}.linear.weight|bias`, float32, on the CPU) and the
+    loop's facts."""
+    s, device = settings, settings.device
     setup_torch()
-    torch.manual_seed(seed)
+    torch.manual_seed(s.seed)
     feats = features_dir if isinstance(features_dir, dict) else load_features(features_dir)
     W = load_base_weights(hf_dir).lm_head
     V, H = W.shape
-    valid = target_index(feats, num_heads)
-    held = heldout_mask(feats["seq"], heldout_frac, seed)
+    valid = target_index(feats, knobs.num_heads)
+    held = heldout_mask(feats["seq"], s.heldout_frac, s.seed)
     rows = np.nonzero(valid[:, 0] & ~held)[0]
     base_vocab = torch.from_numpy(draft_vocabulary(feats["next_token"][~held]))
     log(f"train rows {len(rows)}, held-out rows {int(held.sum())}, vocab subset {len(base_vocab)} of {V}")
-    model = MedusaV2Heads(H, num_heads, num_layers)
-    if init_state:
-        model.load_state_dict(init_state)
+    model = MedusaV2Heads(H, knobs.num_heads, knobs.num_layers)
+    if s.init_from:  # continue training heads this trainer wrote before (Medusa v2 layout)
+        model.load_state_dict(load_heads(s.init_from))
+        log(f"continuing from {s.init_from}")
     model.to(device)
-    loss_fn = _loss_fn(model, feats, valid, W.to(device), base_vocab, head_decay, n_negatives, soft_weight, device)
-    total = max(1, int(max(1, len(rows) // batch) * epochs))
-    schedule = FittedCosine(lr, total, min(50, total // 10), time_budget_s)
-    result = train_loop(model, row_batches(rows, batch, np.random.default_rng(seed)), loss_fn, schedule, device,
-                        log_every=50, log=log)  # fmt: skip
+    loss_fn = _loss_fn(model, feats, valid, W.to(device), base_vocab, knobs, device)
+    total = max(1, int(max(1, len(rows) // s.batch) * s.epochs))
+    schedule = FittedCosine(s.lr, total, min(s.warmup, total // 10), s.loop_budget())
+    result = train_loop(model, row_batches(rows, s.batch, np.random.default_rng(s.seed)), loss_fn, schedule, device,
+                        log_every=s.log_every, log=log)  # fmt: skip
     state = {k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()}
     return state, result
 
 
-def _loss_fn(model, feats, valid, W, base_vocab, head_decay, n_negatives, soft_weight, device):
+def load_heads(head_dir: str | Path) -> dict[str, torch.Tensor]:
+    """The ResBlocks' state (as MedusaV2Heads names it, float32) of heads written by save_medusa_v2."""
+    from safetensors.torch import load_file
+
+    raw = load_file(str(Path(head_dir) / "medusa_lm_head.safetensors"))
+    return {f"medusa_head.{k}": v.float() for k, v in raw.items() if k != "draft_vocab"}
+
+
+def _loss_fn(model, feats, valid, W, base_vocab, knobs: MedusaKnobs, device):
     """Loss of a batch of rows: per head a hard and a soft cross-entropy over a vocabulary subset (see the module)."""
     hidden = torch.from_numpy(feats["hidden"])  # fp16, converted per batch
     next_tok = torch.from_numpy(feats["next_token"].astype(np.int64))
     valid_t = torch.from_numpy(valid)
     V, num_heads = W.shape[0], valid.shape[1]
-    weights = [head_decay ** (k + 1) for k in range(num_heads)]
+    weights = [knobs.head_decay ** (k + 1) for k in range(num_heads)]
+    n_negatives, soft_weight = knobs.n_negatives, knobs.soft_weight
 
     def loss_of(idx: torch.Tensor) -> torch.Tensor:
         x = hidden[idx].float().to(device)
@@ -325,47 +342,24 @@ def save_medusa_v2(
 def train_and_export(cfg: dict, log=print) -> dict:
     """Train on the recipe's rows (`teacher_forced.recipe_hidden_rows`: a corpus or the data stage's shards), then
     `finish`."""
-    t, work, hf = cfg.get("train", {}), Path(cfg["work_dir"]), cfg["base_model"]
-    K, nl = int(t.get("num_heads", 4)), int(t.get("num_layers", 1))
+    settings, knobs = TrainSettings.from_recipe(cfg, SETTINGS), read_train(cfg, MedusaKnobs())
     feats, lineage = teacher_forced.recipe_hidden_rows(cfg, log=log)
-    init = None
-    if t.get("init_from"):  # continue training heads this recipe wrote before (Medusa v2 layout)
-        from safetensors.torch import load_file
-
-        raw = load_file(str(Path(t["init_from"]) / "medusa_lm_head.safetensors"))
-        init = {f"medusa_head.{k}": v.float() for k, v in raw.items() if k != "draft_vocab"}
-        log(f"continuing from {t['init_from']}")
-    state, result = train_medusa(
-        feats,
-        hf,
-        num_heads=K,
-        num_layers=nl,
-        epochs=float(t.get("epochs", 2)),
-        lr=float(t.get("lr", 1e-3)),
-        batch=int(t.get("batch", 512)),
-        time_budget_s=loop_budget(t, 1200),
-        heldout_frac=float(t.get("heldout_frac", 0.05)),
-        head_decay=float(t.get("head_decay", 0.8)),
-        n_negatives=int(t.get("n_negatives", 1024)),
-        soft_weight=float(t.get("soft_weight", 0.5)),
-        init_state=init,
-        log=log,
-        device=cfg.get("device", "cpu"),
-    )
+    state, result = train_medusa(feats, cfg["base_model"], settings, knobs, log=log)
+    work = Path(cfg["work_dir"])
     work.mkdir(parents=True, exist_ok=True)
     torch.save(state, work / "heads_state.pt")
-    held = heldout_mask(feats["seq"], float(t.get("heldout_frac", 0.05)))
-    train_rows = int((target_index(feats, K)[:, 0] & ~held).sum())
-    facts = loop_facts(result.steps, result.seconds, int(t.get("batch", 512)), train_rows, cfg.get("device", "cpu"))
-    return finish(cfg, state, feats, {**facts, **lineage}, log=log)
+    held = heldout_mask(feats["seq"], settings.heldout_frac, settings.seed)
+    train_rows = int((target_index(feats, knobs.num_heads)[:, 0] & ~held).sum())
+    facts = loop_facts(result.steps, result.seconds, settings.batch, train_rows, settings.device)
+    return finish(cfg, settings, knobs, state, feats, {**facts, **lineage}, log=log)
 
 
-def finish(cfg: dict, state, feats: dict, facts: dict, log=print) -> dict:
+def finish(cfg: dict, settings: TrainSettings, knobs: MedusaKnobs, state, feats: dict, facts: dict, log=print) -> dict:
     """Evaluate, choose the tree, write the heads and metrics (`facts`: the training's, kept under
     `specbuild_training` in the config with the held-out metrics)."""
     t, tr, work, hf = cfg.get("train", {}), cfg.get("tree", {}), Path(cfg["work_dir"]), cfg["base_model"]
-    K, nl = int(t.get("num_heads", 4)), int(t.get("num_layers", 1))
-    held = heldout_mask(feats["seq"], float(t.get("heldout_frac", 0.05)))
+    K, nl = knobs.num_heads, knobs.num_layers
+    held = heldout_mask(feats["seq"], settings.heldout_frac, settings.seed)
     ev_held = evaluate(state, feats, hf, K, nl, rows=np.nonzero(held)[0], max_rows=4000)
     he_feats = distill.load_features(work / "feat_humaneval") if (work / "feat_humaneval").is_dir() else None
     ev_he = evaluate(state, he_feats, hf, K, nl, max_rows=4000) if he_feats else None
@@ -385,7 +379,7 @@ def finish(cfg: dict, state, feats: dict, facts: dict, log=print) -> dict:
         log(f"{name}: {json.dumps(metrics[name])}")
     vocab = None
     if t.get("draft_vocab", True):  # specbuild extension: project onto the training targets seen twice or more
-        vocab = draft_vocabulary(feats["next_token"][~held], t.get("draft_vocab_size"))
+        vocab = draft_vocabulary(feats["next_token"][~held], max_size=settings.draft_vocab_size)
         metrics["draft_vocab_size"] = int(len(vocab))
     extra = {"specbuild_training": {k: v for k, v in metrics.items() if k != "medusa_choices"}}
     if tr.get("note"):
@@ -407,25 +401,14 @@ def finish(cfg: dict, state, feats: dict, facts: dict, log=print) -> dict:
     return metrics
 
 
-def draft_vocabulary(targets: np.ndarray, max_size: int | None = None) -> np.ndarray:
-    """Sorted ids of the training targets seen at least twice; with `max_size` (recipe `train.draft_vocab_size`)
-    only that many of them, the most frequent (ties to the lower id), so that a larger corpus does not make each
-    head's projection wider on CPU."""
-    ids, _ = frequent_targets(targets)
-    return np.sort(ids if max_size is None else ids[: int(max_size)])
-
-
 def evaluate_heads(heads: list, hf_dir, records: list[dict], device: str = "cpu", log=print) -> list[dict]:
     """Per-head top-1/5/10 (full vocabulary) and the empirical tau of each head directory's own tree
     (`medusa_choices`) on the teacher-forced final hidden states of corpus `records` (held-out ones)."""
-    from safetensors.torch import load_file
-
     feats = teacher_forced.as_shard_rows(teacher_forced.rows_for(hf_dir, records, None, device, log=log))
     out = []
     for head in heads:
         cfg = json.loads((Path(head) / "config.json").read_text())
-        raw = load_file(str(Path(head) / "medusa_lm_head.safetensors"))
-        state = {f"medusa_head.{k}": v.float() for k, v in raw.items() if k != "draft_vocab"}
+        state = load_heads(head)
         K, nl = int(cfg["medusa_num_heads"]), int(cfg["medusa_num_layers"])
         ev = evaluate(state, feats, hf_dir, K, nl, max_rows=4000)
         tree = cfg["medusa_choices"]

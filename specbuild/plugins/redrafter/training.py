@@ -14,6 +14,7 @@ base's continuation, giving the expected tokens per step (tau) for every beam co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -27,10 +28,30 @@ from specbuild.training import distill, teacher_forced
 from specbuild.training.base_weights import load_base_weights
 from specbuild.training.heldout import heldout_mask
 from specbuild.training.loop import FittedCosine, row_batches, train_loop
-from specbuild.training.recipe import loop_budget, prepare_data
+from specbuild.training.recipe import prepare_data
+from specbuild.training.settings import TrainSettings, read_train
 from specbuild.training.teacher_forced import loop_facts
+from specbuild.training.vocab import draft_vocabulary
 
 MODEL_TYPE = "recurrent_drafting_drafter"
+
+# ReDrafter's defaults of what every trainer shares (the other trainers' lr, warm-up and logging differ); the draft
+# vocabulary's cap is the recipe's `train.draft_vocab` (0, false or null: the whole vocabulary)
+SETTINGS = TrainSettings(epochs=2.0, lr=2e-3, batch=512, warmup=100, time_budget_s=1200.0, log_every=100,
+                         draft_vocab_size=8192)  # fmt: skip
+RECIPE_KEYS = {"draft_vocab_size": "draft_vocab"}
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterKnobs:
+    """ReDrafter's own training knobs (`train:` keys of the same names)."""
+
+    exit_dim: int | None = None  # the ResBlocks' width; None: 2H (no input_proj)
+    num_layers: int = 2  # ResBlocks
+    rnn: bool = True
+    draft_len: int = 5  # teacher-forced drafting steps
+    soft_weight: float = 0.5  # the soft cross-entropy's share (to the base's distribution)
+    step_decay: float = 0.8  # the loss weight of drafting step k: step_decay^(k-1)
 
 
 def step_targets(feats: dict[str, np.ndarray], steps: int) -> np.ndarray:
@@ -43,13 +64,6 @@ def step_targets(feats: dict[str, np.ndarray], steps: int) -> np.ndarray:
         ok[: n - k] = (seq[k:] == seq[: n - k]) & (goff[k:] >= 0)
         valid[:, k - 1] = ok if k == 1 else ok & valid[:, k - 2]
     return valid
-
-
-def draft_vocabulary(targets: np.ndarray, size: int, vocab: int) -> np.ndarray:
-    """The `size` most frequent target ids, sorted (ties broken by id)."""
-    counts = np.bincount(targets, minlength=vocab)
-    order = np.lexsort((np.arange(vocab), -counts))[: min(size, vocab)]
-    return np.sort(order[counts[order] > 0])
 
 
 def init_drafter(hidden: int, exit_dim: int, num_layers: int, rnn: bool, lm_rows: torch.Tensor) -> RecurrentDrafter:
@@ -76,60 +90,54 @@ def init_drafter(hidden: int, exit_dim: int, num_layers: int, rnn: bool, lm_rows
 def train_drafter(
     feats: dict[str, np.ndarray],
     hf_dir: str | Path,
-    exit_dim: int,
-    num_layers: int = 2,
-    rnn: bool = True,
-    draft_len: int = 5,
-    vocab_size: int | None = 8192,
-    epochs: float = 2.0,
-    lr: float = 2e-3,
-    batch: int = 512,
-    time_budget_s: float = 1200.0,
-    heldout_frac: float = 0.05,
-    soft_weight: float = 0.5,
-    step_decay: float = 0.8,
-    seed: int = 0,
-    device: str = "cpu",
-    init_state: dict | None = None,
+    settings: TrainSettings = SETTINGS,
+    knobs: DrafterKnobs = DrafterKnobs(),
     log=print,
 ) -> tuple[RecurrentDrafter, dict]:
-    """Returns (the drafter on the CPU in float32, training facts with the per-step `losses`)."""
-    torch.manual_seed(seed)
+    """Train on `settings.device`, from the drafter at `settings.init_from` if given; returns (the drafter on the
+    CPU in float32, training facts with the per-step `losses`)."""
+    s, device, steps = settings, settings.device, knobs.draft_len
+    init = load_saved(s.init_from)[0].state_dict() if s.init_from else None  # before seeding, as the RNG runs
+    torch.manual_seed(s.seed)
     base = load_base_weights(hf_dir)
     embed, lm_head = base.embed.to(device), base.lm_head
     vocab, hidden = lm_head.shape
-    valid = step_targets(feats, draft_len)
-    held = heldout_mask(feats["seq"], heldout_frac, seed)
+    valid = step_targets(feats, steps)
+    held = heldout_mask(feats["seq"], s.heldout_frac, s.seed)
     rows = np.nonzero(valid[:, 0] & ~held)[0]
-    draft_ids = draft_vocabulary(feats["next_token"][~held], vocab_size, vocab) if vocab_size else np.arange(vocab)
+    size = s.draft_vocab_size
+    if size:  # at least TOP_K_WARP ids: every drafting step keeps its top 50 and the build allows as many beams
+        draft_ids = draft_vocabulary(feats["next_token"][~held], vocab=vocab, max_size=size, min_size=TOP_K_WARP)
+    else:
+        draft_ids = np.arange(vocab)
     remap = torch.full((vocab,), -1, dtype=torch.long)
     remap[torch.from_numpy(draft_ids)] = torch.arange(len(draft_ids))
     rows_w = lm_head[torch.from_numpy(draft_ids)]
-    drafter = init_drafter(hidden, exit_dim, num_layers, rnn, rows_w)
-    if init_state is not None:
-        drafter.load_state_dict(init_state)
+    drafter = init_drafter(hidden, knobs.exit_dim or 2 * hidden, knobs.num_layers, knobs.rnn, rows_w)
+    if init is not None:
+        drafter.load_state_dict(init)
+        log(f"continuing from {s.init_from}")
     drafter.draft_ids = torch.from_numpy(draft_ids).long()
     drafter.to(device).train()
     covered = float(np.isin(feats["next_token"][held], draft_ids).mean()) if held.any() else 1.0
     log(
         f"train rows {len(rows)}, held-out rows {int(held.sum())}, draft vocabulary {len(draft_ids)} (covers "
-        f"{covered:.1%} of held-out targets), {draft_len} steps, device {device}"
+        f"{covered:.1%} of held-out targets), {steps} steps, device {device}"
     )
     data = (torch.from_numpy(feats["hidden"]), torch.from_numpy(feats["next_token"].astype(np.int64)),
             torch.from_numpy(valid))  # fmt: skip
-    weights = [step_decay**k for k in range(draft_len)]
+    weights = [knobs.step_decay**k for k in range(steps)]
     teacher_w, remap = rows_w.to(device), remap.to(device)
 
     def loss_of(idx):
-        return _batch_loss(drafter, *data, idx, embed, teacher_w, remap, weights, soft_weight, device)
+        return _batch_loss(drafter, *data, idx, embed, teacher_w, remap, weights, knobs.soft_weight, device)
 
-    steps_per_epoch = max(1, len(rows) // batch)
-    total = max(1, int(steps_per_epoch * epochs))
-    schedule = FittedCosine(lr, total, min(100, total // 10), time_budget_s)
-    result = train_loop(drafter, row_batches(rows, batch, np.random.default_rng(seed)), loss_of, schedule, device,
-                        log_every=100, log=log)  # fmt: skip
+    total = max(1, int(max(1, len(rows) // s.batch) * s.epochs))
+    schedule = FittedCosine(s.lr, total, min(s.warmup, total // 10), s.loop_budget())
+    result = train_loop(drafter, row_batches(rows, s.batch, np.random.default_rng(s.seed)), loss_of, schedule, device,
+                        log_every=s.log_every, log=log)  # fmt: skip
     drafter.eval().float().cpu()
-    facts = {**loop_facts(result.steps, result.seconds, batch, len(rows), device),
+    facts = {**loop_facts(result.steps, result.seconds, s.batch, len(rows), device),
              "draft_vocab_coverage": round(covered, 4)}  # fmt: skip
     return drafter, {**facts, "losses": result.losses}
 
@@ -284,49 +292,27 @@ def load_saved(head_dir: str | Path) -> tuple[RecurrentDrafter, dict]:
 
 def train_and_export(cfg: dict, log=print) -> dict:
     t, work, hf = cfg.get("train", {}), Path(cfg["work_dir"]), cfg["base_model"]
-    device = cfg.get("device") or distill.default_device()
+    settings = TrainSettings.from_recipe(cfg, SETTINGS, RECIPE_KEYS)
+    knobs = read_train(cfg, DrafterKnobs())
     generated, lineage = teacher_forced.recipe_hidden_rows(cfg, log=log)
     feats = generated
     if t.get("mix_text") and (work / "feat_text").is_dir():  # teacher-forced rows over recorded answers
         text = distill.load_features(work / "feat_text")
         feats = {k: np.concatenate([generated[k], text[k]]) for k in generated}
         log(f"mixing in {len(text['seq'])} teacher-forced rows")
-    hidden = int(feats["hidden"].shape[1])
-    init = None
-    if t.get("init_from"):
-        init = load_saved(t["init_from"])[0].state_dict()
-        log(f"continuing from {t['init_from']}")
-    steps = int(t.get("draft_len", 5))
-    drafter, facts = train_drafter(
-        feats,
-        hf,
-        exit_dim=int(t.get("exit_dim", 2 * hidden)),
-        num_layers=int(t.get("num_layers", 2)),
-        rnn=bool(t.get("rnn", True)),
-        draft_len=steps,
-        vocab_size=t.get("draft_vocab", 8192) or None,
-        epochs=float(t.get("epochs", 2)),
-        lr=float(t.get("lr", 2e-3)),
-        batch=int(t.get("batch", 512)),
-        time_budget_s=loop_budget(t, 1200),
-        heldout_frac=float(t.get("heldout_frac", 0.05)),
-        soft_weight=float(t.get("soft_weight", 0.5)),
-        step_decay=float(t.get("step_decay", 0.8)),
-        device=device,
-        init_state=init,
-        log=log,
-    )
+    steps = knobs.draft_len
+    drafter, facts = train_drafter(feats, hf, settings, knobs, log=log)
     facts.pop("losses")
     # evaluated on held-out generated sequences only (the split by sequence number is the one training used)
-    held = np.nonzero(heldout_mask(generated["seq"], float(t.get("heldout_frac", 0.05))))[0]
-    settings = [tuple(int(v) for v in s) for s in (t.get("simulate") or [[5, 5], [4, 4], [3, 4], [2, 3], [1, 4]])]
+    held = np.nonzero(heldout_mask(generated["seq"], settings.heldout_frac, settings.seed))[0]
+    shapes = [tuple(int(v) for v in s) for s in (t.get("simulate") or [[5, 5], [4, 4], [3, 4], [2, 3], [1, 4]])]
     metrics = {"training": {**facts, **lineage}, "heldout": {}, "humaneval": {}}
     he = distill.load_features(work / "feat_humaneval") if (work / "feat_humaneval").is_dir() else None
     for name, f, rows in (("heldout", generated, held), ("humaneval", he, None)):
         if f is None:
             continue
         metrics[name]["step_accuracy"] = step_accuracy(drafter, f, hf, steps, rows=rows)
-        metrics[name]["tau"] = simulate_tau(drafter, f, hf, settings, rows=rows)
+        metrics[name]["tau"] = simulate_tau(drafter, f, hf, shapes, rows=rows)
         log(f"{name}: {json.dumps(metrics[name])}")
     extra = {"base_model": cfg.get("base_model_name", str(hf)), "specbuild_training": metrics}
     if t.get("defaults"):  # the build defaults chosen by measurement (`specbuild bench`), recorded with the drafter
