@@ -1,4 +1,4 @@
-"""Names and versions of the on-disk formats: canonical checkpoint and engine directory (see DESIGN.md)."""
+"""Names and versions of the on-disk formats: canonical checkpoint and engine directory (docs/engine-format.md)."""
 
 CHECKPOINT_FORMAT = "specbuild-checkpoint"
 CHECKPOINT_FORMAT_VERSION = 1

@@ -36,7 +36,7 @@ ACCURACY_FP32 = ef.ACCURACY_FLOAT32
 ACCURACY_INT8 = ef.ACCURACY_INT8
 # The one decision on the mode's own weights (heads, draft layers) under --weights int4/int8: they stay float, in the
 # engine's float dtype (mode_nodes are left out of quantization; engine.yaml says so in weights.mode_weights).
-# Quantized, they made int4 speculative engines 1.7-2x slower on the CPU measured (README, Benchmarks).
+# Quantized, they made int4 speculative engines 1.7-2x slower on the CPU measured (docs/benchmarks/).
 # What a quantized graph's greedy agreement is measured on (when the checkpoint has a tokenizer).
 QUANTIZATION_CHECK_TEXT = (
     'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:\n        return n\n'
