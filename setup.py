@@ -37,6 +37,7 @@ DEV = [
     "polygraphy",
     "pytest",
     "pytest-xdist",
+    "filelock",  # tests: what the xdist workers share is made once per run
     "hypothesis",
     "scipy",
     "ruff",

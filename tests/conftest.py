@@ -7,6 +7,7 @@ tensor matters: a loader or network bug changes the output instead of hiding in 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import os
 import shutil
@@ -32,12 +33,69 @@ if "SPECBUILD_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["SPECBUILD_CACHE_DIR"], True)
 
 
+# Test tiers. `scripts/test.sh` runs the fast tier (unit tests, tiny random models, each mode's lossless and sampling
+# tests on one tiny shape, the server and scheduler on tiny engines: under 5 minutes on 2 cores); `scripts/test.sh
+# --full` (CI) adds what is marked `full`: the real model, every shape and precision, Triton, packaging, training.
+FULL = "full"
+REAL_MODEL_FIXTURES = ("smollm2_",)  # fixtures of the real model: only tests of the full tier use them
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", help="Also run the full tier (tests marked `full`).")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{FULL}(reason): in the full tier only (scripts/test.sh --full); says why")
+
+
+def full(reason: str):
+    """The `full` marker: this test runs in the full tier only, for `reason` (what makes it belong there)."""
+    return getattr(pytest.mark, FULL)(reason)
+
+
+def fast_first(values, reason: str) -> list:
+    """Parameter values for parametrize: the first runs in the fast tier, the others in the full tier (`reason`).
+    A tuple is the values of several arguments (`parametrize("a,b", ...)`)."""
+    values = list(values)
+    rest = [pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=full(reason)) for v in values[1:]]
+    return values[:1] + rest
+
+
+def _select_tier(config, items) -> None:
+    """Without --full, leave out the tests marked `full`; every `full` marker must say why."""
+    kept, left = [], []
+    for item in items:
+        marker = item.get_closest_marker(FULL)
+        if marker is not None and not (marker.args and isinstance(marker.args[0], str) and marker.args[0].strip()):
+            raise pytest.UsageError(f"{item.nodeid}: a `full` marker must say why the test is in the full tier")
+        if marker is None and any(name.startswith(REAL_MODEL_FIXTURES) for name in getattr(item, "fixturenames", ())):
+            raise pytest.UsageError(f"{item.nodeid}: a test of the real model belongs to the full tier (mark it full)")
+        (left if marker is not None and not config.getoption("--full") else kept).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
+class Lazy(dict):
+    """{key: value} built on first use by make(key): a fixture over many shapes or modes builds only what the selected
+    tests read (the fast tier reads one)."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, key):
+        value = self[key] = self.make(key)
+        return value
+
+
 def pytest_collection_modifyitems(config, items):
-    """Keep each `xdist_group` on one worker (its session fixtures are then built once).
+    """Select the tier, then keep each `xdist_group` on one worker (its session fixtures are then built once).
 
     pytest-xdist 3.8 tags grouped items by assigning `item._nodeid`, which pytest >= 9.2 no longer reads (node ids
     live in `item._id`): the groups were silently spread over both workers and every expensive fixture was built
     twice. Tag them here the way xdist's scheduler reads them (`<nodeid>@<group>`), on any pytest version."""
+    _select_tier(config, items)
     if not getattr(config.option, "loadgroup", False):  # set on xdist workers under --dist loadgroup
         return
     for item in items:
@@ -229,22 +287,64 @@ def tiny_checkpoints(tiny_hf_models, tmp_path_factory) -> dict[str, Path]:
     return {name: convert_checkpoint(hf, root / name, progress=False) for name, hf in tiny_hf_models.items()}
 
 
+def made_once(tmp_path_factory, name: str, make) -> Path:
+    """A directory `make(path)` writes once per test run, shared by every xdist worker (a file lock orders them; a
+    marker beside it says it is complete)."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's directory, above each worker's own
+    path, done = root / "shared" / name, root / "shared" / f"{name}.done"
+    path.parent.mkdir(exist_ok=True)
+    with FileLock(str(root / "shared" / f"{name}.lock")):
+        if not done.is_file():
+            shutil.rmtree(path, ignore_errors=True)
+            make(path)
+            done.touch()
+    return path
+
+
 @pytest.fixture(scope="session")
 def smollm2_hf(tmp_path_factory) -> Path:
-    """SmolLM2-135M-Instruct as a HF directory; reused from the cache directory SPECBUILD_CACHE names, if set."""
+    """SmolLM2-135M-Instruct as a HF directory, made once per test run; reused from the cache directory SPECBUILD_CACHE
+    names, if set."""
     from specbuild.builder.default_model import prepare_smollm2
 
     if os.environ.get("SPECBUILD_CACHE"):
         return prepare_smollm2()
-    return prepare_smollm2(tmp_path_factory.mktemp("smollm2") / "hf")
+    return made_once(tmp_path_factory, "smollm2-hf", prepare_smollm2)
 
 
 @pytest.fixture(scope="session")
 def smollm2_checkpoint(smollm2_hf, tmp_path_factory) -> Path:
-    """SmolLM2-135M-Instruct as a canonical float32 checkpoint."""
+    """SmolLM2-135M-Instruct as a canonical float32 checkpoint, converted once per test run."""
     from specbuild.builder.convert import convert_checkpoint
 
-    return convert_checkpoint(smollm2_hf, tmp_path_factory.mktemp("smollm2_ckpt") / "ckpt", progress=False)
+    return made_once(
+        tmp_path_factory, "smollm2-ckpt", lambda path: convert_checkpoint(smollm2_hf, path, progress=False)
+    )
+
+
+@pytest.fixture(scope="session")
+def smollm2_engines(smollm2_checkpoint, tmp_path_factory) -> Lazy:
+    """{build options as sorted (name, value) pairs: SmolLM2 `none` engine}, each built once per test run and shared
+    by the real-model tests that compare a speculative engine with the `none` engine of the same precision."""
+    from specbuild.builder.build import BuildOptions, build_engine
+
+    def make(options: tuple) -> Path:
+        def build(path: Path) -> None:
+            build_engine(smollm2_checkpoint, path, BuildOptions(**dict(options)), log=quiet)
+
+        name = hashlib.sha256(repr(options).encode()).hexdigest()[:16]
+        return made_once(tmp_path_factory, f"smollm2-engine-{name}", build)
+
+    return Lazy(make)
+
+
+def options_key(**options) -> tuple:
+    """The key of smollm2_engines for these build options."""
+    return tuple(sorted(options.items()))
 
 
 @pytest.fixture(scope="session")

@@ -21,9 +21,9 @@ from click.testing import CliRunner
 
 from specbuild.cli import extras
 from specbuild.cli.main import cli
-from tests.conftest import save_tiny_model, write_char_tokenizer
+from tests.conftest import full, save_tiny_model, write_char_tokenizer
 
-pytestmark = pytest.mark.xdist_group("packaging")
+pytestmark = [pytest.mark.xdist_group("packaging"), full("packaging: builds a wheel and installs it into a fresh venv")]
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "llama_gqa_llama3rope"  # vocab 97: the character tokenizer's ids 0..95 fit

@@ -6,9 +6,12 @@ import torch
 
 from specbuild import engine_format as ef
 from specbuild.runtime.engine import Engine
-from tests.conftest import quiet
+from tests.conftest import full, quiet
 
-pytestmark = pytest.mark.xdist_group("real")
+pytestmark = [
+    pytest.mark.xdist_group("real"),
+    full("the real SmolLM2-135M model: a 135M engine and transformers' reference"),
+]
 
 PROMPTS = [
     "def fibonacci(n):",

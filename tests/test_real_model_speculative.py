@@ -7,9 +7,12 @@ import pytest
 from specbuild.builder.default_model import shipped_heads
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine
-from tests.conftest import ORT_ONLY, quiet
+from tests.conftest import ORT_ONLY, full, options_key, quiet
 
-pytestmark = pytest.mark.xdist_group("real")
+pytestmark = [
+    pytest.mark.xdist_group("real"),
+    full("the real SmolLM2-135M model: a 135M engine per mode and precision"),
+]
 
 # What this release ships; a head directory that goes missing (or appears untested) fails here.
 SHIPPED = {"medusa", "eagle", "eagle3", "redrafter", "draft-target"}
@@ -70,7 +73,7 @@ def test_ngram_greedy_equals_transformers(smollm2_checkpoint, smollm2_greedy, tm
     assert sum(steps) / len(steps) > 1.1
 
 
-def test_int8_activation_ngram_equals_its_none_engine(smollm2_checkpoint, tmp_path):
+def test_int8_activation_ngram_equals_its_none_engine(smollm2_checkpoint, smollm2_engines, tmp_path):
     """int4 weights with int8 activations (what ONNX Runtime GenAI runs): prompt lookup reproduces the none engine
     of the same build token for token on this CPU, or is refused as lossless here. Without attention padding it did
     not (1/20 and 3/20 prompts on AVX-512, 2026-11-24); without step padding neither on AVX2 (2/10, 2026-11-25).
@@ -78,7 +81,7 @@ def test_int8_activation_ngram_equals_its_none_engine(smollm2_checkpoint, tmp_pa
     from specbuild.builder.build import BuildOptions, build_engine
 
     common = dict(backends=ORT_ONLY, weights="int4", int8_activations=True, max_seq_len=512)
-    none = Engine(build_engine(smollm2_checkpoint, tmp_path / "none", BuildOptions(**common), log=quiet))
+    none = Engine(smollm2_engines[options_key(**common)])
     options = BuildOptions(speculative_mode="ngram", num_draft_tokens=3, **common)
     ngram_dir = build_engine(smollm2_checkpoint, tmp_path / "ngram", options, log=quiet)
     try:
@@ -93,7 +96,7 @@ def test_int8_activation_ngram_equals_its_none_engine(smollm2_checkpoint, tmp_pa
     assert max(steps) > 1
 
 
-def test_int4_draft_target_equals_its_none_engine(smollm2_hf, tmp_path):
+def test_int4_draft_target_equals_its_none_engine(smollm2_hf, smollm2_engines, tmp_path):
     """The shipped SmolLM2 draft at int4 (target and draft weights) reproduces the int4 none engine token for token,
     with drafts accepted (fp32 against transformers: test_greedy_equals_transformers_with_shipped_heads)."""
     from specbuild.builder.build import BuildOptions, build_engine
@@ -102,7 +105,7 @@ def test_int4_draft_target_equals_its_none_engine(smollm2_hf, tmp_path):
     heads = {"draft-target": shipped_heads()["draft-target"]}
     ckpt = convert_checkpoint(smollm2_hf, tmp_path / "ckpt", heads=heads, progress=False)
     common = dict(backends=ORT_ONLY, weights="int4", max_seq_len=512)
-    none = Engine(build_engine(ckpt, tmp_path / "none", BuildOptions(**common), log=quiet))
+    none = Engine(smollm2_engines[options_key(**common)])  # heads or not, the same none engine
     options = BuildOptions(speculative_mode="draft-target", **common)
     draft = Engine(build_engine(ckpt, tmp_path / "dt", options, log=quiet))
     assert draft.drafter_settings.engine.manifest["weights"]["precision"] == "int4"
@@ -111,7 +114,9 @@ def test_int4_draft_target_equals_its_none_engine(smollm2_hf, tmp_path):
     assert sum(steps) / len(steps) > 1.3
 
 
-def test_lookahead_equals_transformers_and_its_int4_none_engine(smollm2_checkpoint, smollm2_greedy, tmp_path):
+def test_lookahead_equals_transformers_and_its_int4_none_engine(
+    smollm2_checkpoint, smollm2_engines, smollm2_greedy, tmp_path
+):
     """Lookahead needs no heads: exact greedy ids at fp32 (against transformers) and at int4 (against the int4 none
     engine), with guesses accepted."""
     from specbuild.builder.build import BuildOptions, build_engine
@@ -121,7 +126,7 @@ def test_lookahead_equals_transformers_and_its_int4_none_engine(smollm2_checkpoi
     steps = accepted_steps(engine, PROMPTS, smollm2_greedy)
     assert sum(steps) / len(steps) > 1.1
     common = dict(backends=ORT_ONLY, weights="int4", max_seq_len=512)
-    none = Engine(build_engine(smollm2_checkpoint, tmp_path / "none4", BuildOptions(**common), log=quiet))
+    none = Engine(smollm2_engines[options_key(**common)])
     options = BuildOptions(speculative_mode="lookahead", **common)
     lookahead = Engine(build_engine(smollm2_checkpoint, tmp_path / "lookahead4", options, log=quiet))
     steps = accepted_steps(lookahead, PROMPTS[:2], greedy_of(none))

@@ -21,7 +21,7 @@ from specbuild.bench.load import (
 )
 from specbuild.cli.main import cli
 from specbuild.errors import SpecbuildError
-from tests.conftest import ORT_ONLY, quiet
+from tests.conftest import ORT_ONLY, full, quiet
 
 pytestmark = pytest.mark.xdist_group("bench_load")
 
@@ -95,6 +95,7 @@ def test_concurrency_lists_are_parsed_or_refused_in_one_line():
             parse_concurrency(bad)
 
 
+@full("a load benchmark on two engines")
 def test_greedy_outputs_are_the_same_at_every_concurrency_and_the_report_has_its_fields(load_engines):
     from specbuild.runtime.engine import Engine
 
@@ -213,6 +214,7 @@ def test_concurrency_refuses_the_one_at_a_time_peers(tmp_path):
     assert res.exit_code == 1 and "belong to the one-at-a-time benchmark" in res.output
 
 
+@full("a load benchmark on two engines")
 def test_bench_concurrency_end_to_end(load_engines, tmp_path, monkeypatch):
     """The CLI renders the load table and the cost curve and writes every number to --json-out."""
     import specbuild.bench.load as bench_load
@@ -253,6 +255,7 @@ def test_repeats_belong_to_the_load_benchmark(tmp_path):
     assert res.exit_code == 1 and res.output.strip() == "error: --repeats belongs to the load benchmark (--concurrency)"
 
 
+@full("a load benchmark on two engines")
 def test_render_shows_peers_and_own_none(load_engines):
     from rich.console import Console
 

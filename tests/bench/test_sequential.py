@@ -5,6 +5,7 @@ import json
 import pytest
 
 from specbuild.bench.sequential import add_relative_speed, render
+from tests.conftest import full
 
 
 def _rows():
@@ -59,6 +60,7 @@ def test_render_names_no_mode_in_its_columns():
     assert "(own none 1/1)" in console.export_text()
 
 
+@full("ONNX Runtime GenAI's model builder on a tiny model")
 def test_ort_genai_peer_rows_are_greedy_and_its_ngram_is_lossless(tiny_hf_models, tmp_path):
     """The ONNX Runtime GenAI rows of `specbuild bench` time what a CPU user would run instead: its model builder's
     graph of the same checkpoint, greedy and with its n-gram speculation, both giving transformers' greedy ids."""

@@ -8,7 +8,7 @@ from specbuild import engine_format as ef
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.trt_compat import lint_onnx_for_tensorrt
 from specbuild.errors import SpecbuildError
-from tests.conftest import quiet
+from tests.conftest import full, quiet
 
 pytestmark = pytest.mark.xdist_group("tiny")
 
@@ -72,6 +72,7 @@ def test_failed_build_leaves_no_output(tmp_path, tiny_checkpoints, monkeypatch):
     assert not (tmp_path / "engine").exists()
 
 
+@full("a bfloat16 checkpoint: a build of its own")
 def test_bfloat16_checkpoint_builds_an_exact_float32_engine(tmp_path, tiny_hf_models):
     import numpy as np
     import torch

@@ -20,7 +20,7 @@ from specbuild.builder.tokenizer_io import carry_tokenizer, read_chat_template
 from specbuild.builder.weights_io import load_hf_weights, load_tensor_file
 from specbuild.errors import SpecbuildError
 from specbuild.modes import registry
-from tests.conftest import TINY_SHAPES, save_tiny_model, tiny_hf_model
+from tests.conftest import TINY_SHAPES, full, save_tiny_model, tiny_hf_model
 
 ALL_SHAPES = sorted(TINY_SHAPES)
 
@@ -468,6 +468,7 @@ def test_read_chat_template_sources(tmp_path):
 # ---------------------------------------------------------------- SmolLM2-135M
 
 
+@full("the real SmolLM2-135M model")
 def test_smollm2_conversion(smollm2_hf, smollm2_checkpoint):
     ckpt = Checkpoint.load(smollm2_checkpoint)
     m = ckpt.model

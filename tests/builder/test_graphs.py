@@ -12,7 +12,7 @@ from specbuild.builder.convert import convert_checkpoint
 from specbuild.builder.trt_compat import lint_onnx_for_tensorrt
 from specbuild.builder.weights_file import WEIGHTS_FILE
 from specbuild.runtime.engine import Engine
-from tests.conftest import hf_greedy, quiet
+from tests.conftest import full, hf_greedy, quiet
 from tests.plugins.eagle_fixtures import write_eagle1_head, write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
 from tests.plugins.redrafter_fixtures import write_redrafter
@@ -43,6 +43,7 @@ def toy(tmp_path_factory):
     return model, convert_checkpoint(root / "hf", root / "ckpt", heads=heads, progress=False)
 
 
+@full("both graphs of every mode (the fast tier runs none's: tests/runtime/test_engine.py)")
 @pytest.mark.parametrize("mode", list(MODES))
 def test_both_graphs_equal_transformers(toy, tmp_path, mode):
     model, ckpt = toy
@@ -72,6 +73,7 @@ def test_both_graphs_equal_transformers(toy, tmp_path, mode):
     assert mode == "none" or max(steps) > 1  # drafts were accepted: multi-token commits of the in-place cache
 
 
+@full("two more n-gram engines (graph structure)")
 def test_chain_drafts_attend_with_the_kernels_causal_mask(toy, tmp_path):
     """Prompt lookup with one candidate verifies chains at consecutive positions: its ONNX Runtime graph takes the
     attention kernel's own causal mask and positions like plain decoding (no mask nodes, no bias reads); with two
@@ -95,6 +97,7 @@ def test_chain_drafts_attend_with_the_kernels_causal_mask(toy, tmp_path):
         assert max(steps) > 1, candidates
 
 
+@full("two more engines (weight sharing)")
 def test_graphs_share_one_weights_file(toy, tmp_path):
     _, ckpt = toy
     both = build_engine(ckpt, tmp_path / "both", BuildOptions(), log=quiet)
@@ -105,6 +108,7 @@ def test_graphs_share_one_weights_file(toy, tmp_path):
     assert [g["backend"] for g in Engine(one).manifest["graphs"]] == [ef.BACKEND_ONNXRUNTIME]
 
 
+@full("another engine (the fast tier's sliding-window model, head_dim 8, runs the portable graph too)")
 def test_fused_kernels_need_head_dim_multiple_of_16(tmp_path):
     """head_dim 24: ONNX Runtime's GroupQueryAttention cannot run it, so ONNX Runtime gets the portable graph."""
     model = toy_model("llama_tied_linear", tmp_path / "hf", vocab=12)
@@ -116,6 +120,7 @@ def test_fused_kernels_need_head_dim_multiple_of_16(tmp_path):
     assert engine.generate(input_ids=PROMPTS[0], max_new_tokens=20).output_ids == hf_greedy(model, PROMPTS[0], 20)
 
 
+@full("a Medusa engine with both graphs")
 def test_kv_buffer_is_written_in_place_and_compacted(toy, tmp_path):
     """After generation, the fused graph's in-place cache (drafts written at the end, accepted nodes moved down)
     holds the same keys and values, position by position, as the portable graph's appended cache."""

@@ -17,7 +17,7 @@ from specbuild.builder.weights_file import WEIGHTS_FILE
 from specbuild.errors import SpecbuildError
 from specbuild.inspect import describe, render
 from specbuild.runtime.engine import Engine
-from tests.conftest import quiet
+from tests.conftest import full, quiet
 from tests.plugins.eagle_fixtures import write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
 
@@ -56,6 +56,7 @@ def _outputs(engine_dir, graph):
     return [r.output_ids for r in results], [n for r in results for n in r.accepted_per_step]
 
 
+@full("three int4 engines with both graphs")
 @pytest.mark.parametrize("graph", [ef.BACKEND_ONNXRUNTIME, ef.BACKEND_TENSORRT])
 def test_int4_speculation_equals_the_int4_none_engine(int4_engines, graph):
     base, _ = _outputs(int4_engines["none"], graph)
@@ -72,6 +73,7 @@ def test_int4_speculation_equals_the_int4_none_engine(int4_engines, graph):
     )
 
 
+@full("three int4 engines with both graphs")
 def test_int4_portable_graph_is_tensorrt_clean_and_shares_the_bytes(int4_engines, toy, tmp_path):
     engine_dir = int4_engines["eagle3"]
     portable = onnx.load(str(engine_dir / ef.ENGINE_ONNX), load_external_data=False)
@@ -91,6 +93,7 @@ def test_int4_portable_graph_is_tensorrt_clean_and_shares_the_bytes(int4_engines
     assert (engine_dir / WEIGHTS_FILE).stat().st_size < 0.6 * (fp32 / WEIGHTS_FILE).stat().st_size
 
 
+@full("three int4 engines with both graphs")
 def test_int4_keeps_heads_and_draft_layers_float(int4_engines):
     """quantize.mode_nodes decides it: the matmuls of the mode's own modules (Medusa's heads, EAGLE-3's draft layer,
     unrolled per depth) keep float weights in both graphs, and engine.yaml says so; every graph records its real
@@ -109,6 +112,7 @@ def test_int4_keeps_heads_and_draft_layers_float(int4_engines):
             assert "DequantizeLinear" in {n.op_type for n in model.graph.node}  # the base network's matmuls are int4
 
 
+@full("int8 weights (the fast tier builds int4 with int8 activations: tests/runtime/test_exactness.py)")
 def test_int8_builds_the_onnxruntime_graph_and_stays_exact(toy, tmp_path):
     with pytest.raises(SpecbuildError, match="--weights int8 builds the onnxruntime graph only"):
         build_engine(toy, tmp_path / "x", BuildOptions(weights="int8"), log=quiet)
@@ -128,6 +132,7 @@ def test_int8_builds_the_onnxruntime_graph_and_stays_exact(toy, tmp_path):
     assert bits == {8}
 
 
+@full("int8-activation engines of several modes")
 def test_int8_activations_keep_chain_speculation_exact(toy, tmp_path):
     """Level-4 MatMulNBits is batch-invariant and attention is padded to >= 2 rows (ort_kernels), so a chain of
     drafts verifies each token bit for bit as the one-token step of the none engine built the same way. Branching
@@ -190,6 +195,7 @@ def test_quantized_speculation_with_float_activations_gets_a_note(toy, tmp_path)
     assert not slow(speculative_mode="ngram", weights="int4", backends=("tensorrt",))
 
 
+@full("quantized heads: two engines per precision")
 @pytest.mark.parametrize("weights", ["fp32", "int4"])
 def test_head_weights_quantize_the_heads_alone_and_keep_the_output(toy, tmp_path, weights):
     """--head-weights: the mode's own matmuls (Medusa's heads, EAGLE-3's draft layer, fc and lm_head at every depth)
@@ -232,6 +238,7 @@ def test_head_weights_are_refused_where_no_heads_or_graph_take_them(toy, tmp_pat
         assert not (tmp_path / "x").exists()
 
 
+@full("quantized heads: more engines")
 def test_head_weights_go_into_the_portable_graph_where_it_serves_onnxruntime_alone(tmp_path):
     """A model the fused kernels cannot run (head_dim 24) gets the portable graph for onnxruntime: the heads are
     quantized there; with the tensorrt backend reading that graph too the build is refused before any work."""
@@ -260,6 +267,7 @@ def _record_defaults(head_dir, **defaults):
     config_file.write_text(json.dumps(cfg))
 
 
+@full("recorded head weights: several engines")
 def test_recorded_head_weights_are_the_build_default_and_float_opts_out(tmp_path):
     """A head's specbuild_defaults.head_weights (what its recipe's choose stage measured fastest) quantizes the heads
     of the graph serving ONNX Runtime alone when no --head-weights is given (the portable graph beside it stays
@@ -300,6 +308,7 @@ def test_recorded_head_weights_are_the_build_default_and_float_opts_out(tmp_path
     assert outputs == base4 and max(steps) > 1
 
 
+@full("recorded head weights: several engines")
 def test_recorded_head_weights_are_checked_and_skipped_where_no_graph_takes_them(tmp_path):
     """convert refuses a head_weights value it does not know (one line naming the field, nothing written); where
     the onnxruntime graph is the portable one the tensorrt backend reads too, the recorded choice is skipped (the

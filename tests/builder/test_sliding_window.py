@@ -13,7 +13,7 @@ from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.builder.trt_compat import lint_onnx_for_tensorrt
 from specbuild.runtime.engine import Engine
-from tests.conftest import ORT_ONLY, SLIDING_SHAPES, hf_greedy, quiet, tiny_hf_model
+from tests.conftest import ORT_ONLY, SLIDING_SHAPES, fast_first, full, hf_greedy, quiet, tiny_hf_model
 from tests.plugins.eagle_fixtures import write_eagle1_head, write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
 
@@ -29,7 +29,7 @@ MODE_OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("shape", list(SLIDING_SHAPES))
+@pytest.mark.parametrize("shape", fast_first(SLIDING_SHAPES, "another window pattern: the fast tier checks the first"))
 def test_none_engine_equals_transformers_beyond_the_window(tmp_path, shape):
     model = tiny_hf_model(shape, eos_token_id=None)
     model.save_pretrained(tmp_path / "hf")
@@ -54,6 +54,7 @@ def test_none_engine_equals_transformers_beyond_the_window(tmp_path, shape):
 @pytest.mark.parametrize(
     "shape,mode", [("qwen2_window", "medusa"), ("mistral_window", "eagle"), ("qwen2_window", "eagle3")]
 )
+@full("a speculative engine per window pattern")
 def test_speculative_engine_equals_transformers_beyond_the_window(tmp_path, shape, mode):
     model = toy_model(shape, tmp_path / "hf", vocab=12, seed=1)
     if mode == "medusa":

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from specbuild import engine_format as ef
 from specbuild.cli.main import cli
+from tests.conftest import full
 
 pytestmark = pytest.mark.xdist_group("cli")
 
@@ -167,6 +168,7 @@ def test_build_sigterm_during_export(tiny_checkpoints, tmp_path):
     assert_nothing_left(tmp_path)
 
 
+@full("two full builds, one interrupted")
 def test_build_sigint_near_the_end_keeps_the_previous_engine(tiny_checkpoints, tmp_path):
     """--overwrite of a previous engine, interrupted after export and validation: the previous engine stays."""
     out = tmp_path / "engine"

@@ -35,16 +35,24 @@ def chi_square_pvalue(counts: dict, exact: dict, samples: int) -> float:
 
 
 def sampled_counts(engine, prompt, n, samples, temperature, top_k, top_p):
-    """({generated ids: count}, tokens accepted per step) of `samples` seeded generations of n tokens."""
+    """({generated ids: count}, tokens accepted per step) of `samples` seeded generations of n tokens, run as one
+    queue through the engine's scheduler: in-flight batches of its slots (a seed gives its batch-1 tokens in any
+    batch: tests/runtime/test_scheduler.py), so every sample costs a row of a call instead of calls of its own."""
     from specbuild.runtime.engine import SamplingParams
+    from specbuild.runtime.scheduler import Request
 
+    scheduler = engine.scheduler
+    handles = [
+        scheduler.submit(Request(list(prompt), n, SamplingParams(temperature, top_k, top_p, seed)))
+        for seed in range(samples)
+    ]
+    scheduler.run_until_idle()
     counts: dict = {}
     steps: list = []
-    for seed in range(samples):
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        r = engine.generate(input_ids=prompt, max_new_tokens=n, sampling=sampling, decode_text=False)
-        counts[tuple(r.output_ids)] = counts.get(tuple(r.output_ids), 0) + 1
-        steps += r.accepted_per_step
+    for handle in handles:
+        assert handle.error is None, handle.error
+        counts[tuple(handle.output_ids)] = counts.get(tuple(handle.output_ids), 0) + 1
+        steps += handle.accepted_per_step
     return counts, steps
 
 

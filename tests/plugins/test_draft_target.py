@@ -16,7 +16,7 @@ from specbuild.builder.convert import convert_checkpoint
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine, SamplingParams
 from specbuild.runtime.scheduler import Request
-from tests.conftest import ALL_SHAPES, ORT_ONLY, hf_greedy, quiet, tiny_hf_model, write_char_tokenizer
+from tests.conftest import ALL_SHAPES, ORT_ONLY, fast_first, full, hf_greedy, quiet, tiny_hf_model, write_char_tokenizer
 from tests.plugins.distribution_check import (
     check_sampled_distribution,
     chi_square_pvalue,
@@ -63,12 +63,15 @@ def build(ckpt, out, **options):
 
 @pytest.mark.parametrize(
     "shape,draft",
-    [
-        ("llama_gqa_llama3rope", "near"),
-        ("llama_tied_linear", "narrow"),
-        ("qwen2_bias", "narrow"),
-        ("mistral_window", "near"),
-    ],
+    fast_first(
+        [
+            ("llama_gqa_llama3rope", "near"),
+            ("llama_tied_linear", "narrow"),
+            ("qwen2_bias", "narrow"),
+            ("mistral_window", "near"),
+        ],
+        "another target shape or draft: the fast tier checks the first",
+    ),  # fmt: skip
 )
 def test_greedy_ids_match_transformers(tmp_path, shape, draft):
     model = near_copy_draft(shape) if draft == "near" else narrow_draft(shape)
@@ -88,6 +91,7 @@ def test_greedy_ids_match_transformers(tmp_path, shape, draft):
     assert [h.output_ids for h in handles] == [hf_greedy(target, p, 24) for p in PROMPTS]
 
 
+@full("int4: quantized target and draft engines")
 def test_int4_matches_int4_none_and_a_vocabulary_subset_stays_exact(tmp_path):
     shape = "llama_gqa_llama3rope"
     _, ckpt = convert(tmp_path, shape, near_copy_draft(shape))
@@ -100,6 +104,7 @@ def test_int4_matches_int4_none_and_a_vocabulary_subset_stays_exact(tmp_path):
         assert engine.generate(input_ids=prompt, max_new_tokens=20, decode_text=False).output_ids == want
 
 
+@full("a draft vocabulary subset: two more engines")
 def test_vocabulary_subset_drafts_stay_exact(tmp_path):
     shape = "llama_gqa_llama3rope"
     draft_dir = tmp_path / "draft"
@@ -143,7 +148,11 @@ def test_vocabulary_subset_drafts_stay_exact(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "temperature,top_k,top_p,tree_width", [(1.0, 0, 1.0, 1), (0.8, 5, 0.9, 1), (1.0, 0, 1.0, 3), (0.8, 5, 0.9, 2)]
+    "temperature,top_k,top_p,tree_width",
+    fast_first(
+        [(1.0, 0, 1.0, 3), (0.8, 5, 0.9, 1), (1.0, 0, 1.0, 1), (0.8, 5, 0.9, 2)],
+        "another sampling setting or tree width: the fast tier checks a tree of three siblings",
+    ),
 )
 def test_sampling_preserves_the_target_distribution(tmp_path, temperature, top_k, top_p, tree_width):
     vocab = 8
@@ -173,7 +182,13 @@ def test_sampling_preserves_the_target_distribution(tmp_path, temperature, top_k
 
 
 @pytest.mark.parametrize(
-    "shape,draft,width,depth", [("llama_gqa_llama3rope", "narrow", 8, 2), ("mistral_window", "near", 2, 3)]
+    "shape,draft,width,depth",
+    [
+        pytest.param(
+            *case, marks=full("top-k trees: two more draft-target engines (sampled trees run in the fast tier)")
+        )
+        for case in [("llama_gqa_llama3rope", "narrow", 8, 2), ("mistral_window", "near", 2, 3)]
+    ],
 )
 def test_top_k_trees_match_transformers_and_accept_siblings(tmp_path, shape, draft, width, depth):
     model = near_copy_draft(shape) if draft == "near" else narrow_draft(shape)
@@ -206,6 +221,7 @@ def test_top_k_trees_match_transformers_and_accept_siblings(tmp_path, shape, dra
         assert siblings_accepted > 0  # a token beside the chain was the target's
 
 
+@full("per-request tree settings: another engine")
 def test_a_request_narrows_the_tree_and_the_scheduler_budget_too(tmp_path):
     shape = "llama_gqa_llama3rope"
     target, ckpt = convert(tmp_path, shape, narrow_draft(shape))
@@ -226,6 +242,7 @@ def test_a_request_narrows_the_tree_and_the_scheduler_budget_too(tmp_path):
         assert drafter.propose(engine.new_session(prompt, SamplingParams()).prefill(prompt)).size == size
 
 
+@full("sibling uniforms: another engine (the fast tier samples a tree of three siblings)")
 def test_each_sampled_sibling_is_tried_with_a_uniform_of_its_own(tmp_path):
     """The recursive rule needs an independent number per tried sibling: a tree's later siblings get fresh ones of
     the request's own stream (the first child keeps its position's), the same again for the same seed."""
@@ -256,6 +273,7 @@ def test_each_sampled_sibling_is_tried_with_a_uniform_of_its_own(tmp_path):
     assert runs[0] == runs[1]
 
 
+@full("the draft cache: another engine")
 def test_the_draft_cache_keeps_the_accepted_prefix(tmp_path):
     shape = "llama_gqa_llama3rope"
     _, ckpt = convert(tmp_path, shape, near_copy_draft(shape))

@@ -9,7 +9,7 @@ from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine, SamplingParams
-from tests.conftest import ORT_ONLY, TINY_SHAPES, hf_greedy, quiet
+from tests.conftest import ORT_ONLY, TINY_SHAPES, full, hf_greedy, quiet
 from tests.plugins.distribution_check import chi_square_pvalue, exact_distribution
 from tests.plugins.eagle_fixtures import write_eagle1_head, write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model
@@ -41,10 +41,13 @@ def _check_greedy(model, engine_dir):
     return steps
 
 
-CASES = [(shape, "eagle", "dynamic") for shape in TINY_SHAPES] + [
-    ("llama_gqa_llama3rope", "eagle", "static"),
+OTHER_CASE = "another shape or expansion: the fast tier checks EAGLE-2 and EAGLE-3 on one shape each"
+CASES = [
+    ("llama_gqa_llama3rope", "eagle", "dynamic"),
     ("llama_tied_linear", "eagle3", "dynamic"),
-    ("qwen2_bias", "eagle3", "dynamic"),
+    *[pytest.param(shape, "eagle", "dynamic", marks=full(OTHER_CASE)) for shape in list(TINY_SHAPES)[1:]],
+    pytest.param("llama_gqa_llama3rope", "eagle", "static", marks=full(OTHER_CASE)),
+    pytest.param("qwen2_bias", "eagle3", "dynamic", marks=full(OTHER_CASE)),
 ]
 
 
@@ -62,6 +65,7 @@ def test_greedy_equals_base_model(tmp_path, shape, mode, expansion):
     assert tree.get("dynamic") == (expansion == "dynamic") or (expansion == "static" and "choices" in tree)
 
 
+@full("sampling with point-mass drafts: the fast tier checks n-gram's (one acceptance rule in every graph)")
 @pytest.mark.parametrize("mode", ["eagle", "eagle3"])
 def test_sampling_preserves_the_base_distribution(tmp_path, mode):
     vocab = 8
@@ -105,6 +109,7 @@ def test_bad_expansion_options_fail_at_build(tmp_path):
         build_engine(ckpt, tmp_path / "engine", BuildOptions(speculative_mode="medusa"), log=quiet)
 
 
+@full("a third EAGLE engine (the greedy tests commit the draft state too)")
 def test_draft_state_is_committed_like_the_base_cache(tmp_path, monkeypatch):
     """Decoding with the engine equals decoding the draft by hand: the draft cache after generation holds one
     entry per committed position (prompt + accepted tokens), so nothing is dropped or duplicated."""
@@ -137,6 +142,7 @@ def test_draft_state_is_committed_like_the_base_cache(tmp_path, monkeypatch):
 SMALL_DYNAMIC = dict(eagle_top_k=2, eagle_depth=2, eagle_total_tokens=4)
 
 
+@full("a head in the speculators format: its own engine")
 def test_speculators_head_reproduces_greedy_ids(tmp_path):
     """A speculators-layout head (layers.0.*, transformer_layer_config, norm_before_residual true, the verifier's
     embedding copy) converts, builds and reproduces the base model's greedy ids."""

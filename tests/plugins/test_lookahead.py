@@ -15,7 +15,7 @@ from specbuild.plugins.lookahead import DEFAULT_LOOKUP, step_rows
 from specbuild.plugins.lookahead.drafter import LookaheadDrafter, NgramPool
 from specbuild.runtime.drafter import StepResult
 from specbuild.runtime.engine import Engine
-from tests.conftest import ORT_ONLY, TINY_SHAPES, hf_greedy, quiet
+from tests.conftest import ORT_ONLY, TINY_SHAPES, Lazy, fast_first, full, hf_greedy, quiet
 from tests.plugins.distribution_check import check_sampled_distribution, exact_distribution
 from tests.plugins.medusa_helpers import toy_model
 
@@ -210,18 +210,20 @@ def toy_lookahead(tmp_path_factory):
     from specbuild.builder.convert import convert_checkpoint
 
     root = tmp_path_factory.mktemp("lookahead_toy")
-    out = {}
-    for i, shape in enumerate(TINY_SHAPES):
+
+    def make(shape):
+        i = list(TINY_SHAPES).index(shape)  # the seed
         model = toy_model(shape, root / shape / "hf", seed=i)
         ckpt = convert_checkpoint(root / shape / "hf", root / shape / "ckpt", progress=False)
         options = BuildOptions(
             backends=ORT_ONLY, speculative_mode="lookahead", lookahead_window=3, lookahead_ngram=3, lookahead_guesses=3
         )
-        out[shape] = (model, build_engine(ckpt, root / shape / "engine", options, log=quiet), ckpt)
-    return out
+        return (model, build_engine(ckpt, root / shape / "engine", options, log=quiet), ckpt)
+
+    return Lazy(make)
 
 
-@pytest.mark.parametrize("shape", list(TINY_SHAPES))
+@pytest.mark.parametrize("shape", fast_first(TINY_SHAPES, "another tiny shape: the fast tier checks the first"))
 def test_greedy_equals_base_model(toy_lookahead, shape):
     model, eng, _ = toy_lookahead[shape]
     engine = Engine(eng, threads=1)
@@ -245,6 +247,7 @@ def test_greedy_equals_base_model(toy_lookahead, shape):
         assert max(accepted) <= most  # at most N - 1 guessed (or L copied) tokens + the bonus
 
 
+@full("int4: two quantized engines (the fast tier builds int4 in tests/runtime/test_exactness.py)")
 def test_int4_equals_the_int4_none_engine(tmp_path):
     from specbuild.builder.convert import convert_checkpoint
 
@@ -291,6 +294,7 @@ def test_engine_yaml_settings_are_checked_when_the_engine_loads():
         drafter(2, 3, 1, lookup="x")
 
 
+@full("sampling with point-mass drafts: the fast tier checks n-gram's (one acceptance rule in every graph)")
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (1.5, 4, 0.9)])
 def test_sampling_preserves_the_base_distribution(tmp_path, temperature, top_k, top_p):
     from specbuild.builder.convert import convert_checkpoint

@@ -11,7 +11,7 @@ from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine, SamplingParams
-from tests.conftest import ORT_ONLY, TINY_SHAPES, hf_greedy, quiet
+from tests.conftest import ORT_ONLY, TINY_SHAPES, Lazy, fast_first, full, hf_greedy, quiet
 from tests.plugins.distribution_check import chi_square_pvalue, exact_distribution
 from tests.plugins.medusa_helpers import medusa_state, toy_model, write_medusa_heads
 
@@ -29,8 +29,9 @@ def _hidden(model):
 def toy_medusa(tmp_path_factory):
     """shape -> (HF model, Medusa engine dir) on a 12-token vocabulary (drafts often get accepted)."""
     root = tmp_path_factory.mktemp("medusa_toy")
-    out = {}
-    for i, shape in enumerate(TINY_SHAPES):
+
+    def make(shape):
+        i = list(TINY_SHAPES).index(shape)  # the seed
         model = toy_model(shape, root / shape / "hf", seed=i)
         write_medusa_heads(
             root / shape / "heads", "v2" if i % 2 else "v0.1-pt", _hidden(model), 12, num_heads=3, seed=i
@@ -44,8 +45,9 @@ def toy_medusa(tmp_path_factory):
             BuildOptions(backends=ORT_ONLY, speculative_mode="medusa", tree=TREE),
             log=quiet,
         )
-        out[shape] = (model, eng, ckpt)
-    return out
+        return (model, eng, ckpt)
+
+    return Lazy(make)
 
 
 @pytest.mark.parametrize("fmt", ["v0.1-pt", "legacy-safetensors", "v2", "medusa2-full"])
@@ -70,6 +72,7 @@ def test_every_published_format_converts(tmp_path, fmt):
             torch.testing.assert_close(tensors[f"heads.{h}.lm_head.weight"], state[f"{h}.1.weight"])
 
 
+@full("a second Medusa engine to compare trees")
 def test_a_measured_default_tree_wins_over_medusa_choices(tmp_path):
     """A recipe's choose stage records the fastest tree as specbuild_defaults.tree: it becomes the engine default
     (and specbuild_defaults.by_weights.<weights>.tree at those --weights)."""
@@ -103,7 +106,7 @@ def test_broken_heads_fail_naming_the_tensor(tmp_path):
     assert not (tmp_path / "ckpt").exists()
 
 
-@pytest.mark.parametrize("shape", list(TINY_SHAPES))
+@pytest.mark.parametrize("shape", fast_first(TINY_SHAPES, "another tiny shape: the fast tier checks the first"))
 def test_greedy_equals_base_model(toy_medusa, shape):
     model, eng, _ = toy_medusa[shape]
     engine = Engine(eng, threads=1)
@@ -136,6 +139,7 @@ def test_bad_trees_are_rejected_at_build(toy_medusa, tmp_path):
         assert not (tmp_path / "engine").exists()
 
 
+@full("sampling with point-mass drafts: the fast tier checks n-gram's (one acceptance rule in every graph)")
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 4, 0.9)])
 def test_sampling_preserves_the_base_distribution(tmp_path, temperature, top_k, top_p):
     vocab = 8
@@ -169,6 +173,7 @@ def test_sampling_preserves_the_base_distribution(tmp_path, temperature, top_k, 
     assert again.output_ids == first.output_ids
 
 
+@full("another tiny shape's Medusa engine and a lossy one beside it")
 def test_typical_acceptance_is_opt_in_and_labelled(toy_medusa, tmp_path):
     model, _, ckpt = toy_medusa["qwen2_bias"]
     eng = build_engine(
@@ -183,6 +188,7 @@ def test_typical_acceptance_is_opt_in_and_labelled(toy_medusa, tmp_path):
     assert engine.generate(input_ids=ids, max_new_tokens=30).output_ids == hf_greedy(model, ids, 30)
 
 
+@full("two more Medusa engines (draft vocabulary)")
 def test_draft_vocabulary_extension_is_exact_and_validated(tmp_path):
     from safetensors.torch import load_file, save_file
 

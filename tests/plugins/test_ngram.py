@@ -8,7 +8,7 @@ from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.ngram.drafter import NgramDrafter
 from specbuild.runtime.engine import Engine
-from tests.conftest import ORT_ONLY, TINY_SHAPES, hf_greedy, quiet
+from tests.conftest import ORT_ONLY, TINY_SHAPES, Lazy, fast_first, hf_greedy, quiet
 from tests.plugins.distribution_check import check_sampled_distribution, exact_distribution
 from tests.plugins.medusa_helpers import toy_model
 
@@ -96,18 +96,20 @@ def test_candidates_merge_by_shared_prefix_into_one_tree():
 @pytest.fixture(scope="module")
 def toy_ngram(tmp_path_factory):
     root = tmp_path_factory.mktemp("ngram_toy")
-    out = {}
-    for i, shape in enumerate(TINY_SHAPES):
+
+    def make(shape):
+        i = list(TINY_SHAPES).index(shape)  # the seed
         model = toy_model(shape, root / shape / "hf", seed=i)
         from specbuild.builder.convert import convert_checkpoint
 
         ckpt = convert_checkpoint(root / shape / "hf", root / shape / "ckpt", progress=False)
         options = BuildOptions(backends=ORT_ONLY, speculative_mode="ngram", num_draft_tokens=4, ngram_candidates=2)
-        out[shape] = (model, build_engine(ckpt, root / shape / "engine", options, log=quiet), ckpt)
-    return out
+        return (model, build_engine(ckpt, root / shape / "engine", options, log=quiet), ckpt)
+
+    return Lazy(make)
 
 
-@pytest.mark.parametrize("shape", list(TINY_SHAPES))
+@pytest.mark.parametrize("shape", fast_first(TINY_SHAPES, "another tiny shape: the fast tier checks the first"))
 def test_greedy_equals_base_model(toy_ngram, shape):
     model, eng, _ = toy_ngram[shape]
     engine = Engine(eng, threads=1)
@@ -143,7 +145,10 @@ def test_bad_settings_are_refused_before_any_work(toy_ngram, tmp_path):
         assert not (tmp_path / "e").exists()
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (1.5, 4, 0.9)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p",
+    fast_first([(1.0, 0, 1.0), (1.5, 4, 0.9)], "another sampling setting: the fast tier checks the first"),
+)
 def test_sampling_preserves_the_base_distribution(tmp_path, temperature, top_k, top_p):
     from specbuild.builder.convert import convert_checkpoint
 

@@ -14,7 +14,7 @@ from specbuild.builder.convert import convert_checkpoint
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.redrafter.drafter_net import LOG_0, RecurrentDrafter, beam_search, beams_to_tree
 from specbuild.runtime.engine import Engine
-from tests.conftest import ORT_ONLY, TINY_SHAPES, hf_greedy, quiet
+from tests.conftest import ORT_ONLY, TINY_SHAPES, Lazy, fast_first, full, hf_greedy, quiet
 from tests.plugins.distribution_check import check_sampled_distribution, exact_distribution
 from tests.plugins.medusa_helpers import toy_model
 from tests.plugins.redrafter_fixtures import write_redrafter
@@ -46,16 +46,18 @@ def _write(shape, root, model, seed):
 @pytest.fixture(scope="module")
 def toy_redrafter(tmp_path_factory):
     root = tmp_path_factory.mktemp("redrafter_toy")
-    out = {}
-    for i, shape in enumerate(TINY_SHAPES):
+
+    def make(shape):
+        i = list(TINY_SHAPES).index(shape)  # the seed
         model = toy_model(shape, root / shape / "hf", seed=i)
         _write(shape, root / shape / "drafter", model, seed=i)
         ckpt = convert_checkpoint(
             root / shape / "hf", root / shape / "ckpt", heads={"redrafter": root / shape / "drafter"}, progress=False
         )
         options = BuildOptions(backends=ORT_ONLY, speculative_mode="redrafter")
-        out[shape] = (model, build_engine(ckpt, root / shape / "engine", options, log=quiet), ckpt)
-    return out
+        return (model, build_engine(ckpt, root / shape / "engine", options, log=quiet), ckpt)
+
+    return Lazy(make)
 
 
 # ----------------------------------------------------------------------------------------------- graph pieces
@@ -144,7 +146,7 @@ def test_random_beams_give_valid_trees():
 # ----------------------------------------------------------------------------------------------- engines
 
 
-@pytest.mark.parametrize("shape", list(TINY_SHAPES))
+@pytest.mark.parametrize("shape", fast_first(TINY_SHAPES, "another tiny shape: the fast tier checks the first"))
 def test_greedy_equals_base_model(toy_redrafter, shape):
     model, eng, _ = toy_redrafter[shape]
     engine = Engine(eng, threads=1)
@@ -159,7 +161,8 @@ def test_greedy_equals_base_model(toy_redrafter, shape):
     assert sum(a > 1 for a in accepted) >= 5  # drafts really get accepted (random drafters: often not)
 
 
-def test_settings_and_bad_options(toy_redrafter, tmp_path):
+@full("another ReDrafter engine (fewer beams)")
+def test_settings_are_recorded_and_honoured(toy_redrafter, tmp_path):
     model, _, ckpt = toy_redrafter["llama_gqa_llama3rope"]
     options = BuildOptions(backends=ORT_ONLY, speculative_mode="redrafter", redrafter_num_beams=2,
                            redrafter_draft_len_per_beam=3)  # fmt: skip
@@ -169,6 +172,10 @@ def test_settings_and_bad_options(toy_redrafter, tmp_path):
     assert engine.manifest["limits"]["max_new_tokens_per_step"] == 7
     for ids in PROMPTS[:2]:
         assert engine.generate(input_ids=ids, max_new_tokens=20).output_ids == hf_greedy(model, ids, 20)
+
+
+def test_bad_options_are_refused_before_any_work(toy_redrafter, tmp_path):
+    _, _, ckpt = toy_redrafter["llama_gqa_llama3rope"]
     cases = [
         (dict(redrafter_num_beams=0), "--redrafter-num-beams 0 is invalid"),
         (dict(redrafter_num_beams=13), "--redrafter-num-beams 13 must be between 1 and 12"),
@@ -190,6 +197,7 @@ def test_no_drafter_in_the_checkpoint(tmp_path):
         build_engine(ckpt, tmp_path / "e", BuildOptions(backends=ORT_ONLY, speculative_mode="redrafter"), log=quiet)
 
 
+@full("sampling with point-mass drafts: the fast tier checks n-gram's (one acceptance rule in every graph)")
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (1.5, 4, 0.9)])
 def test_sampling_preserves_the_base_distribution(tmp_path, temperature, top_k, top_p):
     vocab = 8

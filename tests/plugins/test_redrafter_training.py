@@ -14,8 +14,9 @@ from specbuild.plugins.redrafter.convert import convert_redrafter
 from specbuild.plugins.redrafter.drafter_net import beam_search
 from specbuild.training import distill
 from specbuild.training.base_weights import load_base_weights
+from tests.conftest import full
 
-pytestmark = pytest.mark.xdist_group("training")
+pytestmark = [pytest.mark.xdist_group("training"), full("the real SmolLM2-135M model")]
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
 from specbuild.runtime import row_invariance
 from specbuild.runtime import slots as slots_module
@@ -16,9 +17,11 @@ pytestmark = pytest.mark.xdist_group("tiny")
 PROMPTS = [[1, 5, 9, 13, 7, 22, 3], [1, 40, 41, 42], [1, 17]]
 
 
+@pytest.mark.parametrize("graph", [ef.BACKEND_ONNXRUNTIME, ef.BACKEND_TENSORRT])
 @pytest.mark.parametrize("shape", list(TINY_SHAPES))
-def test_logits_match_transformers(tiny_engines, shape):
-    engine = Engine(tiny_engines[shape], threads=1)
+def test_logits_match_transformers(tiny_engines, shape, graph):
+    """Both graphs: the one ONNX Runtime runs and the portable one TensorRT compiles (run here by ONNX Runtime)."""
+    engine = Engine(tiny_engines[shape], threads=1, graph=graph)
     model = tiny_hf_model(shape)
     ids = [1, 5, 9, 13, 7, 22, 3, 30, 11, 2, 4]
     got = engine.prefill_logits(ids)

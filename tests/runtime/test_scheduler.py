@@ -11,7 +11,7 @@ from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine, SamplingParams
 from specbuild.runtime.scheduler import Request, Scheduler
 from specbuild.runtime.speculation import PRIOR_ACCEPTANCE, CostCurve, Shape, Speculation
-from tests.conftest import ORT_ONLY, quiet
+from tests.conftest import ORT_ONLY, Lazy, fast_first, full, quiet
 
 pytestmark = pytest.mark.xdist_group("batching")
 
@@ -52,13 +52,14 @@ def mode_engines(tmp_path_factory):
     write_redrafter(root / "redrafter", h, 12, 4 * h, 2, True, "model.safetensors", seed=0)
     heads = {m: root / m for m in ("medusa", "eagle", "eagle3", "redrafter")}
     ckpt = convert_checkpoint(root / "hf", root / "ckpt", heads=heads, progress=False)
-    engines = {}
-    for mode, options in MODES.items():
-        for weights in WEIGHTS:
-            extra = {} if mode == "none" else {"speculative_mode": mode}
-            opts = BuildOptions(backends=ORT_ONLY, weights=weights, max_seq_len=96, **extra, **options)
-            engines[mode, weights] = build_engine(ckpt, root / f"{mode}-{weights}", opts, log=quiet)
-    return engines
+
+    def make(key):
+        mode, weights = key
+        extra = {} if mode == "none" else {"speculative_mode": mode}
+        opts = BuildOptions(backends=ORT_ONLY, weights=weights, max_seq_len=96, **extra, **MODES[mode])
+        return build_engine(ckpt, root / f"{mode}-{weights}", opts, log=quiet)
+
+    return Lazy(make)  # each engine built when a selected test first reads it
 
 
 def _sampling(i: int, temperature: float) -> SamplingParams:
@@ -87,8 +88,17 @@ def _batched(engine, temperature: float, **scheduler_kwargs):
     return scheduler, handles
 
 
-@pytest.mark.parametrize("weights", WEIGHTS)
-@pytest.mark.parametrize("mode", list(MODES))
+FAST_BATCHED = (("ngram", "fp32"), ("eagle3", "fp32"))  # a host-drafted and an engine-drafted mode with state
+OTHER_BATCHED = "another mode or precision: the fast tier checks n-gram and EAGLE-3 at fp32"
+
+
+@pytest.mark.parametrize(
+    "mode,weights",
+    [
+        case if case in FAST_BATCHED else pytest.param(*case, marks=full(OTHER_BATCHED))
+        for case in [(mode, weights) for mode in MODES for weights in WEIGHTS]
+    ],
+)
 def test_batched_output_equals_batch_one_output(mode_engines, mode, weights):
     """Greedy and seeded sampling: each request gives its batch-1 tokens in a batch of 16 that join and leave at
     different steps, prefilled in chunks, with drafting on (every step) and chosen by cost (auto)."""
@@ -105,9 +115,10 @@ def test_batched_output_equals_batch_one_output(mode_engines, mode, weights):
                 assert max(n for h in handles for n in h.accepted_per_step) > 1  # drafts were accepted
 
 
-def test_seeded_sampling_ignores_what_was_drafted(mode_engines):
+@pytest.mark.parametrize("mode", fast_first(["eagle3", "medusa"], "a static tree: the fast tier checks EAGLE-3's"))
+def test_seeded_sampling_ignores_what_was_drafted(mode_engines, mode):
     """The same seed gives the same tokens whether the steps verify drafts or only roots (per-position uniforms)."""
-    engine = Engine(mode_engines["medusa", "fp32"], threads=1)
+    engine = Engine(mode_engines[mode, "fp32"], threads=1)
     outputs = []
     for policy in ("always", "off"):
         _, handles = _batched(engine, 0.9, speculation=policy)
@@ -126,7 +137,10 @@ def test_chains_cut_short_give_the_batch_one_output(mode_engines, monkeypatch):
         assert scheduler.speculation.drafted_steps > 0 and scheduler.speculation.padded_rows > 0
 
 
-@pytest.mark.parametrize("mode", ["medusa", "eagle", "eagle3", "redrafter"])
+@pytest.mark.parametrize(
+    "mode",
+    fast_first(["eagle3", "medusa", "eagle", "redrafter"], "another engine-drafted mode: the fast tier checks EAGLE-3"),
+)
 def test_calls_that_draft_nothing_give_the_batch_one_output(mode_engines, mode, monkeypatch):
     """Engine-drafted modes: calls whose graph drafts no next tree (ef.DRAFT_ROWS empty: plain decoding under load)
     between calls that draft change no token, greedy or sampled; the draft network's state stays in step."""
@@ -161,7 +175,7 @@ def test_requests_beyond_the_slots_wait_and_cancelled_ones_free_their_slot(mode_
 
 
 def test_prompts_beyond_the_context_are_refused_at_submit(mode_engines):
-    engine = Engine(mode_engines["none", "fp32"], threads=1)
+    engine = Engine(mode_engines["ngram", "fp32"], threads=1)
     with pytest.raises(SpecbuildError, match="max_seq_len is 96"):
         engine.scheduler.submit(Request([1] * 96))
     with pytest.raises(SpecbuildError, match="max-batch-size 17"):
@@ -173,7 +187,7 @@ def test_prompts_beyond_the_context_are_refused_at_submit(mode_engines):
 
 def test_stop_strings_end_the_output_even_inside_a_step(mode_engines, monkeypatch):
     """A stop string completed by the second of three or more tokens accepted in one step ends the output there."""
-    engine = Engine(mode_engines["medusa", "fp32"], threads=1)
+    engine = Engine(mode_engines["eagle3", "fp32"], threads=1)
 
     class Letters:
         def decode(self, ids):
@@ -188,24 +202,24 @@ def test_stop_strings_end_the_output_even_inside_a_step(mode_engines, monkeypatc
         return handle
 
     for ids in PROMPTS:
-        full = run(ids)
-        steps = full.accepted_per_step
+        whole = run(ids)
+        steps = whole.accepted_per_step
         multi = [i for i, n in enumerate(steps) if n >= 3]
         if multi:
             break
     else:
         pytest.fail("no step accepted three tokens")
     end = 1 + sum(steps[: multi[0]]) + 2  # output tokens up to the second token of that step
-    stop = Letters().decode(full.output_ids[end - 2 : end])
-    first = Letters().decode(full.output_ids).find(stop)  # it may occur earlier
+    stop = Letters().decode(whole.output_ids[end - 2 : end])
+    first = Letters().decode(whole.output_ids).find(stop)  # it may occur earlier
     result = engine.result(run(ids, stop=(stop, "zzzz")))
     assert result.stop_reason == "stop"
-    assert result.output_ids == full.output_ids[: first + 2]
-    assert result.text == Letters().decode(full.output_ids)[:first]
+    assert result.output_ids == whole.output_ids[: first + 2]
+    assert result.text == Letters().decode(whole.output_ids)[:first]
 
 
 def test_streams_give_each_request_only_its_new_tokens(mode_engines):
-    engine = Engine(mode_engines["eagle", "fp32"], threads=1)
+    engine = Engine(mode_engines["eagle3", "fp32"], threads=1)
     scheduler = Scheduler(engine)
     seen: dict[int, list[int]] = {0: [], 1: []}
     a = scheduler.submit(Request(PROMPTS[0], max_new_tokens=20, on_tokens=seen[0].extend))
@@ -217,7 +231,7 @@ def test_streams_give_each_request_only_its_new_tokens(mode_engines):
 
 
 def test_async_stream_with_a_background_scheduler(mode_engines):
-    engine = Engine(mode_engines["none", "fp32"], threads=1)
+    engine = Engine(mode_engines["ngram", "fp32"], threads=1)
     scheduler = Scheduler(engine).start()
 
     async def collect(ids, n):

@@ -10,10 +10,12 @@ import os
 import pytest
 
 from specbuild.bench.serve.run import Settings, run_benchmark
+from tests.conftest import full
 
 AIPERF = os.environ.get("SPECBUILD_AIPERF")
 pytestmark = [
     pytest.mark.xdist_group("serve"),
+    full("AIPerf against real servers: minutes"),
     pytest.mark.skipif(not AIPERF, reason="slow, needs AIPerf: set SPECBUILD_AIPERF to an aiperf executable"),
 ]
 

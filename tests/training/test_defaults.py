@@ -3,10 +3,12 @@ never training prompts."""
 
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.training.defaults import best, measure_settings
+from tests.conftest import full
 from tests.plugins.medusa_helpers import toy_model
 from tests.plugins.redrafter_fixtures import write_redrafter
 
 
+@full("builds and benchmarks candidate engines")
 def test_candidates_are_measured_against_none_and_the_fastest_is_chosen(tmp_path):
     model = toy_model("llama_gqa_llama3rope", tmp_path / "hf")
     write_redrafter(tmp_path / "d", model.config.hidden_size, 12, seed=1)
@@ -27,6 +29,7 @@ def test_candidates_are_measured_against_none_and_the_fastest_is_chosen(tmp_path
     assert chosen in rows[1:] and chosen["tokens_per_s"] == max(r["tokens_per_s"] for r in rows[1:])
 
 
+@full("the real SmolLM2-135M model")
 def test_choice_prompts_are_fresh_and_never_training_prompts(smollm2_hf, tmp_path):
     import json
 

@@ -8,7 +8,7 @@ from safetensors.numpy import load_file
 
 from specbuild.plugins.eagle3.training import LAYER_FEATURES
 from specbuild.training import distill
-from tests.conftest import quiet
+from tests.conftest import full, quiet
 
 pytestmark = pytest.mark.xdist_group("training")
 
@@ -20,6 +20,7 @@ def _rows(d: Path) -> dict[str, np.ndarray]:
     return {k: v[order] for k, v in rows.items()}
 
 
+@full("the real SmolLM2-135M model")
 def test_generation_writes_the_features_of_a_second_forward(smollm2_hf, tmp_path):
     from transformers import AutoTokenizer
 

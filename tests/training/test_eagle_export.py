@@ -9,8 +9,9 @@ from specbuild.builder.convert import convert_checkpoint
 from specbuild.plugins.eagle import training as eagle
 from specbuild.plugins.feature_draft.training import build_draft
 from specbuild.training.base_weights import load_base_weights
+from tests.conftest import full
 
-pytestmark = pytest.mark.xdist_group("training")
+pytestmark = [pytest.mark.xdist_group("training"), full("the real SmolLM2-135M model")]
 
 
 @pytest.mark.parametrize("with_vocab", [False, True])

@@ -7,10 +7,12 @@ import pytest
 
 from specbuild.training import distill, recipe
 from specbuild.training.settings import TrainSettings, read_train
+from tests.conftest import full
 
 pytestmark = pytest.mark.xdist_group("training")
 
 
+@full("the real SmolLM2-135M model")
 def test_rounds_append_with_prefixed_ids(smollm2_hf, tmp_path):
     base = {"code_prompts": 2, "chat_prompts": 0, "chat_code_frac": 0.0, "max_new_tokens": 4, "batch_size": 4}
     cfg = {

@@ -14,7 +14,7 @@ from specbuild.builder.convert import convert_checkpoint
 from specbuild.runtime.engine import Engine
 from specbuild.training import distill
 from specbuild.training.vocab import draft_vocabulary
-from tests.conftest import ORT_ONLY, hf_greedy, quiet
+from tests.conftest import ORT_ONLY, full, hf_greedy, quiet
 from tests.training.tiny_distill import make_tiny_distill
 
 pytestmark = pytest.mark.xdist_group("training")
@@ -44,6 +44,7 @@ def assert_builds_exact(data, mode: str, head_dir, tmp_path) -> None:
         assert engine.generate(input_ids=ids, max_new_tokens=16).output_ids == hf_greedy(model, ids, 16)
 
 
+@full("trains a head, converts and builds it")
 def test_medusa(data, tmp_path):
     from specbuild.plugins.medusa import training as medusa
 
@@ -60,6 +61,7 @@ def test_medusa(data, tmp_path):
     assert_builds_exact(data, "medusa", head, tmp_path)
 
 
+@full("trains a head, converts and builds it")
 def test_redrafter(data, tmp_path):
     from specbuild.plugins.redrafter import training as redrafter
 
@@ -72,6 +74,7 @@ def test_redrafter(data, tmp_path):
     assert_builds_exact(data, "redrafter", head, tmp_path)
 
 
+@full("trains a head, converts and builds it")
 @pytest.mark.parametrize("mode", ["eagle", "eagle3"])
 def test_eagle(data, tmp_path, mode):
     from specbuild.plugins.eagle import training as eagle
