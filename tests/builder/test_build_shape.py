@@ -63,3 +63,16 @@ def test_every_check_runs_once_in_resolve(tiny_checkpoints, tmp_path, monkeypatc
     monkeypatch.setattr("specbuild.builder.tokenizer_io.validate_tokenizer", again)
     engine_dir = build_plan(plan, log=quiet)
     assert (engine_dir / ef.ENGINE_MANIFEST).is_file()
+
+
+def test_the_mode_is_looked_up_once_per_build(tiny_checkpoints, tmp_path, monkeypatch):
+    """resolve looks the ModeSpec up once and the plan carries it: nothing after asks the registry again."""
+    from specbuild.modes import registry
+
+    calls = []
+    real = registry.get_mode
+    monkeypatch.setattr(registry, "get_mode", lambda *a, **k: calls.append(a) or real(*a, **k))
+    monkeypatch.setattr(plan_module, "get_mode", registry.get_mode)
+    options = BuildOptions(backends=(ef.BACKEND_ONNXRUNTIME,), speculative_mode="ngram", num_draft_tokens=2)
+    build_plan(plan_module.resolve(tiny_checkpoints["qwen2_bias"], tmp_path / "engine", options), log=quiet)
+    assert calls == [("ngram",)]
