@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +72,15 @@ class Checkpoint:
             chat_template=template,
         )
 
-    def tensors(self, device: str = "cpu") -> dict:
-        """Base-model tensors, HF names, as torch tensors."""
-        return _load_safetensors(self.path / ef.CHECKPOINT_WEIGHTS)
+    def tensors(self, device: str = "cpu") -> Mapping:
+        """Base-model tensors, HF names, as torch tensors read one at a time when asked for (LazyTensors): a build
+        holds the tensors it is working on, not the model."""
+        from specbuild.builder.weights_io import open_tensor_file
+
+        file = self.path / ef.CHECKPOINT_WEIGHTS
+        if not file.is_file():
+            raise SpecbuildError(f"{file}: missing")
+        return open_tensor_file(file)
 
     def head_tensors(self, name: str) -> dict:
         if name not in self.heads:
@@ -110,21 +117,35 @@ def _load_safetensors(file: Path) -> dict:
 def write_checkpoint(
     out_dir: Path,
     model: ModelConfig,
-    tensors: dict,
+    tensors: Mapping,
     dtype: str,
     tokenizer_dir: Path | None = None,
     heads: dict[str, tuple[dict, dict]] | None = None,
     chat_template: str | None = None,
     source: str | None = None,
+    progress: bool = False,
 ) -> None:
-    """Write a canonical checkpoint into `out_dir` (an already-created, empty directory).
+    """Write a canonical checkpoint into `out_dir` (an already-created, empty directory). The base tensors are written
+    one at a time (a LazyTensors mapping reads each when its turn comes).
 
     heads: mode name -> (head config dict, tensors dict).
     """
     from safetensors.torch import save_file
 
+    from specbuild.builder.safetensors_stream import write_safetensors
+    from specbuild.builder.weights_io import spec_of
+    from specbuild.progress import steps
+
     out_dir = Path(out_dir)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / ef.CHECKPOINT_WEIGHTS))
+    specs = {name: spec_of(tensors, name) for name in tensors}
+    with steps("writing the base weights", len(specs), enabled=progress) as advance:
+
+        def produce(name):
+            tensor = tensors[name]
+            advance()
+            return tensor
+
+        write_safetensors(out_dir / ef.CHECKPOINT_WEIGHTS, specs, produce)
     head_cfgs = {}
     for name, (head_cfg, head_tensors) in (heads or {}).items():
         (out_dir / ef.HEADS_DIR).mkdir(exist_ok=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -22,13 +23,14 @@ from specbuild.builder.tokenizer_io import (
     read_chat_template,
     validate_tokenizer,
 )
-from specbuild.builder.weights_io import load_hf_weights
+from specbuild.builder.weights_io import LazyTensors, open_hf_weights, spec_of
 from specbuild.errors import SpecbuildError
 from specbuild.fsutil import atomic_output_dir, prepare_output_dir
 
 log = logging.getLogger(__name__)
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+AUTO = "auto"  # --dtype: the base weights' own dtype
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 # Medusa-2 full models keep their heads beside the base weights; `--medusa-dir` on the same directory reads them.
 IGNORED_PREFIXES = ("medusa_head.",)
@@ -41,15 +43,15 @@ MAX_LISTED = 5  # tensors named per error message
 def convert_checkpoint(
     model_dir: str | os.PathLike,
     output_dir: str | os.PathLike,
-    dtype: str = "float32",
+    dtype: str = AUTO,
     heads: dict[str, Path] | None = None,
     overwrite: bool = False,
     progress: bool = True,
 ) -> Path:
     """Convert the HF model in `model_dir` (and each head directory in `heads`, mode -> dir) into `output_dir`."""
     model_dir, output_dir = Path(model_dir), Path(output_dir)
-    if dtype not in TORCH_DTYPES:
-        raise SpecbuildError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if dtype != AUTO and dtype not in TORCH_DTYPES:
+        raise SpecbuildError(f"unsupported dtype {dtype!r}; choose one of {AUTO}, {', '.join(DTYPES)}")
     if not model_dir.is_dir():
         raise SpecbuildError(f"{model_dir}: model directory does not exist")
     for name, head_dir in (heads or {}).items():
@@ -71,10 +73,15 @@ def convert_checkpoint(
             validate_tokenizer(tmp / ef.TOKENIZER_FILE, source, model.vocab_size, chat_template, template_source)
         else:
             log.warning("%s: no tokenizer (tokenizer.json or tokenizer.model); the checkpoint has none", model_dir)
-        raw = load_hf_weights(model_dir, progress=progress)
-        tensors = validate_base_tensors(model, raw, source=str(model_dir))
-        tensors = {k: _cast(v, TORCH_DTYPES[dtype], k, model_dir) for k, v in tensors.items()}
-        head_out = _convert_heads(heads or {}, model, tensors, TORCH_DTYPES[dtype], model_dir)
+        raw = open_hf_weights(model_dir)
+        names = validate_base_tensors(model, raw, source=str(model_dir))
+        dtype = checkpoint_dtype(dtype, raw, names)
+        out_dtype = TORCH_DTYPES[dtype]
+        tensors = raw.subset(names).cast(
+            lambda name: out_dtype if raw.specs[name][1].is_floating_point else raw.specs[name][1],
+            lambda tensor, name: _cast(tensor, out_dtype, name, model_dir),
+        )
+        head_out = _convert_heads(heads or {}, model, tensors, out_dtype, model_dir)
         write_checkpoint(
             tmp,
             model,
@@ -83,16 +90,26 @@ def convert_checkpoint(
             heads=head_out,
             chat_template=chat_template,
             source=str(model_dir.resolve()),
+            progress=progress,
         )
     return output_dir
 
 
-def validate_base_tensors(model: ModelConfig, raw: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
-    """The base-model tensors of `raw` checked against `model`: ignorable tensors dropped, errors name the tensor."""
-    tensors = {k: v for k, v in raw.items() if not k.endswith(IGNORED_SUFFIXES) and not k.startswith(IGNORED_PREFIXES)}
+def checkpoint_dtype(requested: str, tensors: LazyTensors, names: list[str]) -> str:
+    """--dtype, or with `auto` the base weights' own floating-point dtype when they share one (float32 otherwise)."""
+    if requested != AUTO:
+        return requested
+    found = {tensors.specs[name][1] for name in names} - {torch.float64}
+    by_torch = {v: k for k, v in TORCH_DTYPES.items()}
+    return by_torch[found.pop()] if len(found) == 1 and next(iter(found)) in by_torch else "float32"
+
+
+def validate_base_tensors(model: ModelConfig, raw: Mapping[str, torch.Tensor], source: str) -> list[str]:
+    """The names of the base-model tensors of `raw` (lazy or not), checked against `model` from their shapes and
+    dtypes: ignorable tensors dropped, a tied lm_head equal to the embedding dropped, errors name the tensor."""
+    tensors = [k for k in raw if not k.endswith(IGNORED_SUFFIXES) and not k.startswith(IGNORED_PREFIXES)]
     if model.tie_word_embeddings and LM_HEAD in tensors:
-        embed = tensors.get(EMBED)
-        if embed is not None and not _same_tensor(tensors[LM_HEAD], embed):
+        if EMBED in tensors and not _same_tensor(raw[LM_HEAD], raw[EMBED]):
             # transformers 4.x ties them (the file's lm_head is ignored), 5.x keeps the file's lm_head untied:
             # the output would depend on the transformers version, so neither reading is guessed
             raise SpecbuildError(
@@ -100,7 +117,8 @@ def validate_base_tensors(model: ModelConfig, raw: dict[str, torch.Tensor], sour
                 "set tie_word_embeddings false to use lm_head.weight, or delete lm_head.weight to tie it to the "
                 "embedding"
             )
-        tensors.pop(LM_HEAD)
+        tensors.remove(LM_HEAD)
+    specs = {name: spec_of(raw, name) for name in tensors}
     expected = model.expected_shapes()
     if LM_HEAD in expected and LM_HEAD not in tensors:
         raise SpecbuildError(
@@ -113,27 +131,27 @@ def validate_base_tensors(model: ModelConfig, raw: dict[str, torch.Tensor], sour
         raise SpecbuildError(f"{source}: {_count(missing, 'missing tensor')}: {listed}{_more(missing)}")
     extra = [k for k in tensors if k not in expected]
     if extra:
-        listed = ", ".join(f"{k} (shape {_fmt(tensors[k].shape)})" for k in extra[:MAX_LISTED])
+        listed = ", ".join(f"{k} (shape {_fmt(specs[k][0])})" for k in extra[:MAX_LISTED])
         raise SpecbuildError(
             f"{source}: {_count(extra, 'unexpected tensor')} for a {model.architecture} model with "
             f"{model.num_layers} layers: {listed}{_more(extra)}"
         )
     for name, shape in expected.items():
-        got = tuple(tensors[name].shape)
+        got, dtype = specs[name]
         if got != shape:
             raise SpecbuildError(
                 f"{source}: tensor {name} has shape {_fmt(got)}, expected {_fmt(shape)} from config.json"
             )
-        if tensors[name].dtype not in WEIGHT_DTYPES:
+        if dtype not in WEIGHT_DTYPES:
             raise SpecbuildError(
-                f"{source}: tensor {name} has dtype {str(tensors[name].dtype).removeprefix('torch.')}, expected "
+                f"{source}: tensor {name} has dtype {str(dtype).removeprefix('torch.')}, expected "
                 "float32, float16, bfloat16 or float64 (quantized checkpoints are not supported)"
             )
-    return {name: tensors[name] for name in expected}
+    return list(expected)
 
 
 def _convert_heads(
-    heads: dict[str, Path], model: ModelConfig, base: dict[str, torch.Tensor], dtype: torch.dtype, model_dir: Path
+    heads: dict[str, Path], model: ModelConfig, base: Mapping[str, torch.Tensor], dtype: torch.dtype, model_dir: Path
 ) -> dict[str, tuple[dict, dict]]:
     """Each mode's converter reads its head directory against the base model's config, tensors and directory (its
     tokenizer, for a draft model)."""

@@ -13,7 +13,7 @@ import pickletools
 import re
 import warnings
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -75,26 +75,92 @@ def _index_weight_map(model_dir: Path) -> tuple[Path, dict[str, str]] | None:
     return None
 
 
-def load_hf_weights(model_dir: Path, progress: bool = True) -> dict[str, torch.Tensor]:
-    """All tensors of a HF model directory as CPU torch tensors keyed by their HF names."""
+class LazyTensors(Mapping):
+    """{name: tensor} whose tensors are made when read (`load(name)`), one at a time: a checkpoint of any size is
+    walked with one tensor in memory. `specs` gives each name's (shape, dtype) without reading it."""
+
+    def __init__(self, specs: dict[str, tuple[tuple[int, ...], torch.dtype]], load: Callable[[str], torch.Tensor]):
+        self.specs = specs
+        self._load = load
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.specs:
+            raise KeyError(name)
+        return self._load(name)
+
+    def __iter__(self):
+        return iter(self.specs)
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def cast(self, dtype: Callable[[str], torch.dtype], convert: Callable[[torch.Tensor, str], torch.Tensor]):
+        """The same tensors, each read through convert(tensor, name), declared in dtype(name)."""
+        specs = {name: (shape, dtype(name)) for name, (shape, _) in self.specs.items()}
+        return LazyTensors(specs, lambda name: convert(self._load(name), name))
+
+    def subset(self, names) -> LazyTensors:
+        return LazyTensors({name: self.specs[name] for name in names}, self._load)
+
+
+def spec_of(tensors: Mapping, name: str) -> tuple[tuple[int, ...], torch.dtype]:
+    """(shape, dtype) of tensors[name], without reading it when `tensors` is lazy."""
+    if isinstance(tensors, LazyTensors):
+        return tensors.specs[name]
+    return tuple(tensors[name].shape), tensors[name].dtype
+
+
+def open_hf_weights(model_dir: Path) -> LazyTensors:
+    """The tensors of a HF model directory by their HF names, read one at a time (safetensors from their headers,
+    torch files memory-mapped); each read refuses NaN/Inf naming the file."""
     model_dir = Path(model_dir)
     files = find_weight_files(model_dir)
     sharded = len(files) > 1 or files[0].name not in (SAFETENSORS_FILE, BIN_FILE)
-    tensors: dict[str, torch.Tensor] = {}
+    specs: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
     origin: dict[str, Path] = {}
-    with _progress_bar(progress, model_dir, files) as advance:
-        for file in files:
-            for name, tensor in _iter_tensor_file(file):
-                if name in tensors:
-                    raise SpecbuildError(f"{file}: tensor {name} is also stored in {origin[name]}")
-                tensors[name] = tensor
-                origin[name] = file
-                advance(1)
+    readers: dict[Path, Callable[[str], torch.Tensor]] = {}
+    for file in files:
+        file_specs, readers[file] = _open_tensor_file(file)
+        for name, spec in file_specs.items():
+            if name in specs:
+                raise SpecbuildError(f"{file}: tensor {name} is also stored in {origin[name]}")
+            specs[name], origin[name] = spec, file
     if sharded:
         index_file, weight_map = _index_weight_map(model_dir) or (None, {})
         for name, shard in weight_map.items():
-            if name not in tensors:
+            if name not in specs:
                 raise SpecbuildError(f"{index_file}: tensor {name} is mapped to shard {shard} but that shard lacks it")
+
+    def load(name: str) -> torch.Tensor:
+        tensor = readers[origin[name]](name)
+        check_finite(tensor, name, origin[name])
+        return tensor
+
+    return LazyTensors(specs, load)
+
+
+def open_tensor_file(path: Path) -> LazyTensors:
+    """The tensors of one weight file, read one at a time when asked for; each read refuses NaN/Inf."""
+    specs, read = _open_tensor_file(Path(path))
+
+    def load(name: str) -> torch.Tensor:
+        tensor = read(name)
+        check_finite(tensor, name, path)
+        return tensor
+
+    return LazyTensors(specs, load)
+
+
+def load_hf_weights(model_dir: Path, progress: bool = True) -> dict[str, torch.Tensor]:
+    """All tensors of a HF model directory as CPU torch tensors keyed by their HF names (small models and heads;
+    convert streams base models through open_hf_weights)."""
+    model_dir = Path(model_dir)
+    weights = open_hf_weights(model_dir)
+    tensors = {}
+    with _progress_bar(progress, model_dir, find_weight_files(model_dir)) as advance:
+        for name in weights:
+            tensors[name] = weights[name]
+            advance(1)
     return tensors
 
 
@@ -104,6 +170,49 @@ def load_tensor_file(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise SpecbuildError(f"{path}: missing")
     return dict(_iter_tensor_file(path))
+
+
+def _open_tensor_file(path: Path):
+    """({name: (shape, dtype)}, read(name)) of one weight file: safetensors headers are read without the data, torch
+    files are memory-mapped where they are zip containers (torch.save's default)."""
+    _check_readable(path)
+    if path.suffix == ".safetensors":
+        return _safetensors_specs(path), lambda name: _read_safetensor(path, name)
+    if path.suffix in PICKLE_SUFFIXES:
+        state = _load_pickle_state_dict(path)
+        return {k: (tuple(v.shape), v.dtype) for k, v in state.items()}, state.__getitem__
+    raise SpecbuildError(f"{path}: unsupported weight file type (expected .safetensors, .bin, .pt or .pth)")
+
+
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
+    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+
+
+def _safetensors_specs(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            specs = {}
+            for name in f.keys():
+                part = f.get_slice(name)
+                code = part.get_dtype()
+                specs[name] = (tuple(part.get_shape()), SAFETENSORS_DTYPES.get(code, code))
+    except Exception as exc:  # safetensors raises SafetensorError, OSError, ... for corrupt or truncated files
+        raise SpecbuildError(f"{path}: not a valid safetensors file, truncated or corrupt ({exc})") from None
+    return specs
+
+
+def _read_safetensor(path: Path, name: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return f.get_tensor(name)
+    except Exception as exc:
+        raise SpecbuildError(f"{path}: cannot read tensor {name}, file truncated or corrupt ({exc})") from None
 
 
 def _iter_tensor_file(path: Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -12,7 +12,7 @@ from specbuild.cli.handling import handle_errors
 from specbuild.cli.options import check_choice
 from specbuild.modes.registry import head_modes
 
-DTYPE_CHOICES = ("float32", "float16", "bfloat16")
+DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16")
 
 
 def head_dir_options(func):
@@ -30,7 +30,12 @@ def _head_param(mode: str) -> str:
 @click.command()
 @click.option("--model-dir", required=True, type=click.Path(path_type=Path), help="Hugging Face model directory.")
 @click.option("--output-dir", required=True, type=click.Path(path_type=Path), help="Canonical checkpoint to write.")
-@click.option("--dtype", default="float32", show_default=True, help=f"One of {', '.join(DTYPE_CHOICES)}.")
+@click.option(
+    "--dtype",
+    default="auto",
+    show_default=True,
+    help=f"One of {', '.join(DTYPE_CHOICES)} (auto: the weights' own dtype, float32 where they mix dtypes).",
+)
 @head_dir_options
 @click.option("--overwrite", is_flag=True, help="Replace a previous specbuild output there (nothing else).")
 @handle_errors

@@ -170,6 +170,23 @@ def test_half_precision_conversion(dtype, tiny_hf_models, tmp_path):
         assert torch.equal(tensors[key], value.to(torch_dtype)), key
 
 
+def test_auto_dtype_keeps_the_weights_own_and_mixed_dtypes_become_float32(tiny_hf_models, tmp_path):
+    state = hf_state("llama_gqa_llama3rope")
+    hf = copy_with(tiny_hf_models["llama_gqa_llama3rope"], tmp_path / "bf16", lambda t: t.update(
+        {k: v.to(torch.bfloat16) for k, v in t.items()}))  # fmt: skip
+    ckpt = Checkpoint.load(convert_checkpoint(hf, tmp_path / "out-bf16", progress=False))
+    assert ckpt.dtype == "bfloat16"
+    assert torch.equal(ckpt.tensors()["model.norm.weight"], state["model.norm.weight"].to(torch.bfloat16))
+
+    def mixed(t):  # bfloat16 matrices, float32 norms
+        t.update({k: v.to(torch.bfloat16) for k, v in t.items() if not k.endswith("norm.weight")})
+
+    hf = copy_with(tiny_hf_models["llama_gqa_llama3rope"], tmp_path / "mixed", mixed)
+    ckpt = Checkpoint.load(convert_checkpoint(hf, tmp_path / "out-mixed", progress=False))
+    assert ckpt.dtype == "float32"
+    assert torch.equal(ckpt.tensors()["model.norm.weight"], state["model.norm.weight"])
+
+
 def test_ignorable_tensors_dropped(tiny_hf_models, tmp_path):
     def edit(t):
         t["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)

@@ -70,7 +70,7 @@ def convert_draft_model(head_dir: Path, model: ModelConfig, base: dict, base_dir
                 f"target's {model.hidden_size}"
             )
         tensors[EMBED] = base[EMBED]
-    tensors = validate_base_tensors(draft, tensors, source=str(head_dir))
+    tensors = {name: tensors[name] for name in validate_base_tensors(draft, tensors, source=str(head_dir))}
     vocab = read_draft_vocab(head_dir, draft.vocab_size)
     cfg = {
         "model": draft.to_dict(),
