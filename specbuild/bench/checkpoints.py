@@ -1,6 +1,6 @@
 """Random-weight Hugging Face checkpoints at the shapes users run, without a model hub.
 
-`python -m specbuild.bench.checkpoints --shape llama-3.2-1b --out-dir ckpt-1b [--heads eagle3,medusa,draft]` writes
+`python -m specbuild.bench.checkpoints --shape llama-3.2-1b --out-dir ckpt-1b [--heads eagle3-head,...]` writes
 what `specbuild convert` reads: config.json, the weights in bfloat16 shards with `model.safetensors.index.json` (as the
 Hub lays them out), a tokenizer whose vocabulary matches the model's (the embedded SmolLM2 tokenizer, its vocabulary
 padded with reserved tokens), and optionally random heads for it: an EAGLE-3 head (SafeAILab's layout, a reduced draft
@@ -236,9 +236,9 @@ def write_draft_model(out_dir, shape: str, *, num_layers: int = 2, seed: int = 1
 
 
 HEADS = {
-    "eagle3": lambda out, shape, seed: write_eagle3_head(out, SHAPES[shape], seed=seed),
-    "medusa": lambda out, shape, seed: write_medusa_heads(out, SHAPES[shape], seed=seed),
-    "draft": lambda out, shape, seed: write_draft_model(out, shape, seed=seed + 1, log=lambda *a: None),
+    "eagle3-head": lambda out, shape, seed: write_eagle3_head(out, SHAPES[shape], seed=seed),
+    "medusa-heads": lambda out, shape, seed: write_medusa_heads(out, SHAPES[shape], seed=seed),
+    "draft-model": lambda out, shape, seed: write_draft_model(out, shape, seed=seed + 1, log=lambda *a: None),
 }
 
 
