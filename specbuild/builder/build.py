@@ -6,6 +6,7 @@ lints its graph; engine_manifest.py writes engine.yaml from the plan and the gra
 
 from __future__ import annotations
 
+import functools
 import shutil
 import time
 from pathlib import Path
@@ -59,14 +60,19 @@ def write_engine(plan: BuildPlan, directory: Path, log, started: float, net=None
     import numpy as np
     import torch
 
+    from specbuild.builder import lazy_network
     from specbuild.builder.engine_manifest import write_manifest
     from specbuild.builder.graphs import graph_kinds
-    from specbuild.builder.network import LlamaNetwork
+    from specbuild.builder.network import TORCH_DTYPES
     from specbuild.builder.weights_file import WEIGHTS_FILE, share_weights
 
     torch.manual_seed(0)
-    if net is None:
-        net = LlamaNetwork.from_tensors(plan.model, plan.checkpoint.tensors(), plan.engine_dtype)
+    weight, reference = None, net
+    if net is None:  # the checkpoint's network, never all in memory (builder/lazy_network.py)
+        tensors, dtype = plan.checkpoint.tensors(), plan.engine_dtype
+        net = lazy_network.skeleton(plan.model, tensors, dtype)
+        reference = lazy_network.streamed(plan.model, tensors, dtype, real_from=net)
+        weight = functools.partial(lazy_network.network_weight, tensors, dtype=TORCH_DTYPES[dtype])
     plugin = plan.plugin_cls(plan.checkpoint, net, plan.settings).to(net.embed_tokens.weight.dtype).eval()
     companions = []
     for subdir, sub_plan, sub_net, files in plugin.companion_engines(plan):
@@ -78,7 +84,7 @@ def write_engine(plan: BuildPlan, directory: Path, log, started: float, net=None
         companions += [{**g, "role": ef.ROLE_DRAFT, "file": f"{subdir}/{g['file']}"} for g in sub["graphs"]]
     graphs = []
     for kind, backends in graph_kinds(plan, log):
-        entry = kind.build(plan, net, plugin, backends, directory, log)
+        entry = kind.build(plan, (net, reference, weight), plugin, backends, directory, log)
         graphs += [{**entry, "backend": backend} for backend in backends]
     stats = share_weights(directory, list(dict.fromkeys(g["file"] for g in graphs)))
     log(f"weights: {stats['bytes'] / 1e6:.1f} MB in {WEIGHTS_FILE} ({stats['shared']} tensors shared by graphs)")
@@ -94,20 +100,27 @@ def write_engine(plan: BuildPlan, directory: Path, log, started: float, net=None
 
 
 def _io_spec(onnx_path: Path) -> dict:
-    """{"inputs": [...], "outputs": [...]}: name, dtype and shape (ints or symbolic names) as ONNX Runtime sees them."""
-    import onnxruntime as ort
+    """{"inputs": [...], "outputs": [...]}: name, dtype and shape (ints or symbolic names) as ONNX Runtime names them,
+    read from the graph file alone (its weights are not loaded)."""
+    import onnx
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    weights = {i.name for i in graph.initializer}
 
-    def describe(items):
-        return [
-            {"name": i.name, "dtype": i.type.removeprefix("tensor(").rstrip(")"), "shape": list(i.shape)} for i in items
-        ]
+    def describe(values):
+        out = []
+        for value in values:
+            tensor = value.type.tensor_type
+            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim]
+            out.append({"name": value.name, "dtype": ORT_TYPE_NAMES[tensor.elem_type], "shape": dims})
+        return out
 
-    return {"inputs": describe(sess.get_inputs()), "outputs": describe(sess.get_outputs())}
+    return {"inputs": describe(i for i in graph.input if i.name not in weights), "outputs": describe(graph.output)}
+
+
+# ONNX element types as ONNX Runtime names them ("tensor(float)" -> "float")
+ORT_TYPE_NAMES = {1: "float", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool", 10: "float16",
+                  11: "double", 16: "bfloat16"}  # fmt: skip
 
 
 def _compile_tensorrt_plan(plan: BuildPlan, plugin, directory: Path, log) -> None:

@@ -141,8 +141,14 @@ def aliased_outputs(input_names: list[str]) -> dict[str, str]:
     return out
 
 
-def export_step(step: StepModule, onnx_path: Path) -> tuple[list[str], list[str]]:
-    """Export to `onnx_path` (+ external data file). Returns (input names, output names)."""
+def export_step(step: StepModule, onnx_path: Path, weight=None, transform=None, log=None) -> tuple[list, list]:
+    """Export to `onnx_path` (+ external data file). Returns (input names, output names).
+
+    weight(name): the value of each fake parameter of the network (a skeleton, builder/lazy_network.py) by its name
+    there, read when the file is written, one at a time; transform(model): a pass over the exported onnx_ir model
+    before it is written (weight quantization)."""
+    from specbuild.builder import ir_weights
+
     args = example_inputs(step, t=6, w=4, capacity=11, past=3, batch=2)  # room for a pad row
     inputs, outputs = io_names(step)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
@@ -158,14 +164,19 @@ def export_step(step: StepModule, onnx_path: Path) -> tuple[list[str], list[str]
                 output_names=outputs,
                 dynamic_shapes=_dynamic_shapes(step),
                 verbose=False,
-                optimize=True,
+                optimize=False,  # once the fake parameters have their (lazy) values: below
             )
-            program.save(str(onnx_path), external_data=True)
+            if weight is not None:
+                ir_weights.make_lazy(program.model, weight)
+            program.optimize()
     except SpecbuildError:
         raise
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecbuildError(f"ONNX export of the {step.plugin.name} step graph failed: {first[:300]}") from exc
+    if transform is not None:
+        transform(program.model)
+    ir_weights.save(program.model, onnx_path, f"writing {onnx_path.name}", log=log)
     return inputs, outputs
 
 
@@ -189,11 +200,83 @@ def drop_unused_norm_statistics(onnx_path: Path) -> None:
         onnx.save(model, str(onnx_path))
 
 
-def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads: int = 1) -> float:
-    """Run torch and ONNX Runtime on a few calls, one of them batched; return the max abs diff.
+class DecisionMargins(torch.overrides.TorchFunctionMode):
+    """The smallest margin of the discrete choices a torch computation makes: how far the values behind each choice
+    were from choosing otherwise (argmax/argmin, max/min along a dim, topk, sort: the gap between the chosen and the
+    next value; a comparison of floats: the smallest nonzero |a - b|). A choice whose margin is below the numerical
+    difference of two implementations may come out either way in them."""
 
-    Token outputs must agree exactly; float outputs within `tolerance`. A fused graph runs with its KV buffers bound
-    in place, as the runtime runs it, and its present buffers are compared whole (rows it must not touch included).
+    SELECTIONS = {"argmax", "argmin", "max", "min", "topk", "sort", "argsort"}
+    COMPARISONS = {"lt", "le", "gt", "ge", "__lt__", "__le__", "__gt__", "__ge__"}
+
+    def __init__(self):
+        super().__init__()
+        self.margin = float("inf")
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        try:
+            if name in self.COMPARISONS:
+                self._compared(*args[:2])
+            elif name in self.SELECTIONS and args and isinstance(args[0], torch.Tensor):
+                self._selected(name, args, kwargs)
+        except (TypeError, RuntimeError, IndexError):  # a form these do not cover: no margin from it
+            pass
+        return out
+
+    def _compared(self, a, b) -> None:
+        if not any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in (a, b)):
+            return
+        gap = (torch.as_tensor(a).double() - torch.as_tensor(b).double()).abs()
+        gap = gap[gap > 0]
+        if gap.numel():
+            self.margin = min(self.margin, float(gap.min()))
+
+    def _selected(self, name: str, args, kwargs) -> None:
+        x = args[0]
+        if not x.is_floating_point() or x.numel() < 2:
+            return
+        position = 2 if name == "topk" else 1  # where the dim argument sits
+        default = None if name in ("argmax", "argmin", "max", "min") else -1
+        dim = args[position] if len(args) > position else kwargs.get("dim", default)
+        if name in ("max", "min") and (dim is None or isinstance(dim, torch.Tensor)):
+            return  # the reduction to one value or the elementwise form: no choice of an index
+        if name in ("argmax", "argmin") and dim is None:
+            x, dim = x.reshape(-1), 0
+        dim = int(dim) if not isinstance(dim, int) else dim
+        count = x.shape[dim]
+        if count < 2:
+            return
+        keep = count if name not in ("topk", "argmax", "argmin", "max", "min") else min(count, 2)
+        if name == "topk":
+            keep = min(count, int(kwargs.get("k", args[1])) + 1)
+        ordered = torch.sort(x.double(), dim=dim, descending=True).values.narrow(dim, 0, keep)
+        gaps = (ordered.narrow(dim, 0, keep - 1) - ordered.narrow(dim, 1, keep - 1)).abs()
+        finite = gaps[torch.isfinite(gaps)]
+        if finite.numel():
+            self.margin = min(self.margin, float(finite.min()))
+
+
+def decision_margin(step: StepModule, args) -> float:
+    """The smallest margin of the discrete choices the torch step makes on one call (DecisionMargins)."""
+    with torch.no_grad(), DecisionMargins() as margins:
+        step(*args)
+    return margins.margin
+
+
+NEAR_TIE = 100  # a choice within this many times the call's float differences of another is a near-tie
+NEAR_TIE_FLOOR = 1e-5  # ... and within at least this much
+
+
+def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads: int = 1) -> dict:
+    """Run torch and ONNX Runtime on a few calls, one of them batched; return {max_abs_diff, near_ties}.
+
+    Float outputs agree within `tolerance`; token outputs exactly, except in a call where torch made a choice at a
+    near-tie (decision_margin below NEAR_TIE times the call's float differences): there the two may differ, and such
+    a call is counted (near_ties), not refused. A fused graph runs with its KV buffers bound in place, as the
+    runtime runs it, and its present buffers are compared whole (rows it must not touch included).
     """
     import onnxruntime as ort
 
@@ -207,6 +290,7 @@ def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads
     out_names = [o.name for o in sess.get_outputs()]
     aliases = aliased_outputs(names)
     worst = 0.0
+    near_ties = []
     # prefill-like chain, decode-like window, a padded one-token call, then two sequences of different lengths
     # (greedy and sampled rows) in one call (trees of several sequences are checked end to end by the runtime's tests);
     # a graph that drafts per row also drafts for the second row alone and for none
@@ -223,18 +307,28 @@ def validate_export(step: StepModule, onnx_path: Path, tolerance: float, threads
             ref = step(*args)
         got, _ = run_bound(sess, feeds, out_names, aliases)
         _check_declared_outputs(step, dict(zip(out_names, ref)), batch if rows is None else len(rows), w)
+        differ, call_worst = [], 0.0
         for name, r in zip(out_names, ref):
             g = got[name]
             r = r.float().numpy() if r.is_floating_point() else r.numpy()
             if r.shape != g.shape:
                 raise SpecbuildError(f"export validation: output {name} has shape {g.shape}, torch gives {r.shape}")
             if np.issubdtype(r.dtype, np.floating):
-                worst = max(worst, float(np.max(np.abs(r - g.astype(np.float32)))) if r.size else 0.0)
+                call_worst = max(call_worst, float(np.max(np.abs(r - g.astype(np.float32)))) if r.size else 0.0)
             elif not np.array_equal(r, g):
-                raise SpecbuildError(f"export validation: output {name} differs between torch and ONNX Runtime")
+                differ.append(name)
+        worst = max(worst, call_worst)
+        if differ:
+            margin = decision_margin(step, args)
+            if margin >= max(NEAR_TIE * call_worst, NEAR_TIE_FLOOR):
+                raise SpecbuildError(
+                    f"export validation: output {differ[0]} differs between torch and ONNX Runtime (the closest "
+                    f"choice behind it was {margin:.3g} from another, float outputs differ by {call_worst:.3g})"
+                )
+            near_ties.append((t, w, temp, batch, differ, margin))
     if worst > tolerance:
         raise SpecbuildError(f"export validation: max abs diff {worst:.3g} exceeds {tolerance:g}")
-    return worst
+    return {"max_abs_diff": worst, "near_ties": len(near_ties)}
 
 
 def _check_declared_outputs(step: StepModule, outputs: dict, batch: int, window: int) -> None:
@@ -256,6 +350,26 @@ def compare_quantized(
     """How far a weight-quantized graph is from the (full-precision) torch step: one prefill of `prompt_ids` with
     the logits of every position (the graph must output logits). Returns the max and mean absolute logit error
     relative to the largest |logit|, and the share of positions whose argmax (the greedy next token) agrees."""
+    want, have = prefill_logits(step, onnx_path, prompt_ids, accuracy_level, threads)
+    scale = float(np.abs(want).max()) or 1.0
+    error = np.abs(have - want)
+    return {
+        "max_logit_error": round(float(error.max()) / scale, 5),
+        "mean_logit_error": round(float(error.mean()) / scale, 5),
+        "top1_agreement": round(float((have.argmax(-1) == want.argmax(-1)).mean()), 4),
+        "positions": len(prompt_ids),
+    }
+
+
+def compare_logits(step: StepModule, onnx_path: Path, prompt_ids: list[int], threads: int = 1) -> dict:
+    """A float graph against the torch step on one prefill of `prompt_ids` (the graph must output logits): the max
+    absolute difference of the logits of every position."""
+    want, have = prefill_logits(step, onnx_path, prompt_ids, ef.ACCURACY_FLOAT32, threads)
+    return {"max_abs_diff": float(np.abs(have - want).max()), "positions": len(prompt_ids)}
+
+
+def prefill_logits(step: StepModule, onnx_path: Path, prompt_ids: list[int], accuracy_level: int, threads: int = 1):
+    """(torch's, ONNX Runtime's) logits [T, V] of one prefill of `prompt_ids` through the step and the graph."""
     import onnxruntime as ort
 
     from specbuild.runtime.backends.onnxruntime import run_bound
@@ -272,18 +386,10 @@ def compare_quantized(
     out_names = [o.name for o in sess.get_outputs()]
     feeds = {n: (a.float() if a.dtype == torch.bfloat16 else a).numpy().copy() for n, a in zip(names, args)}
     got, _ = run_bound(sess, feeds, out_names, aliased_outputs(names))
+    del sess
     with torch.no_grad():
         ref = dict(zip(out_names, step(*args)))
-    want = ref[ef.LOGITS].float().numpy()[0]
-    have = got[ef.LOGITS].astype(np.float32)[0]
-    scale = float(np.abs(want).max()) or 1.0
-    error = np.abs(have - want)
-    return {
-        "max_logit_error": round(float(error.max()) / scale, 5),
-        "mean_logit_error": round(float(error.mean()) / scale, 5),
-        "top1_agreement": round(float((have.argmax(-1) == want.argmax(-1)).mean()), 4),
-        "positions": t,
-    }
+    return ref[ef.LOGITS].float().numpy()[0], got[ef.LOGITS].astype(np.float32)[0]
 
 
 def record_metadata(onnx_path: Path, entries: dict) -> int:

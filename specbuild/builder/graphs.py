@@ -13,6 +13,7 @@ from specbuild import engine_format as ef
 from specbuild.builder import export
 from specbuild.builder.plan import BuildPlan
 from specbuild.builder.step import FusedStepModule, StepModule
+from specbuild.errors import SpecbuildError
 
 
 class GraphKind:
@@ -36,29 +37,51 @@ class GraphKind:
         """This kind's fields of the engine.yaml graph entry."""
         return {}
 
-    def build(self, plan: BuildPlan, net, plugin, backends: list[str], directory: Path, log) -> dict:
-        """Write the graph to directory/file; return its engine.yaml entry (for backends[0])."""
-        import onnx
+    def build(self, plan: BuildPlan, nets: tuple, plugin, backends: list[str], directory: Path, log) -> dict:
+        """Write the graph to directory/file; return its engine.yaml entry (for backends[0]).
 
-        from specbuild.builder.quantize import mode_nodes, quantize_step_graph
+        nets: (the network to export, the torch reference to check against, weight(name) for the exported network's
+        fake parameters or None): builder/lazy_network.py. A graph whose float weights are small is exported, checked
+        call by call against torch (validate_export) and then quantized; a larger one is checked that way on a
+        truncated network (its first TRUNCATED_LAYERS layers) and written quantized at once, its weights made one at a
+        time, then checked whole on a prompt (its logits against the streamed torch reference)."""
+        from specbuild.builder.quantize import quantize_step_graph
 
-        step = self.module(plan, net, plugin, plan.options.output_logits or plan.quantized_bits is not None).eval()
-        path = directory / self.file
-        name = "/".join(backends)
-        log(f"exporting {plan.mode} step graph for {name} ({plan.model.num_layers} layers, {plan.engine_dtype}) ...")
-        export.export_step(step, path)
-        self.after_export(path)
-        diff = export.validate_export(step, path, plan.tolerance)
-        log(f"{name} graph validated against torch: max abs diff {diff:.3g} (bound {plan.tolerance:g})")
-        entry = {"validation": {"max_abs_diff": diff, "tolerance": plan.tolerance}}
-        # MatMulNBits: in the graph that serves ONNX Runtime alone (the fused one, or the portable one where the
+        net, reference, weight = nets
+        path, name = directory / self.file, "/".join(backends)
+        # MatMulNBits heads: in the graph that serves ONNX Runtime alone (the fused one, or the portable one where the
         # model's shape rules the fused kernels out and no tensorrt backend reads it: plan.resolve checks)
         heads = plan.head_weights if backends == [ef.BACKEND_ONNXRUNTIME] else None
-        head_nodes = mode_nodes(onnx.load(str(path), load_external_data=False)) if heads else []
+        whole = float_weight_bytes(plan) <= SMALL_GRAPH_BYTES
+        logits = plan.options.output_logits or plan.quantized_bits is not None or not whole
+        step = self.module(plan, net, plugin, logits).eval()
+        check = step if reference is net else self.module(plan, reference, plugin, logits).eval()
+        counts: dict[str, int] = {}
+        quantize = _quantizer(plan, heads, self.contrib_ops, counts)
+        log(f"exporting {plan.mode} step graph for {name} ({plan.model.num_layers} layers, {plan.engine_dtype}) ...")
+        if whole:
+            export.export_step(step, path, weight=weight, log=log)
+            self.after_export(path)
+            diff = export.validate_export(check, path, plan.tolerance)
+            if quantize is not None:
+                rewrite_graph(path, quantize, log)
+        else:
+            diff = self.validate_truncated(plan, directory)
+            export.export_step(step, path, weight=weight, transform=quantize, log=log)
+            self.after_export(path)
+        what = "graph" if whole else f"graph's first {TRUNCATED_LAYERS} layers"
+        ties = f", {diff['near_ties']} call(s) with a choice at a near-tie" if diff["near_ties"] else ""
+        log(f"{name} {what} validated against torch: max abs diff {diff['max_abs_diff']:.3g} (bound "
+            f"{plan.tolerance:g}){ties}")  # fmt: skip
+        entry = {"validation": {**diff, "tolerance": plan.tolerance}}
+        if not whole:
+            entry["validation"]["layers"] = TRUNCATED_LAYERS
         if plan.quantized_bits is not None:
-            entry["quantization"] = quantize_step_graph(step, path, plan, self.contrib_ops, name, log)
+            entry["quantization"] = quantize_step_graph(check, path, plan, name, log)
+        elif not whole:
+            entry["validation"]["whole_model"] = check_whole(check, path, plan, name, log)
         if heads:
-            entry["head_quantization"] = quantize_heads(path, head_nodes, heads, plan.options.weights_block_size, log)
+            entry["head_quantization"] = _head_entry(heads, plan.options.weights_block_size, counts["heads"], log)
         export.lint_graph(path, tensorrt=ef.BACKEND_TENSORRT in backends)
         opset = export.record_metadata(path, {ef.GRAPH_MAX_POSITIONS: self.max_positions(plan)})
         return {
@@ -72,16 +95,119 @@ class GraphKind:
             **self.layout_entry(plan),
         }
 
+    def validate_truncated(self, plan: BuildPlan, directory: Path) -> float:
+        """validate_export on the network's first TRUNCATED_LAYERS layers (float, in memory, the mode's heads with
+        it; capture layers beyond them read the last): every kind of call, discrete outputs exact."""
+        import dataclasses
+        import tempfile
 
-def quantize_heads(path: Path, head_nodes: list[str], weights: str, block_size: int, log) -> dict:
-    """`--head-weights`: the mode's own matmuls of the graph at `path` in blocks; engine.yaml's head_quantization."""
-    from specbuild.builder.quantize import quantize_mode_weights
+        from specbuild.builder.network import LlamaNetwork
+        from specbuild.builder.weights_io import LazyTensors
 
-    bits = ef.BLOCKWISE_BITS[weights]
-    count = quantize_mode_weights(path, head_nodes, bits, block_size)
+        layers = TRUNCATED_LAYERS
+        ckpt = dataclasses.replace(plan.checkpoint, model=dataclasses.replace(plan.model, num_layers=layers))
+        tensors = plan.checkpoint.tensors()
+        kept = [n for n in tensors if not n.startswith("model.layers.") or int(n.split(".")[2]) < layers]
+        kept = tensors.subset(kept) if isinstance(tensors, LazyTensors) else {n: tensors[n] for n in kept}
+        net = LlamaNetwork.from_tensors(ckpt.model, kept, plan.engine_dtype)
+        plugin = plan.plugin_cls(ckpt, net, plan.settings).to(net.embed_tokens.weight.dtype).eval()
+        plugin.capture_layers = tuple(min(int(i), layers) for i in plugin.capture_layers)
+        step = self.module(dataclasses.replace(plan, checkpoint=ckpt), net, plugin, False).eval()
+        with tempfile.TemporaryDirectory(prefix=".truncated-", dir=directory) as tmp:
+            path = Path(tmp) / self.file
+            export.export_step(step, path)
+            self.after_export(path)
+            return export.validate_export(step, path, plan.tolerance)
+
+
+TRUNCATED_LAYERS = 2  # layers of the network a large graph is validated on call by call (layer 0 and a later one)
+SMALL_GRAPH_BYTES = 2 * 1024**3  # float weights up to which a graph is exported, validated and quantized whole
+
+
+def float_weight_bytes(plan: BuildPlan) -> int:
+    """The base network's weights in the engine's float dtype (what a float graph of it holds)."""
+    from specbuild.builder.weights_io import spec_of
+
+    size = 2 if plan.engine_dtype == "float16" else 4
+    tensors = plan.checkpoint.tensors()
+    total = 0
+    for name in tensors:
+        shape, _ = spec_of(tensors, name)
+        count = 1
+        for dim in shape:
+            count *= int(dim)
+        total += count * size
+    return total
+
+
+def _quantizer(plan: BuildPlan, heads: str | None, fused_gather: bool, counts: dict):
+    """The pass that quantizes a graph's weights (--weights int4/int8, --head-weights), or None; it records the
+    matmuls it quantized in `counts`."""
+    from specbuild.builder.quantize import ACCURACY_FP32, ACCURACY_INT8, mode_nodes, quantize_base, quantize_heads
+
+    if plan.quantized_bits is None and not heads:
+        return None
+    block = plan.options.weights_block_size
+    level = ACCURACY_INT8 if plan.options.int8_activations else ACCURACY_FP32
+
+    def quantize(model) -> None:
+        own = mode_nodes(model)  # before the opset conversion
+        if plan.quantized_bits is not None:
+            counts["base"] = quantize_base(model, plan.quantized_bits, block, level, fused_gather)
+        if heads:
+            counts["heads"] = quantize_heads(model, own, ef.BLOCKWISE_BITS[heads], block)
+
+    return quantize
+
+
+def rewrite_graph(path: Path, transform, log) -> None:
+    """Apply `transform` to the graph at `path` (its weights read from its data file as they are written) and write
+    it back: staged beside it, swapped in, data files nothing reads any more removed."""
+    import onnx_ir as ir
+
+    from specbuild.builder import ir_weights
+
+    model = ir.load(path)
+    transform(model)
+    staged = path.with_name(f"quantized.{path.name}")
+    before = set(_data_files(path))
+    ir_weights.save(model, staged, f"writing {path.name}", log=log)
+    del model
+    staged.replace(path)
+    for name in before - set(_data_files(path)):
+        (path.parent / name).unlink(missing_ok=True)
+
+
+def _data_files(path: Path) -> list[str]:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return [e.value for i in model.graph.initializer for e in i.external_data if e.key == "location"]
+
+
+def check_whole(step, path: Path, plan: BuildPlan, name: str, log) -> dict:
+    """A float graph too large to validate call by call: its logits on a sample prompt against the torch reference
+    (its layers read from the checkpoint), within the tolerance; the logits output dropped unless asked for."""
+    from specbuild.builder.quantize import sample_prompt
+
+    result = export.compare_logits(step, path, sample_prompt(plan.checkpoint))
+    if result["max_abs_diff"] > plan.tolerance:
+        raise SpecbuildError(
+            f"export validation: the whole {name} graph's logits differ from torch by {result['max_abs_diff']:.3g}, "
+            f"more than {plan.tolerance:g}"
+        )
+    log(f"{name} graph, whole, against torch: logits max abs diff {result['max_abs_diff']:.3g} over "
+        f"{result['positions']} positions")  # fmt: skip
+    if not plan.options.output_logits:
+        export.drop_output(path, ef.LOGITS)
+    return result
+
+
+def _head_entry(weights: str, block_size: int, count: int, log) -> dict:
+    """engine.yaml's head_quantization of `--head-weights`: the mode's own matmuls in blocks."""
     log(f"heads: {count} matmuls of the mode's own in {weights} blocks of {block_size}, int8 activations")
     return {
-        "bits": bits,
+        "bits": ef.BLOCKWISE_BITS[weights],
         "block_size": block_size,
         "symmetric": True,
         "accuracy_level": ef.ACCURACY_INT8,

@@ -30,9 +30,13 @@ def stacked_linear(*parts: nn.Linear) -> nn.Linear:
     first = parts[0]
     out_features = sum(p.out_features for p in parts)
     # made without its random initialisation (overwritten below; seconds at 7B scale), directly in the parts' dtype
+    # and on their device (meta: the shapes alone, builder/lazy_network.py)
+    device = first.weight.device
     lin = nn.utils.skip_init(
-        nn.Linear, first.in_features, out_features, bias=first.bias is not None, dtype=first.weight.dtype
+        nn.Linear, first.in_features, out_features, bias=first.bias is not None, dtype=first.weight.dtype, device=device
     )
+    if device.type == "meta":
+        return lin
     with torch.no_grad():
         lin.weight.copy_(torch.cat([p.weight for p in parts]))
         if lin.bias is not None:

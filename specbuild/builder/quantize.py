@@ -1,25 +1,28 @@
-"""Weight-only quantization of exported step graphs (`build --weights int4|int8`), with ONNX Runtime's own tool.
+"""Weight-only quantization of step graphs (`build --weights int4|int8`, `--head-weights`), one weight at a time.
 
 int4 (symmetric, blocks of `block_size` along K): every MatMul with a constant weight becomes DequantizeLinear
-(INT4 + per-block scales, opset 21) -> MatMul, made by onnxruntime.quantization's MatMulNBitsQuantizer in QDQ form.
-That one form serves both graphs: TensorRT's parser takes blockwise INT4 DequantizeLinear with a zero zero-point,
-and ONNX Runtime fuses the pair into its MatMulNBits kernel when it loads the graph (at the accuracy level the
-engine records, see below). The same weight gives the same bytes in both graphs, so the engine stores them once
-(see weights_file). The embedding gather is quantized the same way (INT4 [V,H], blocks along H): GatherBlockQuantized
-in the ONNX Runtime graph, DequantizeLinear -> Gather in the portable one, from the same bytes.
+(INT4 + per-block scales, opset 21) -> MatMul. That one form serves both graphs: TensorRT's parser takes blockwise
+INT4 DequantizeLinear with a zero zero-point, and ONNX Runtime fuses the pair into its MatMulNBits kernel when it
+loads the graph (at the accuracy level the engine records, see below). The same weight gives the same bytes in both
+graphs, so the engine stores them once (see weights_file). The embedding gather is quantized the same way (INT4 [V,H],
+blocks along H): GatherBlockQuantized in the ONNX Runtime graph, DequantizeLinear -> Gather in the portable one.
 
 int8: MatMulNBits with 8-bit blocks in the ONNX Runtime graph only (QDQ INT8 blocks are not in TensorRT's parser
-matrix and the quantizer's QDQ form is 4-bit only): `--weights int8` builds the onnxruntime graph alone.
+matrix): `--weights int8` builds the onnxruntime graph alone.
+
+The graph is an onnx_ir model whose weights are made as it is written (builder/ir_weights.py) or read from its data
+file: each quantized weight is a lazy value computed from its float weight when the graph is written, so a model's
+float weights are never in memory together. The numerics, layouts and names are ONNX Runtime's own quantizer's
+(onnxruntime.quantization.MatMulNBitsQuantizer: its block quantization kernels compute every block).
 """
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
+import onnx_ir as ir
 
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
@@ -43,288 +46,307 @@ QUANTIZATION_CHECK_TEXT = (
     "The capital of France is Paris. Speculative decoding drafts tokens and verifies them in one pass."
 )
 PLUGIN_ATTRIBUTE = "plugin"  # the step module's attribute holding the mode's modules (builder/step.py)
+ONNX_DOMAINS = ("", "ai.onnx")
 
 
-def mode_nodes(model: onnx.ModelProto) -> list[str]:
+def mode_nodes(model: ir.Model) -> set[str]:
     """The nodes of the mode's own modules (heads, draft layers): their weights stay float (see above).
 
     The exporter records each node's module path in its `namespace` metadata, `<step>/<attribute>.<...>: <type>/...`;
     the mode's modules sit under the step module's `plugin` attribute (PLUGIN_ATTRIBUTE)."""
-    out = []
-    for node in model.graph.node:
-        scope = next((p.value for p in node.metadata_props if p.key == "namespace"), "").split("/")
+    out = set()
+    for node in model.graph:
+        scope = node.metadata_props.get("namespace", "").split("/")
         if len(scope) > 1 and scope[1].split(":")[0].split(".")[0] == PLUGIN_ATTRIBUTE:
-            out.append(node.name)
+            out.add(node.name)
     return out
 
 
-def quantize_graph(onnx_path: Path, bits: int, block_size: int, fused_gather: bool, accuracy_level: int) -> None:
-    """Quantize the graph at `onnx_path` in place (`_replace_graph`): the base network's weights; the mode's own
-    matmuls (mode_nodes) stay float.
+class _Blocks:
+    """A float weight's quantized parts, computed once when the first is written and let go with the last."""
 
-    fused_gather: the embedding becomes GatherBlockQuantized (ONNX Runtime graph) instead of DequantizeLinear ->
-    Gather (portable graph)."""
-    model = onnx.load(str(onnx_path))
-    float_nodes = mode_nodes(model)  # before the opset conversion, which drops the nodes' metadata
-    if bits == 4:
-        model = _with_opset(model, QDQ_OPSET)
-    try:
-        model = _quantize_matmuls(model, bits, block_size, accuracy_level, qdq=bits == 4, exclude=float_nodes)
-    except Exception as exc:  # the quantizer raises assertion/value errors on shapes it cannot handle
-        raise SpecbuildError(f"{onnx_path.name}: weight quantization failed ({exc})") from None
-    if bits == 4:
-        _quantize_embedding(model, block_size, fused=fused_gather)
-    _replace_graph(onnx_path, model, "quantized")
+    def __init__(self, weight: ir.TensorProtocol, quantize: Callable[[np.ndarray], tuple], parts: int):
+        self.weight, self.quantize, self.parts = weight, quantize, parts
+        self.done: dict[int, object] = {}
+        self.cached: tuple | None = None
 
+    def part(self, index: int, make: Callable) -> Callable[[], ir.TensorProtocol]:
+        def read():
+            if self.cached is None:
+                self.cached = self.quantize(self.weight.numpy())
+            value = make(self.cached[index])
+            self.done[index] = True
+            if len(self.done) == self.parts:  # every part written: free the arrays (a rewrite recomputes them)
+                self.cached, self.done = None, {}
+            return value
 
-def _replace_graph(onnx_path: Path, model: onnx.ModelProto, stage: str) -> None:
-    """Write `model` over the graph at onnx_path: saved beside it first (`stage`.NAME, with a data file of its own,
-    kept until share_weights gathers every graph's tensors), then swapped in; data files nothing reads any more go."""
-    staged = onnx_path.with_name(f"{stage}.{onnx_path.name}")
-    onnx.save(model, str(staged), save_as_external_data=True, location=staged.name + ".data", size_threshold=1024)
-    before = _external_files(onnx_path)
-    staged.replace(onnx_path)
-    for name in before - _external_files(onnx_path):
-        (onnx_path.parent / name).unlink(missing_ok=True)
+        return read
 
 
-def _quantize_matmuls(model, bits: int, block_size: int, accuracy_level: int, qdq: bool, exclude: list[str]):
-    """onnxruntime.quantization's MatMulNBitsQuantizer over every constant-weight MatMul but `exclude`: symmetric
-    blocks, QDQ (DequantizeLinear -> MatMul, 4-bit only) or MatMulNBits; each repeated definition kept once."""
+def _initializer(graph: ir.Graph, name: str, dtype: ir.DataType, shape, read) -> ir.Value:
+    value = ir.Value(name=name, shape=ir.Shape(shape), type=ir.TensorType(dtype))
+    value.const_value = ir.LazyTensor(read, dtype=dtype, shape=ir.Shape(shape), name=name)
+    graph.register_initializer(value)
+    return value
+
+
+def _weight(node: ir.Node, index: int) -> ir.Value | None:
+    """The node's input `index` when it is a float 2-D initializer with its value."""
+    value = node.inputs[index] if index < len(node.inputs) else None
+    if value is None or not value.is_initializer() or value.const_value is None:
+        return None
+    tensor = value.const_value
+    if len(tensor.shape) != 2 or tensor.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+        return None
+    return value
+
+
+def _replace_node(graph: ir.Graph, old: ir.Node, new: list[ir.Node]) -> None:
+    """`new` (whose last node computes old's one output) in old's place, under old's output name."""
+    out = old.outputs[0]
+    name = out.name
+    graph.insert_before(old, new)
+    out.replace_all_uses_with(new[-1].outputs[0], replace_graph_outputs=True)
+    graph.remove(old, safe=True)
+    new[-1].outputs[0].name = name
+
+
+def _drop_unread(graph: ir.Graph, values) -> None:
+    for value in values:
+        if value.name in graph.initializers and not list(value.uses()) and not value.is_graph_output():
+            graph.initializers.pop(value.name)
+
+
+def _block_quantizer(bits: int, block_size: int, accuracy_level: int, qdq: bool):
     from onnxruntime.quantization import QuantFormat
-    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, DefaultWeightOnlyQuantizer
 
-    settings = dict(
+    config = DefaultWeightOnlyQuantConfig(
         block_size=block_size,
         is_symmetric=True,
         accuracy_level=accuracy_level,
         quant_format=QuantFormat.QDQ if qdq else QuantFormat.QOperator,
         op_types_to_quantize=("MatMul",),
+        bits=bits,
     )
-    logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
-    config = DefaultWeightOnlyQuantConfig(bits=bits, **settings)
-    quantizer = MatMulNBitsQuantizer(model, bits=bits, algo_config=config, nodes_to_exclude=exclude, **settings)
-    quantizer.process()
-    model = quantizer.model.model
-    _merge_repeated_definitions(model)
-    return model
+    quantizer = DefaultWeightOnlyQuantizer(config)
+
+    def quantize(weight: np.ndarray) -> tuple:
+        packed, scales, _ = quantizer.qbits_block_quant(np.ascontiguousarray(weight))  # its kernels read row-major
+        return packed, scales
+
+    return quantize
 
 
-def quantize_mode_weights(onnx_path: Path, names: list[str], bits: int, block_size: int) -> int:
-    """`build --head-weights`: the mode's own matmuls among the nodes `names` (mode_nodes, read from the graph as
-    exported: quantization drops the metadata) of the ONNX Runtime graph at onnx_path, in place, as MatMulNBits with
-    `bits`-bit blocks and int8 activations (accuracy level 4; the draft's calls have a few rows, where level 1 would
-    dequantize the weights). The heads only propose drafts: their roundings never change an accepted token. Returns
-    how many matmuls were quantized (the target's stay as they are)."""
-    model = onnx.load(str(onnx_path))
-    wanted = set(names)
-    _gemms_to_matmuls(model, wanted)
-    _fold_weight_transposes(model, wanted)
-    inits = {i.name for i in model.graph.initializer}
-    heads = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name in wanted and n.input[1] in inits]
-    if not heads:
-        return 0
-    others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in set(heads)]
-    try:
-        model = _quantize_matmuls(model, bits, block_size, ACCURACY_INT8, qdq=False, exclude=others)
-    except Exception as exc:  # the quantizer raises assertion/value errors on shapes it cannot handle
-        raise SpecbuildError(f"{onnx_path.name}: head weight quantization failed ({exc})") from None
-    used = _read_names(model.graph)
-    for init in list(model.graph.initializer):  # the float weights the quantized ones replaced
-        if init.name not in used:
-            model.graph.initializer.remove(init)
-    _replace_graph(onnx_path, model, "heads")
-    return len(heads)
-
-
-def _external_files(onnx_path: Path) -> set[str]:
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    return {e.value for i in model.graph.initializer for e in i.external_data if e.key == "location"}
-
-
-def _read_names(graph: onnx.GraphProto) -> set[str]:
-    """Every value name a node of `graph` or of its subgraphs (If branches) reads, and the graph's outputs."""
-    names = {o.name for o in graph.output}
-    for node in graph.node:
-        names.update(node.input)
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                names |= _read_names(sub)
-    return names
-
-
-def _gemms_to_matmuls(model: onnx.ModelProto, readers: set[str]) -> None:
-    """Gemm(A, constant B) among `readers` (alpha 1, A not transposed) -> MatMul(A, B or its transposed copy) and
-    Add(C) where it has one, under the Gemm's name (the quantizer takes MatMul only). A weight the target also reads
-    (Medusa's heads share the base lm_head) gets a copy of its own; the target keeps the float one."""
+def quantize_matmuls(model: ir.Model, bits: int, block_size: int, accuracy_level: int, qdq: bool, select) -> int:
+    """Every MatMul that select(node) takes, whose B is a 2-D float initializer: B in `bits`-bit blocks, QDQ
+    (DequantizeLinear -> MatMul, 4-bit only) or MatMulNBits; a weight read by several MatMuls is quantized once.
+    Returns how many matmuls were quantized."""
     graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
-    transposed: dict[str, str] = {}
-    for node in list(graph.node):
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if (
-            node.op_type != "Gemm"
-            or node.name not in readers
-            or node.input[1] not in inits
-            or attrs.get("alpha", 1.0) != 1.0
-            or attrs.get("transA", 0)
-            or (len(node.input) > 2 and node.input[2] and attrs.get("beta", 1.0) != 1.0)
-        ):
+    quantize = _block_quantizer(bits, block_size, accuracy_level, qdq)
+    done: dict[str, tuple[ir.Value, ir.Value]] = {}
+    dequantized: dict[str, ir.Value] = {}  # QDQ: one DequantizeLinear per weight, read by each of its MatMuls
+    sources, count = [], 0
+    for node in list(graph):
+        if node.op_type != "MatMul" or node.domain not in ONNX_DOMAINS or not select(node):
             continue
-        weight = node.input[1]
-        if attrs.get("transB", 0):
-            if weight not in transposed:
-                transposed[weight] = f"{weight}.transposed"
-                array = numpy_helper.to_array(inits[weight]).T
-                graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(array), transposed[weight]))
-            weight = transposed[weight]
-        bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
-        product = f"{node.output[0]}.matmul" if bias else node.output[0]
-        replacement = [helper.make_node("MatMul", [node.input[0], weight], [product], name=node.name)]
-        if bias:
-            replacement.append(helper.make_node("Add", [product, bias], list(node.output), name=f"{node.name}.bias"))
-        position = list(graph.node).index(node)
-        graph.node.remove(node)
-        for offset, new in enumerate(replacement):
-            graph.node.insert(position + offset, new)
-
-
-def _fold_weight_transposes(model: onnx.ModelProto, readers: set[str]) -> None:
-    """Transpose(constant) feeding only matmuls among `readers` -> the transposed constant (the quantizer takes
-    constant weights only; ONNX Runtime folds such a Transpose at load anyway)."""
-    graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    sources = set()
-    for node in list(graph.node):
-        if node.op_type != "Transpose" or node.input[0] not in inits:
+        weight = _weight(node, 1)
+        if weight is None:
             continue
-        users = consumers.get(node.output[0], [])
-        if not users or any(
-            u.op_type != "MatMul" or u.name not in readers or u.input[0] == node.output[0] for u in users
-        ):
-            continue
-        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-        folded = numpy_helper.to_array(inits[node.input[0]]).transpose(perm)
-        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(folded), node.output[0]))
-        graph.node.remove(node)
-        sources.add(node.input[0])
-    used = _read_names(graph)
-    for name in sources - used:
-        graph.initializer.remove(inits[name])
-
-
-def _merge_repeated_definitions(model: onnx.ModelProto) -> None:
-    """A weight read by several MatMuls (a draft lm_head applied at every depth) comes out of the quantizer once per
-    reader, under the same names: keep one definition of each (they are identical: same weight, same bytes)."""
-    graph = model.graph
-    seen: dict[str, onnx.TensorProto] = {}
-    for init in list(graph.initializer):
-        if init.name in seen:
-            if init.SerializeToString() != seen[init.name].SerializeToString():
-                raise SpecbuildError(f"weight quantization produced two different tensors named {init.name!r}")
-            graph.initializer.remove(init)
+        k, n = (int(d) for d in weight.const_value.shape)
+        if weight.name not in done:
+            done[weight.name] = _quantized_weight(graph, weight, quantize, bits, block_size, qdq)
+            sources.append(weight)
+        data, scales = done[weight.name]
+        if qdq:
+            if weight.name not in dequantized:
+                dq = ir.Node("", "DequantizeLinear", [data, scales], [ir.AttrInt64("axis", 0),
+                             ir.AttrInt64("block_size", block_size)], name=f"{node.name}_DQ_Q{bits}")  # fmt: skip
+                dq.outputs[0].name = f"{data.name}_output"
+                graph.insert_before(node, dq)
+                dequantized[weight.name] = dq.outputs[0]
+            node.replace_input_with(1, dequantized[weight.name])
         else:
-            seen[init.name] = init
-    produced: dict[str, onnx.NodeProto] = {}
-    for node in list(graph.node):
-        first = next((produced[o] for o in node.output if o and o in produced), None)  # "": an unused output
-        if first is None:
-            produced.update({o: node for o in node.output if o})
-        elif (first.op_type, list(first.input), list(first.attribute)) == (
-            node.op_type,
-            list(node.input),
-            list(node.attribute),
-        ):
-            graph.node.remove(node)
+            attributes = [ir.AttrInt64(key, value) for key, value in
+                          (("K", k), ("N", n), ("bits", bits), ("block_size", block_size))]  # fmt: skip
+            if accuracy_level:
+                attributes.append(ir.AttrInt64("accuracy_level", accuracy_level))
+            new = ir.Node(MSFT, "MatMulNBits", [node.inputs[0], data, scales], attributes, name=f"{node.name}_Q{bits}")
+            _replace_node(graph, node, [new])
+        count += 1
+    _drop_unread(graph, sources)
+    if count and not qdq:
+        model.opset_imports.setdefault(MSFT, 1)
+    return count
+
+
+def _quantized_weight(graph, weight: ir.Value, quantize, bits: int, block_size: int, qdq: bool):
+    """(data, scales) initializers of `weight` [K, N], lazy: made when the graph is written."""
+    tensor = weight.const_value
+    k, n = (int(d) for d in tensor.shape)
+    blocks = (k + block_size - 1) // block_size
+    lazy = _Blocks(tensor, quantize, 2)
+    scales_type = tensor.dtype
+    if qdq:
+        data = _initializer(graph, f"{weight.name}_DQ_Q{bits}", ir.DataType.INT4, (k, n), lazy.part(0, _int4((k, n))))
+        scales = _initializer(graph, f"{weight.name}_DQ_scales", scales_type, (blocks, n), lazy.part(1, ir.Tensor))
+    else:
+        blob = (block_size * bits + 7) // 8
+        data = _initializer(graph, f"{weight.name}_Q{bits}", ir.DataType.UINT8, (n, blocks, blob),
+                            lazy.part(0, ir.Tensor))  # fmt: skip
+        scales = _initializer(graph, f"{weight.name}_scales", scales_type, (n, blocks), lazy.part(1, ir.Tensor))
+    return data, scales
+
+
+def _int4(shape: tuple[int, int]) -> Callable[[np.ndarray], ir.TensorProtocol]:
+    """Packed INT4 bytes (two values a byte) as a tensor of `shape`."""
+    return lambda packed: ir.PackedTensor(packed, ir.DataType.INT4, shape=shape)
+
+
+def _quantized_table(graph: ir.Graph, table: ir.Value, block_size: int) -> tuple[ir.Value, ir.Value]:
+    """(INT4 data, float32 scales) initializers of embedding `table` [V, H], blocks along H, lazy."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantizer
+
+    v, h = (int(d) for d in table.const_value.shape)
+    blocks = (h + block_size - 1) // block_size
+
+    def quantize(array):
+        return DefaultWeightOnlyQuantizer.quantize_ndarray(np.ascontiguousarray(array), 1, block_size, True)[:2]
+
+    lazy = _Blocks(table.const_value, quantize, 2)
+    data = _initializer(graph, f"{table.name}_int4", ir.DataType.INT4, (v, h), lazy.part(0, _int4((v, h))))
+    scales = _initializer(graph, f"{table.name}_int4_scales", ir.DataType.FLOAT, (v, blocks),
+                          lazy.part(1, lambda s: ir.Tensor(s.astype(np.float32))))  # fmt: skip
+    return data, scales
+
+
+def quantize_embedding(model: ir.Model, block_size: int, fused: bool) -> int:
+    """Gather(E [V,H] float32 initializer, ids) -> INT4 E (blocks along H, symmetric, ONNX Runtime's numerics),
+    each table quantized once whatever the number of gathers that read it: GatherBlockQuantized (fused, the ONNX
+    Runtime graph) or one DequantizeLinear -> Gather (the portable graph)."""
+    graph = model.graph
+    done: dict[str, tuple] = {}
+    tables = []
+    for node in list(graph):
+        if node.op_type != "Gather" or node.domain not in ONNX_DOMAINS:
+            continue
+        table = _weight(node, 0)
+        axis = node.attributes["axis"].as_int() if "axis" in node.attributes else 0
+        if table is None or axis != 0 or table.const_value.dtype != ir.DataType.FLOAT or table.const_value.shape[1] % 2:
+            continue
+        if table.name not in done:
+            data, scales = _quantized_table(graph, table, block_size)
+            dequantized = None
+            if not fused:  # one DequantizeLinear for the table (TensorRT folds it into the weights)
+                dq = ir.Node("", "DequantizeLinear", [data, scales], [ir.AttrInt64("axis", 1),
+                             ir.AttrInt64("block_size", block_size)], name=f"{table.name}_dequantize")  # fmt: skip
+                dq.outputs[0].name = f"{table.name}_dequantized"
+                graph.insert_before(next(iter(graph)), dq)
+                dequantized = dq.outputs[0]
+            done[table.name] = (data, scales, dequantized)
+            tables.append(table)
+        data, scales, dequantized = done[table.name]
+        if fused:
+            attributes = [ir.AttrInt64("bits", 4), ir.AttrInt64("block_size", block_size),
+                          ir.AttrInt64("gather_axis", 0), ir.AttrInt64("quantize_axis", 1)]  # fmt: skip
+            new = ir.Node(MSFT, "GatherBlockQuantized", [data, node.inputs[1], scales], attributes,
+                          name=f"{node.name}_quantized")  # fmt: skip
+            _replace_node(graph, node, [new])
         else:
-            raise SpecbuildError(f"weight quantization produced two different nodes writing {node.output[0]!r}")
+            node.replace_input_with(0, dequantized)
+    _drop_unread(graph, tables)
+    if fused and done:
+        model.opset_imports.setdefault(MSFT, 1)
+    return len(done)
 
 
-def _with_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
-    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), version)
+def convert_opset(model: ir.Model, version: int) -> None:
+    """Move `model` to opset `version` of the default domain (blockwise DequantizeLinear and INT4 need 21); the
+    weights are not read."""
+    current = model.opset_imports.get("", version)
     if current >= version:
-        return model
-    from onnx import version_converter
+        return
+    from onnxscript.version_converter import convert_version
 
     try:
-        return version_converter.convert_version(model, version)
+        convert_version(model, version)
     except Exception as exc:  # the converter names the op it cannot adapt
         raise SpecbuildError(f"cannot move the graph to opset {version} for blockwise quantization ({exc})") from None
 
 
-def _quantize_embedding(model: onnx.ModelProto, block_size: int, fused: bool) -> None:
-    """Gather(E [V,H] constant, ids) -> INT4 E (blocks along H, symmetric, ONNX Runtime's numerics), each table
-    quantized once whatever the number of gathers that read it."""
-    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantizer
+def quantize_base(model: ir.Model, bits: int, block_size: int, accuracy_level: int, fused_gather: bool) -> int:
+    """The base network's weights of `model` (not the mode's own, mode_nodes) in `bits`-bit blocks (see the module):
+    int4 as QDQ at opset 21 with an INT4 embedding, int8 as MatMulNBits. Returns how many matmuls."""
+    float_nodes = mode_nodes(model)
+    qdq = bits == 4
+    if qdq:
+        convert_opset(model, QDQ_OPSET)
+    try:
+        count = quantize_matmuls(model, bits, block_size, accuracy_level, qdq, lambda n: n.name not in float_nodes)
+    except (AssertionError, ValueError) as exc:  # the quantizer refuses shapes it cannot handle
+        raise SpecbuildError(f"weight quantization failed ({exc})") from None
+    if qdq:
+        quantize_embedding(model, block_size, fused=fused_gather)
+    return count
 
-    graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
-    done: dict[str, tuple[str, str, str | None]] = {}  # table -> (INT4 data, scales, dequantized output)
-    for node in list(graph.node):
-        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or node.input[0] not in inits:
+
+def quantize_heads(model: ir.Model, names: set[str], bits: int, block_size: int) -> int:
+    """`build --head-weights`: the mode's own matmuls among the nodes `names` (mode_nodes) as MatMulNBits with
+    `bits`-bit blocks and int8 activations (accuracy level 4; the draft's calls have a few rows, where level 1 would
+    dequantize the weights). The heads only propose drafts: their roundings never change an accepted token. Returns
+    how many matmuls were quantized (the target's stay as they are)."""
+    _gemms_to_matmuls(model.graph, names)
+    count = quantize_matmuls(model, bits, block_size, ACCURACY_INT8, False, lambda n: n.name in names)
+    _drop_unread(model.graph, list(model.graph.initializers.values()))  # the float weights the quantized replaced
+    return count
+
+
+def _gemms_to_matmuls(graph: ir.Graph, readers: set[str]) -> None:
+    """Gemm(A, constant B) among `readers` (alpha 1, A not transposed) -> MatMul(A, B or its transposed copy) and
+    Add(C) where it has one, under the Gemm's name (the quantizer takes MatMul only). A weight the target also reads
+    (Medusa's heads share the base lm_head) gets a copy of its own; the target keeps the float one."""
+    transposed: dict[str, ir.Value] = {}
+    for node in list(graph):
+        attrs = {k: a.value for k, a in node.attributes.items()}
+        weight = _weight(node, 1) if node.op_type == "Gemm" else None
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        if (
+            weight is None
+            or node.name not in readers
+            or attrs.get("alpha", 1.0) != 1.0
+            or attrs.get("transA", 0)
+            or (bias is not None and attrs.get("beta", 1.0) != 1.0)
+        ):
             continue
-        base = node.input[0]
-        if base not in done:
-            table = numpy_helper.to_array(inits[base])
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-            if table.ndim != 2 or axis != 0 or table.dtype != np.float32 or table.shape[1] % 2:
-                continue
-            data, scales, _ = DefaultWeightOnlyQuantizer.quantize_ndarray(table, 1, block_size, True)
-            qdata = helper.make_tensor(f"{base}_int4", TensorProto.INT4, table.shape, data.tobytes(), raw=True)
-            qscales = numpy_helper.from_array(scales.astype(np.float32), f"{base}_int4_scales")
-            graph.initializer.extend([qdata, qscales])
-            dequantized = None
-            if not fused:  # one DequantizeLinear for the table (TensorRT folds it into the weights)
-                dequantized = f"{base}_dequantized"
-                dq = helper.make_node(
-                    "DequantizeLinear",
-                    [qdata.name, qscales.name],
-                    [dequantized],
-                    name=f"{base}_dequantize",
-                    axis=1,
-                    block_size=block_size,
-                )
-                graph.node.insert(0, dq)
-            done[base] = (qdata.name, qscales.name, dequantized)
-        qdata_name, scales_name, dequantized = done[base]
-        if fused:
-            replacement = helper.make_node(
-                "GatherBlockQuantized",
-                [qdata_name, node.input[1], scales_name],
-                list(node.output),
-                name=f"{node.name}_quantized",
-                domain=MSFT,
-                bits=4,
-                block_size=block_size,
-                gather_axis=0,
-                quantize_axis=1,
-            )
-        else:
-            replacement = helper.make_node("Gather", [dequantized, node.input[1]], list(node.output), name=node.name)
-        position = list(graph.node).index(node)
-        graph.node.remove(node)
-        graph.node.insert(position, replacement)
-    for base in done:
-        if not any(base in n.input for n in graph.node):
-            graph.initializer.remove(inits[base])
-    if fused and done and not any(o.domain == MSFT for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(MSFT, 1))
+        if attrs.get("transB", 0):
+            if weight.name not in transposed:
+                transposed[weight.name] = _transposed(graph, weight)
+            weight = transposed[weight.name]
+        matmul = ir.Node("", "MatMul", [node.inputs[0], weight], name=node.name)
+        new = [matmul]
+        if bias is not None:
+            new.append(ir.Node("", "Add", [matmul.outputs[0], bias], name=f"{node.name}.bias"))
+        _replace_node(graph, node, new)
 
 
-def quantize_step_graph(step, onnx_path: Path, plan, fused_gather: bool, name: str, log) -> dict:
-    """Quantize the exported graph at onnx_path in place (plan.weights), compare it with the float torch step over a
-    sample text, drop the logits output the comparison needed (unless asked for); return engine.yaml's
-    graphs[].quantization."""
+def _transposed(graph: ir.Graph, weight: ir.Value) -> ir.Value:
+    """A lazy initializer holding weight^T (a copy: others may read the weight as it is)."""
+    tensor = weight.const_value
+    n, k = (int(d) for d in tensor.shape)
+
+    def read():
+        return ir.Tensor(np.ascontiguousarray(tensor.numpy().T))
+
+    return _initializer(graph, f"{weight.name}.transposed", tensor.dtype, (k, n), read)
+
+
+def quantize_step_graph(step, onnx_path: Path, plan, name: str, log) -> dict:
+    """Compare the quantized graph at onnx_path with the float torch step over a sample text, drop the logits output
+    the comparison needed (unless asked for); return engine.yaml's graphs[].quantization."""
     from specbuild.builder.export import compare_quantized, drop_output
 
     bits, block_size = plan.quantized_bits, plan.options.weights_block_size
     level = ACCURACY_INT8 if plan.options.int8_activations else ACCURACY_FP32
-    log(f"quantizing the {name} graph's weights to {plan.weights} (blocks of {block_size})")
-    quantize_graph(onnx_path, bits, block_size, fused_gather=fused_gather, accuracy_level=level)
     q = {
         "bits": bits,
         "block_size": block_size,

@@ -27,6 +27,10 @@ def share_weights(engine_dir: Path, graph_files: list[str], name: str = WEIGHTS_
     Returns {"bytes": size of the weights file, "tensors": tensors stored, "shared": references that reused
     bytes already stored}."""
     engine_dir = Path(engine_dir)
+    if len(graph_files) == 1:
+        adopted = _adopt(engine_dir, graph_files[0], name)
+        if adopted is not None:
+            return adopted
     stored: dict[str, tuple[int, int]] = {}
     sources: dict[Path, mmap.mmap] = {}
     files = []
@@ -61,6 +65,31 @@ def share_weights(engine_dir: Path, graph_files: list[str], name: str = WEIGHTS_
         if file.name != name and file.exists():
             file.unlink()
     return {"bytes": size, "tensors": len(stored), "shared": shared}
+
+
+def _adopt(engine_dir: Path, graph_file: str, name: str) -> dict[str, int] | None:
+    """One graph whose tensors all live, aligned, in one data file: that file becomes the weights file (renamed, not
+    copied: the bytes are written once) and the small tensors go inside the graph. None where it cannot."""
+    model = onnx.load(str(engine_dir / graph_file), load_external_data=False)
+    tensors = [t for t in external_data_helper._get_all_tensors(model) if t.data_location == onnx.TensorProto.EXTERNAL]
+    infos = [external_data_helper.ExternalDataInfo(t) for t in tensors]
+    locations = {info.location for info in infos}
+    if len(locations) != 1 or any(
+        info.length is None or (info.length >= INLINE_BELOW and (info.offset or 0) % ALIGN) for info in infos
+    ):
+        return None
+    source = engine_dir / locations.pop()
+    with open(source, "rb") as fh:
+        for tensor, info in zip(tensors, infos):
+            if info.length < INLINE_BELOW:
+                fh.seek(info.offset or 0)
+                _inline(tensor, fh.read(info.length))
+            else:
+                _point(tensor, name, info.offset or 0, info.length)
+    source.replace(engine_dir / name)
+    onnx.save(model, str(engine_dir / graph_file))
+    big = [info for info in infos if info.length >= INLINE_BELOW]
+    return {"bytes": (engine_dir / name).stat().st_size, "tensors": len(big), "shared": 0}
 
 
 def _tensor_bytes(tensor, engine_dir: Path, sources: dict, files: list) -> bytes | None:

@@ -82,6 +82,7 @@ class LazyTensors(Mapping):
     def __init__(self, specs: dict[str, tuple[tuple[int, ...], torch.dtype]], load: Callable[[str], torch.Tensor]):
         self.specs = specs
         self._load = load
+        self.checked: set[str] = set()  # names already checked for NaN/Inf (once per name is enough)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self.specs:
@@ -133,10 +134,13 @@ def open_hf_weights(model_dir: Path) -> LazyTensors:
 
     def load(name: str) -> torch.Tensor:
         tensor = readers[origin[name]](name)
-        check_finite(tensor, name, origin[name])
+        if name not in lazy.checked:
+            check_finite(tensor, name, origin[name])
+            lazy.checked.add(name)
         return tensor
 
-    return LazyTensors(specs, load)
+    lazy = LazyTensors(specs, load)
+    return lazy
 
 
 def open_tensor_file(path: Path) -> LazyTensors:
@@ -145,10 +149,13 @@ def open_tensor_file(path: Path) -> LazyTensors:
 
     def load(name: str) -> torch.Tensor:
         tensor = read(name)
-        check_finite(tensor, name, path)
+        if name not in lazy.checked:
+            check_finite(tensor, name, path)
+            lazy.checked.add(name)
         return tensor
 
-    return LazyTensors(specs, load)
+    lazy = LazyTensors(specs, load)
+    return lazy
 
 
 def load_hf_weights(model_dir: Path, progress: bool = True) -> dict[str, torch.Tensor]:
@@ -238,16 +245,27 @@ def _check_readable(path: Path) -> None:
         raise SpecbuildError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
+# IEEE floats whose exponent bits are all ones are NaN or Inf: (bit view, exponent mask) per dtype
+EXPONENT_MASKS = {
+    torch.float32: (torch.int32, 0x7F800000),
+    torch.float16: (torch.int16, 0x7C00),
+    torch.bfloat16: (torch.int16, 0x7F80),
+}
+
+
 def check_finite(tensor: torch.Tensor, name: str, source) -> None:
-    """Refuse a floating-point tensor holding NaN or Inf (checked in chunks, so memory stays small)."""
+    """Refuse a floating-point tensor holding NaN or Inf (checked in chunks, so memory stays small; float32/16 and
+    bfloat16 by their exponent bits, an integer test that needs no float conversion)."""
     if not tensor.is_floating_point() or tensor.numel() == 0:
         return
     flat = tensor.reshape(-1)
+    bits, mask = EXPONENT_MASKS.get(flat.dtype, (None, None))
     bad = 0
     for chunk in flat.split(FINITE_CHECK_CHUNK):
-        if chunk.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
-            chunk = chunk.float()
-        bad += int((~torch.isfinite(chunk)).sum())
+        if bits is not None:
+            bad += int((chunk.view(bits) & mask).eq_(mask).sum())
+        else:
+            bad += int((~torch.isfinite(chunk.float() if chunk.dtype != torch.float64 else chunk)).sum())
     if bad:
         raise SpecbuildError(
             f"{source}: tensor {name} holds {bad} non-finite value{'s' if bad > 1 else ''} (NaN or Inf) of "

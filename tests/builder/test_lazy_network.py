@@ -1,0 +1,41 @@
+"""The network without its layers' weights in memory: the streamed network computes what the loaded one computes,
+every layer parameter the graph needs is made from the checkpoint, and the skeleton holds no layer data."""
+
+import pytest
+import torch
+
+from specbuild.builder import lazy_network
+from specbuild.builder.checkpoint import Checkpoint
+from specbuild.builder.network import LlamaNetwork
+from tests.conftest import TINY_SHAPES
+
+
+@pytest.mark.parametrize("shape", list(TINY_SHAPES))
+def test_streamed_network_equals_the_loaded_one_and_every_weight_is_made(tiny_checkpoints, shape):
+    ckpt = Checkpoint.load(tiny_checkpoints[shape])
+    tensors = ckpt.tensors()
+    loaded = LlamaNetwork.from_tensors(ckpt.model, tensors, "float32")
+    skeleton = lazy_network.skeleton(ckpt.model, tensors)
+    streamed = lazy_network.streamed(ckpt.model, tensors, real_from=skeleton)
+    params = dict(loaded.named_parameters())
+    for i, layer in enumerate(loaded.layers):
+        names = lazy_network.layer_parameters(layer)
+        assert names and not any(n.startswith(lazy_network.UNPACKED) for n in names)
+        for name in names:
+            made = lazy_network.network_weight(tensors, f"layers.{i}.{name}", torch.float32)
+            assert torch.equal(made, params[f"layers.{i}.{name}"]), name
+            fake = skeleton.get_parameter(f"layers.{i}.{name}")
+            assert type(fake).__name__ == "FakeTensor" or "Fake" in type(fake.data).__name__, name
+    ids = torch.tensor([[1, 5, 9, 3, 7]])
+    args = (ids, torch.arange(5)[None], torch.tril(torch.ones(5, 5, dtype=torch.bool))[None], torch.tensor([0]))
+    cfg = ckpt.model
+    kv = torch.zeros(cfg.num_layers, 2, 1, cfg.num_kv_heads, 0, cfg.head_dim)
+    with torch.no_grad():
+        assert torch.equal(loaded(*args, kv)[0], streamed(*args, kv)[0])
+    assert streamed.embed_tokens is skeleton.embed_tokens  # the real parts are shared, not copied
+
+
+def test_a_name_outside_the_layers_is_refused(tiny_checkpoints):
+    tensors = Checkpoint.load(tiny_checkpoints["qwen2_bias"]).tensors()
+    with pytest.raises(KeyError, match="not a decoder-layer parameter"):
+        lazy_network.network_weight(tensors, "embed_tokens.weight", torch.float32)

@@ -1,0 +1,100 @@
+"""Export validation: a graph that computes a token otherwise is refused; a choice torch made at a near-tie is
+counted, not refused (DecisionMargins); graphs too large to validate whole are validated on their first layers and
+checked whole on a prompt, and build the same engines."""
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import yaml
+from onnx import TensorProto, helper
+
+from specbuild import engine_format as ef
+from specbuild.builder import export, graphs
+from specbuild.builder.build import BuildOptions, build_engine
+from specbuild.builder.checkpoint import Checkpoint
+from specbuild.builder.network import LlamaNetwork
+from specbuild.builder.step import StepModule
+from specbuild.errors import SpecbuildError
+from specbuild.plugins.none.graph import NonePlugin
+from specbuild.runtime.engine import Engine
+from tests.conftest import ORT_ONLY, full, quiet
+
+pytestmark = pytest.mark.xdist_group("tiny")
+
+
+def test_margins_of_selections_and_comparisons():
+    with export.DecisionMargins() as m:
+        torch.tensor([[1.0, 3.0, 2.5]]).argmax(-1)
+    assert m.margin == pytest.approx(0.5)
+    with export.DecisionMargins() as m:
+        torch.topk(torch.tensor([5.0, 1.0, 4.0, 3.9]), 2)
+    assert m.margin == pytest.approx(0.1)  # the boundary: 4.0 chosen over 3.9
+    with export.DecisionMargins() as m:
+        _ = torch.tensor([0.30, 0.70]) <= torch.tensor(0.3005)
+    assert m.margin == pytest.approx(0.0005, rel=1e-4)  # float32 values
+    with export.DecisionMargins() as m:
+        _ = torch.arange(5) < 3  # integers: no rounding, no margin
+    assert m.margin == float("inf")
+
+
+@pytest.fixture(scope="module")
+def none_graph(tiny_checkpoints, tmp_path_factory):
+    ckpt = Checkpoint.load(tiny_checkpoints["llama_gqa_llama3rope"])
+    step = StepModule(LlamaNetwork.from_tensors(ckpt.model, ckpt.tensors()), NonePlugin()).eval()
+    path = tmp_path_factory.mktemp("validation") / ef.ENGINE_ONNX
+    export.export_step(step, path)
+    return step, path
+
+
+def _plus_one(path, output):
+    """The graph at `path` with `output` (int64) computed plus one: a graph that picks another token."""
+    model = onnx.load(str(path), load_external_data=False)
+    node = next(n for n in model.graph.node if output in n.output)
+    node.output[list(node.output).index(output)] = f"{output}.before"
+    model.graph.initializer.append(helper.make_tensor("one", TensorProto.INT64, [], [1]))
+    model.graph.node.append(helper.make_node("Add", [f"{output}.before", "one"], [output]))
+    broken = path.with_name(f"broken.{path.name}")
+    onnx.save(model, str(broken))
+    return broken
+
+
+def test_a_graph_that_picks_another_token_is_refused_and_a_near_tie_is_counted(none_graph, monkeypatch):
+    step, path = none_graph
+    assert export.validate_export(step, path, 1e-3)["near_ties"] == 0
+    broken = _plus_one(path, ef.NEXT_INPUT_IDS)
+    with pytest.raises(SpecbuildError, match="output next_input_ids differs between torch and ONNX Runtime"):
+        export.validate_export(step, broken, 1e-3)
+    monkeypatch.setattr(export, "decision_margin", lambda step, args: 0.0)  # as if every choice were a tie
+    result = export.validate_export(step, broken, 1e-3)
+    assert result["near_ties"] > 0 and result["max_abs_diff"] < 1e-3
+
+
+@pytest.mark.parametrize(
+    "mode,options",
+    [
+        ("none", {}),
+        pytest.param("none", dict(weights="int4", int8_activations=True), marks=full("another precision")),
+        pytest.param("ngram", dict(num_draft_tokens=3), marks=full("another mode")),
+    ],
+)
+def test_graphs_too_large_to_validate_whole_build_the_same_engines(tiny_checkpoints, tmp_path, monkeypatch, mode,
+                                                                   options):  # fmt: skip
+    ckpt = tiny_checkpoints["qwen2_bias"]
+    opts = dict(backends=ORT_ONLY, speculative_mode=mode, **options)
+    whole = build_engine(ckpt, tmp_path / "whole", BuildOptions(**opts), log=quiet)
+    monkeypatch.setattr(graphs, "SMALL_GRAPH_BYTES", 0)
+    monkeypatch.setattr(graphs, "TRUNCATED_LAYERS", 1)  # the tiny models have 2 layers
+    parts = build_engine(ckpt, tmp_path / "parts", BuildOptions(**opts), log=quiet)
+    graph = yaml.safe_load((parts / ef.ENGINE_MANIFEST).read_text())["graphs"][0]
+    assert graph["validation"]["layers"] == 1
+    assert ("quantization" in graph) == ("weights" in options) or "whole_model" in graph["validation"]
+    a, b = Engine(whole, threads=1), Engine(parts, threads=1)
+    for ids in ([1, 5, 9, 3, 7], [1, 4], [2, 11, 10, 6]):
+        assert (
+            a.generate(input_ids=ids, max_new_tokens=16).output_ids
+            == b.generate(input_ids=ids, max_new_tokens=16).output_ids
+        )
+    files = sorted(p.name for p in parts.iterdir())
+    assert files == sorted(p.name for p in whole.iterdir()) and not any(f.startswith(".truncated") for f in files)
+    np.testing.assert_equal((parts / "weights.bin").stat().st_size, (whole / "weights.bin").stat().st_size)
