@@ -47,12 +47,13 @@ def none_graph(tiny_checkpoints, tmp_path_factory):
     return step, path
 
 
-def _plus_one(path, output):
-    """The graph at `path` with `output` (int64) computed plus one: a graph that picks another token."""
+def _plus_one(path, output, dtype=TensorProto.INT64):
+    """The graph at `path` with `output` computed plus one: a graph that picks another token (int64), or whose float
+    output is off."""
     model = onnx.load(str(path), load_external_data=False)
     node = next(n for n in model.graph.node if output in n.output)
     node.output[list(node.output).index(output)] = f"{output}.before"
-    model.graph.initializer.append(helper.make_tensor("one", TensorProto.INT64, [], [1]))
+    model.graph.initializer.append(helper.make_tensor("one", dtype, [], [1]))
     model.graph.node.append(helper.make_node("Add", [f"{output}.before", "one"], [output]))
     broken = path.with_name(f"broken.{path.name}")
     onnx.save(model, str(broken))
@@ -68,6 +69,17 @@ def test_a_graph_that_picks_another_token_is_refused_and_a_near_tie_is_counted(n
     monkeypatch.setattr(export, "decision_margin", lambda step, args: 0.0)  # as if every choice were a tie
     result = export.validate_export(step, broken, 1e-3)
     assert result["near_ties"] > 0 and result["max_abs_diff"] < 1e-3
+
+
+def test_a_float_output_off_is_refused_unless_a_choice_behind_it_was_a_near_tie(none_graph, monkeypatch):
+    step, path = none_graph
+    model = onnx.load(str(path), load_external_data=False)
+    floating = next(o.name for o in model.graph.output if o.type.tensor_type.elem_type == TensorProto.FLOAT)
+    broken = _plus_one(path, floating, TensorProto.FLOAT)
+    with pytest.raises(SpecbuildError, match="max abs diff 1 exceeds"):
+        export.validate_export(step, broken, 1e-3)
+    monkeypatch.setattr(export, "decision_margin", lambda step, args: 0.0)  # every call made a choice at a tie
+    assert export.validate_export(step, broken, 1e-3)["near_ties"] > 0
 
 
 @pytest.mark.parametrize(
