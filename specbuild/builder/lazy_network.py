@@ -1,14 +1,14 @@
-"""The base network without its decoder layers' weights in memory, for checkpoints of any size.
+"""The base network without its weights in memory, for checkpoints of any size.
 
-- `skeleton`: the layers' parameters are fake (shapes and dtypes only: torch's FakeTensorMode), so the step graph is
-  exported without holding them; `layer_weight` makes each one from the checkpoint when the graph is written
-  (export.py writes them one at a time).
-- `streamed`: each layer parameter is read from the checkpoint whenever the forward reads it (a torch
-  parametrization) and dropped after: the torch reference that validation compares the graphs with, in the memory of
-  one layer.
+- `skeleton`: the weights (the decoder layers', the embedding, the lm_head) are fake (shapes and dtypes only: torch's
+  FakeTensorMode), so the step graph is exported without holding them; `network_weight` makes each one from the
+  checkpoint when the graph is written (ir_weights.py writes them one at a time).
+- `streamed`: each of them is read from the checkpoint whenever the forward reads it (a torch parametrization) and
+  dropped after: the torch reference the graphs are checked against, in the memory of one layer and the largest
+  tensor.
 
-The embedding, the final norm and the lm_head are real in both (the largest single tensors; modes read them when
-they are built, e.g. Medusa's draft-vocabulary rows of the lm_head), and so are the rotary tables.
+The final norm and the rotary tables are real in both (small); a mode that copies lm_head rows when it is built
+(Medusa's draft vocabulary) reads them through `output_weight()`.
 """
 
 from __future__ import annotations
@@ -41,11 +41,19 @@ def layer_weight(tensors: Mapping, index: int, name: str, dtype: torch.dtype) ->
     return torch.cat([tensors[f"model.layers.{index}.{part}.{kind}"] for part in parts]).to(dtype)
 
 
-def network_weight(tensors: Mapping, name: str, dtype: torch.dtype) -> torch.Tensor:
-    """A layer parameter of the network by its name in LlamaNetwork (`layers.3.mlp.down_proj.weight`)."""
+EMBED, LM_HEAD = "embed_tokens.weight", "lm_head.weight"  # the large parameters outside the layers
+
+
+def network_weight(tensors: Mapping, name: str, dtype: torch.dtype, tied: bool = False) -> torch.Tensor:
+    """A weight of the network by its name in LlamaNetwork (`layers.3.mlp.down_proj.weight`, `embed_tokens.weight`,
+    `lm_head.weight`: the embedding's where `tied`)."""
+    if name == EMBED or (name == LM_HEAD and tied):
+        return tensors["model.embed_tokens.weight"].to(dtype)
+    if name == LM_HEAD:
+        return tensors["lm_head.weight"].to(dtype)
     match = LAYER_PARAMETER.fullmatch(name)
     if match is None:
-        raise KeyError(f"{name} is not a decoder-layer parameter")
+        raise KeyError(f"{name} is not a weight the network reads from the checkpoint")
     return layer_weight(tensors, int(match.group(1)), match.group(2), dtype)
 
 
@@ -54,67 +62,83 @@ def layer_parameters(layer: nn.Module) -> list[str]:
     return [name for name, _ in layer.named_parameters() if not name.startswith(UNPACKED)]
 
 
-def _base(cfg: ModelConfig, tensors: Mapping, dtype: str, real_from: LlamaNetwork | None = None) -> LlamaNetwork:
-    """The network with meta (no memory) decoder layers, packed, and its real embedding, norm, lm_head and rotary
-    frequencies in `dtype` (those of `real_from` if given: the modules are shared, not copied)."""
+class LazyNetwork(LlamaNetwork):
+    """LlamaNetwork whose weights are not held (see the module): it knows where to read them."""
+
+    def __init__(self, cfg: ModelConfig, tensors: Mapping, dtype: str):
+        super().__init__(cfg)
+        self.tensors, self.weight_dtype = tensors, TORCH_DTYPES[dtype]
+
+    def weight(self, name: str) -> torch.Tensor:
+        return network_weight(self.tensors, name, self.weight_dtype, self.cfg.tie_word_embeddings)
+
+    def output_weight(self) -> torch.Tensor:
+        return self.weight(LM_HEAD)
+
+    def lazy_parameters(self) -> list[str]:
+        """The network's weights read from the checkpoint (the rest, norms and tables, are held)."""
+        names = [EMBED, LM_HEAD]
+        for index, layer in enumerate(self.layers):
+            names += [f"layers.{index}.{name}" for name in layer_parameters(layer)]
+        return names
+
+
+def _base(cfg: ModelConfig, tensors: Mapping, dtype: str) -> LazyNetwork:
+    """The network with meta (no memory) weights, packed, and its real final norm and rotary frequencies."""
     torch_dtype = TORCH_DTYPES[dtype]
     with torch.device("meta"):
-        net = LlamaNetwork(cfg).to(torch_dtype)
+        net = LazyNetwork(cfg, tensors, dtype).to(torch_dtype)
     for layer in net.layers:
         layer.self_attn.pack_qkv()
         layer.mlp.pack_gate_up()
-    if real_from is not None:
-        net.embed_tokens, net.norm, net.lm_head = real_from.embed_tokens, real_from.norm, real_from.lm_head
-        net.register_buffer("inv_freq", real_from.inv_freq, persistent=False)
-        return net.eval()
-    embed = tensors["model.embed_tokens.weight"].to(torch_dtype)
-    net.embed_tokens = nn.Embedding.from_pretrained(embed, freeze=True)
     net.norm.weight = nn.Parameter(tensors["model.norm.weight"].to(torch_dtype), requires_grad=False)
-    head = tensors["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"].to(torch_dtype)
-    net.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device="meta", dtype=torch_dtype)
-    net.lm_head.weight = nn.Parameter(head.clone() if cfg.tie_word_embeddings else head, requires_grad=False)
     inv_freq, _ = cfg.rope_frequencies()
     net.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
     return net.eval()
 
 
-def skeleton(cfg: ModelConfig, tensors: Mapping, dtype: str = "float32", real_from=None) -> LlamaNetwork:
-    """The network to export: decoder-layer parameters fake (written later by layer_weight), the rest real."""
+def _replace(net: LazyNetwork, name: str, make) -> None:
+    """Parameter `name` of the network replaced by make(module, attribute, meta parameter, name)."""
+    owner, _, attr = name.rpartition(".")
+    module = net.get_submodule(owner)
+    make(module, attr, getattr(module, attr), name)
+
+
+def skeleton(cfg: ModelConfig, tensors: Mapping, dtype: str = "float32") -> LazyNetwork:
+    """The network to export: its weights fake (written later by network_weight), norms and tables real."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    net = _base(cfg, tensors, dtype, real_from)
+    net = _base(cfg, tensors, dtype)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
-    for layer in net.layers:
-        for name in layer_parameters(layer):
-            owner, _, attr = name.rpartition(".")
-            module = layer.get_submodule(owner)
-            param = getattr(module, attr)
-            with fake:
-                placeholder = torch.empty(param.shape, dtype=param.dtype)
-            setattr(module, attr, nn.Parameter(placeholder, requires_grad=False))
+
+    def make(module, attr, param, name):
+        with fake:
+            placeholder = torch.empty(param.shape, dtype=param.dtype)
+        setattr(module, attr, nn.Parameter(placeholder, requires_grad=False))
+
+    for name in net.lazy_parameters():
+        _replace(net, name, make)
     return net
 
 
 class _FromCheckpoint(nn.Module):
-    """A parametrization that reads one layer parameter from the checkpoint each time it is read."""
+    """A parametrization that reads one weight from the checkpoint each time it is read."""
 
-    def __init__(self, tensors: Mapping, index: int, name: str, dtype: torch.dtype):
+    def __init__(self, net: LazyNetwork, name: str):
         super().__init__()
-        self.tensors, self.index, self.name, self.dtype = tensors, index, name, dtype
+        self.read = lambda: net.weight(name)  # not a submodule: the network would own itself
 
     def forward(self, _placeholder):
-        return layer_weight(self.tensors, self.index, self.name, self.dtype)
+        return self.read()
 
 
-def streamed(cfg: ModelConfig, tensors: Mapping, dtype: str = "float32", real_from=None) -> LlamaNetwork:
-    """The network as a torch reference: each decoder-layer parameter read from the checkpoint when used."""
-    net = _base(cfg, tensors, dtype, real_from)
-    torch_dtype = TORCH_DTYPES[dtype]
-    for index, layer in enumerate(net.layers):
-        for name in layer_parameters(layer):
-            owner, _, attr = name.rpartition(".")
-            module = layer.get_submodule(owner)
-            parametrize.register_parametrization(
-                module, attr, _FromCheckpoint(tensors, index, name, torch_dtype), unsafe=True
-            )
+def streamed(cfg: ModelConfig, tensors: Mapping, dtype: str = "float32") -> LazyNetwork:
+    """The network as a torch reference: each weight read from the checkpoint when used."""
+    net = _base(cfg, tensors, dtype)
+
+    def make(module, attr, param, name):
+        parametrize.register_parametrization(module, attr, _FromCheckpoint(net, name), unsafe=True)
+
+    for name in net.lazy_parameters():
+        _replace(net, name, make)
     return net

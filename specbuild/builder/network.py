@@ -148,7 +148,10 @@ class LlamaNetwork(nn.Module):
 
     @classmethod
     def from_tensors(cls, cfg: ModelConfig, tensors: dict, dtype: str = "float32") -> LlamaNetwork:
-        net = cls(cfg)
+        with torch.device("meta"):  # no random initialisation: every weight is loaded below
+            net = cls(cfg)
+        net = net.to_empty(device="cpu")
+        net.inv_freq = cfg.rope_frequencies()[0].to(torch.float32)
         state = {}
         for name, value in tensors.items():
             key = name.removeprefix("model.")
@@ -161,6 +164,11 @@ class LlamaNetwork(nn.Module):
             layer.self_attn.pack_qkv()
             layer.mlp.pack_gate_up()
         return net
+
+    def output_weight(self) -> torch.Tensor:
+        """The lm_head weight [V,H] with its values (builder/lazy_network.py's networks read it from the checkpoint):
+        what a mode copies rows of when it is built (Medusa's draft vocabulary)."""
+        return self.lm_head.weight.detach()
 
     def rope(self, position_ids, dtype):
         freqs = position_ids.float().unsqueeze(-1) * self.inv_freq  # [B,T,D/2]

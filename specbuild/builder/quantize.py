@@ -18,6 +18,7 @@ float weights are never in memory together. The numerics, layouts and names are 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -69,15 +70,17 @@ class _Blocks:
         self.weight, self.quantize, self.parts = weight, quantize, parts
         self.done: dict[int, object] = {}
         self.cached: tuple | None = None
+        self.lock = threading.Lock()  # the graph is written by several threads (ir_weights.save)
 
     def part(self, index: int, make: Callable) -> Callable[[], ir.TensorProtocol]:
         def read():
-            if self.cached is None:
-                self.cached = self.quantize(self.weight.numpy())
-            value = make(self.cached[index])
-            self.done[index] = True
-            if len(self.done) == self.parts:  # every part written: free the arrays (a rewrite recomputes them)
-                self.cached, self.done = None, {}
+            with self.lock:
+                if self.cached is None:
+                    self.cached = self.quantize(self.weight.numpy())
+                value = make(self.cached[index])
+                self.done[index] = True
+                if len(self.done) == self.parts:  # every part written: free the arrays (a rewrite recomputes them)
+                    self.cached, self.done = None, {}
             return value
 
         return read

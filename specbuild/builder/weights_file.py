@@ -18,6 +18,10 @@ from onnx import external_data_helper
 from specbuild.engine_format import ENGINE_WEIGHTS as WEIGHTS_FILE
 
 ALIGN = 64  # bytes: tensors start on cache-line boundaries
+# tensors of MAP_ABOVE bytes or more start on page boundaries: ONNX Runtime memory-maps such external data on CPU
+# instead of copying it into its own buffers (a large engine loads as fast as the disk allows)
+PAGE = 4096
+MAP_ABOVE = 1024 * 1024
 INLINE_BELOW = 1024  # bytes: smaller tensors stay inside the graph file
 
 
@@ -50,7 +54,7 @@ def share_weights(engine_dir: Path, graph_files: list[str], name: str = WEIGHTS_
                     if digest in stored:
                         shared += 1
                     else:
-                        pad = -out.tell() % ALIGN
+                        pad = -out.tell() % alignment(len(data))
                         out.write(b"\0" * pad)
                         stored[digest] = (out.tell(), len(data))
                         out.write(data)
@@ -67,6 +71,11 @@ def share_weights(engine_dir: Path, graph_files: list[str], name: str = WEIGHTS_
     return {"bytes": size, "tensors": len(stored), "shared": shared}
 
 
+def alignment(length: int) -> int:
+    """Where a tensor of `length` bytes starts in the weights file: a multiple of this."""
+    return PAGE if length >= MAP_ABOVE else ALIGN
+
+
 def _adopt(engine_dir: Path, graph_file: str, name: str) -> dict[str, int] | None:
     """One graph whose tensors all live, aligned, in one data file: that file becomes the weights file (renamed, not
     copied: the bytes are written once) and the small tensors go inside the graph. None where it cannot."""
@@ -75,7 +84,8 @@ def _adopt(engine_dir: Path, graph_file: str, name: str) -> dict[str, int] | Non
     infos = [external_data_helper.ExternalDataInfo(t) for t in tensors]
     locations = {info.location for info in infos}
     if len(locations) != 1 or any(
-        info.length is None or (info.length >= INLINE_BELOW and (info.offset or 0) % ALIGN) for info in infos
+        info.length is None or (info.length >= INLINE_BELOW and (info.offset or 0) % alignment(info.length))
+        for info in infos
     ):
         return None
     source = engine_dir / locations.pop()

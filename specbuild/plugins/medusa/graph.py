@@ -207,7 +207,7 @@ class MedusaPlugin(ModePlugin):
             if key == "draft_vocab":
                 self.register_buffer("draft_ids", value.to(torch.long), persistent=False)
                 self.draft_lm_head = nn.Linear(net.cfg.hidden_size, value.numel(), bias=False)
-                self.draft_lm_head.weight.data = net.lm_head.weight.data[value.to(torch.long)].clone()
+                self.draft_lm_head.weight.data = net.output_weight()[value.to(torch.long)].clone()
                 continue
             parts = key.split(".")
             if parts[2] == "blocks":
