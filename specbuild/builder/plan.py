@@ -125,6 +125,7 @@ def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
     dtype = engine_dtype(weights)
     unfused = fused_kernels_unsupported(ckpt.model, dtype)
     head_weights, head_source = resolve_head_weights(options, plugin_cls, ckpt, unfused)
+    _check_memory(ckpt, weights, options.weights_block_size)
     return BuildPlan(
         options=options,
         checkpoint=ckpt,
@@ -144,6 +145,22 @@ def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
         unfused=unfused,
         head_weights=head_weights,
         head_weights_source=head_source,
+    )
+
+
+def _check_memory(ckpt: Checkpoint, weights: str, block_size: int) -> None:
+    """The engine and the build's working set fit in the memory available now (builder/memory_budget.py)."""
+    from specbuild.builder import memory_budget
+    from specbuild.builder.weights_io import spec_of
+
+    tensors = ckpt.tensors()
+    memory_budget.check_fits(
+        tensors,
+        lambda name: spec_of(tensors, name)[0],
+        weights,
+        block_size,
+        ckpt.model.tie_word_embeddings,
+        memory_budget.available_bytes(),
     )
 
 
