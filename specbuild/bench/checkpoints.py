@@ -160,6 +160,9 @@ def write_tokenizer(out_dir: Path, vocab_size: int, source: Path | None = None) 
     config = json.loads((Path(source) / "tokenizer_config.json").read_text())
     config.pop("added_tokens_decoder", None)
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=1))
+    template = Path(source) / "chat_template.jinja"  # transformers keeps the template beside the config
+    if template.exists():
+        (out_dir / "chat_template.jinja").write_text(template.read_text())
 
 
 def write_checkpoint(shape: str, out_dir, *, seed: int = 0, dtype: str = "bfloat16", num_layers: int | None = None,
