@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from specbuild.errors import SpecbuildError
+from specbuild.host_memory import available_bytes
 from specbuild.modes.registry import get_mode
 from specbuild.prompts import is_chat, load_prompt_set
 
@@ -315,12 +316,28 @@ def load_engines(engine_dirs, max_new_tokens: int, threads: int | None, allow_lo
         raise SpecbuildError("give at least one --engine-dir")
     if max_new_tokens < 1:
         raise SpecbuildError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    check_engines_fit(engine_dirs, available_bytes())
     engines, labels, used = [], [], set()
     for d in engine_dirs:
         engine = Engine(d, threads=threads, allow_lossy=allow_lossy)
         engines.append(engine)
         labels.append(_label(Path(d), engine.manifest["speculative_mode"], used))
     return engines, labels
+
+
+def check_engines_fit(engine_dirs, available: int | None) -> None:
+    """The engines are loaded side by side (every prompt runs through each in turn) and ONNX Runtime holds at least
+    their files while they are: refuse, before loading any, engines whose files exceed the `available` bytes."""
+    sizes = {str(d): sum(f.stat().st_size for f in Path(d).rglob("*") if f.is_file()) for d in engine_dirs}
+    total = sum(sizes.values())
+    if available is None or total <= available:
+        return
+    largest = max(sizes, key=sizes.get)
+    raise SpecbuildError(
+        f"--engine-dir: the {len(sizes)} engines take {total / 1e9:.1f} GB together, more than the "
+        f"{available / 1e9:.1f} GB this machine has available, and a benchmark holds them all at once: run fewer "
+        f"engines per benchmark (the largest, {largest}, takes {sizes[largest] / 1e9:.1f} GB)"
+    )
 
 
 def context_sweep(engine, max_new_tokens: int, log: Callable[[str], None]) -> dict[str, Any]:

@@ -9,14 +9,13 @@ the engine at its precision plus that working set, against the memory the machin
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 from specbuild.errors import SpecbuildError
+from specbuild.host_memory import available_bytes  # noqa: F401  (plan.py reads it from here)
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 FLOAT_BYTES = {"fp32": 4, "fp16": 2, "int8": 4, "int4": 4}  # the float parts of the engine (norms, int8's embedding)
 WORKING_SET_LAYERS = 4  # float decoder layers' worth of working memory on top of the weights (export, checks)
-MEMINFO = Path("/proc/meminfo")
 
 
 def quantized_bytes_per_weight(weights: str, block_size: int) -> float:
@@ -62,17 +61,6 @@ def working_set_bytes(tensors: Mapping, shapes, weights: str) -> int:
         if name.startswith("model.layers.0."):
             layer += count
     return WORKING_SET_LAYERS * layer + 2 * largest
-
-
-def available_bytes() -> int | None:
-    """MemAvailable of /proc/meminfo (None where there is none: the check is skipped)."""
-    try:
-        for line in MEMINFO.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def check_fits(tensors: Mapping, shapes, weights: str, block_size: int, tied: bool, available: int | None) -> dict:

@@ -4,7 +4,9 @@ import json
 
 import pytest
 
+from specbuild.bench import sequential
 from specbuild.bench.sequential import add_relative_speed, render
+from specbuild.errors import SpecbuildError
 from tests.conftest import full
 
 
@@ -202,3 +204,18 @@ def test_openvino_peer_rows_ask_for_greedy_and_prompt_lookup(tmp_path, monkeypat
     monkeypatch.setitem(sys.modules, "openvino_genai", None)  # not installed
     with pytest.raises(SpecbuildError, match="pip install openvino-genai"):
         OpenVINOTimer(tmp_path, threads=1)
+
+
+def test_engines_that_do_not_fit_together_are_refused_before_any_loads(tmp_path, monkeypatch):
+    small, large = tmp_path / "small", tmp_path / "large"
+    for path, size in ((small, 1000), (large, 3000)):
+        path.mkdir()
+        (path / "weights.bin").write_bytes(b"\0" * size)
+    sequential.check_engines_fit([small, large], None)  # nothing known about the machine: no check
+    sequential.check_engines_fit([small, large], 4000)
+    with pytest.raises(SpecbuildError, match=r"the 2 engines take .*\(the largest, .*large, takes"):
+        sequential.check_engines_fit([small, large], 3999)
+    monkeypatch.setattr(sequential, "available_bytes", lambda: 10)
+    monkeypatch.setattr("specbuild.runtime.engine.Engine", lambda *a, **k: pytest.fail("an engine was loaded"))
+    with pytest.raises(SpecbuildError, match="run fewer engines per benchmark"):
+        sequential.load_engines([small, large], 16, None, False)
