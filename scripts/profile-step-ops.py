@@ -1,0 +1,103 @@
+"""ONNX Runtime's profiler on one decode call of B sequences (1, 2, 4, 16) at 256 cached tokens: a specbuild engine's
+call (Engine._timed_call) or ONNX Runtime GenAI's generator step; ms per call by operator type (kernel time).
+Profiles go to $PROFILE_DIR (default /tmp/step-profiles); the table to profile-{ours,genai}-NAME.json there.
+
+    python scripts/profile-step-ops.py ours ENGINE_DIR
+    python scripts/profile-step-ops.py genai GENAI_MODEL_DIR
+"""
+import glob, json, os, sys, time
+from pathlib import Path
+from collections import defaultdict
+import numpy as np
+import onnxruntime as ort
+
+ROWS = [1, 2, 4, 16]
+REPS = 20
+CONTEXT = 256
+OUT = Path(os.environ.get("PROFILE_DIR", "/tmp/step-profiles"))
+OUT.mkdir(parents=True, exist_ok=True)
+
+
+def summarize(path, calls):
+    events = json.load(open(path))
+    by = defaultdict(float)
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            by[e["args"]["op_name"]] += e["dur"] / 1000
+    runs = sum(1 for e in events if e.get("name") == "model_run")
+    return {k: v / runs for k, v in sorted(by.items(), key=lambda kv: -kv[1])} | {"_runs": runs}
+
+
+def ours(engine_dir):
+    from specbuild.runtime.backends import onnxruntime as be
+    base = be.session_options
+    state = {}
+
+    def opts(*a, **k):
+        o = base(*a, **k)
+        o.enable_profiling = True
+        o.profile_file_prefix = f"{OUT}/prof-ours-{state['rows']}"
+        return o
+
+    from specbuild.runtime.engine import Engine
+    out = {}
+    for rows in ROWS:
+        state["rows"] = rows
+        be.session_options = opts
+        eng = Engine(engine_dir)
+        eng.cost_curve()
+        be.session_options = base
+        for _ in range(3):
+            eng._timed_call(rows, 1, False)
+        t = time.perf_counter()
+        for _ in range(REPS):
+            eng._timed_call(rows, 1, False)
+        wall = (time.perf_counter() - t) / REPS * 1000
+        sess = eng.backend.session if hasattr(eng.backend, "session") else eng.backend.sess
+        path = sess.end_profiling()
+        prof = summarize(path, REPS + 3 + 1)  # approx: warm-up calls included
+        out[rows] = {"wall_ms": wall, "ops": prof}
+        del eng
+    return out
+
+
+def genai(model_dir):
+    import onnxruntime_genai as og, shutil
+    out = {}
+    for rows in ROWS:
+        prof_dir = f"{OUT}/gprof-{rows}"
+        shutil.rmtree(prof_dir, ignore_errors=True); shutil.copytree(model_dir, prof_dir)
+        cfg = json.load(open(f"{prof_dir}/genai_config.json"))
+        cfg["model"]["decoder"]["session_options"]["enable_profiling"] = f"{OUT}/prof-genai-{rows}"
+        json.dump(cfg, open(f"{prof_dir}/genai_config.json", "w"))
+        model = og.Model(prof_dir)
+        p = og.GeneratorParams(model)
+        p.set_search_options(max_length=CONTEXT + REPS + 8, do_sample=False, batch_size=rows)
+        g = og.Generator(model, p)
+        g.append_tokens(np.tile(np.arange(10, 10 + CONTEXT, dtype=np.int32), (rows, 1)))
+        for _ in range(3): g.generate_next_token()
+        t = time.perf_counter()
+        for _ in range(REPS): g.generate_next_token()
+        wall = (time.perf_counter() - t) / REPS * 1000
+        del g, p, model
+        path = sorted(glob.glob(f"{OUT}/prof-genai-{rows}*.json"))[-1]
+        events = json.load(open(path))
+        runs = [e for e in events if e.get("name") == "model_run"]
+        decode_start = runs[1]["ts"]  # the first run is the prefill
+        by = defaultdict(float)
+        for e in events:
+            if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= decode_start:
+                by[e["args"]["op_name"]] += e["dur"] / 1000
+        n = len(runs) - 1
+        out[rows] = {"wall_ms": wall, "ops": {k: v / n for k, v in sorted(by.items(), key=lambda kv: -kv[1])} | {"_runs": n}}
+    return out
+
+
+if __name__ == "__main__":
+    which, path = sys.argv[1], sys.argv[2]
+    res = ours(path) if which == "ours" else genai(path)
+    json.dump(res, open(OUT / f"profile-{which}-{os.path.basename(path)}.json", "w"), indent=1)
+    for rows, r in res.items():
+        ops = {k: v for k, v in r["ops"].items() if not k.startswith("_")}
+        top = ", ".join(f"{k} {v:.2f}" for k, v in list(ops.items())[:8])
+        print(f"{which} {os.path.basename(path)} rows {rows}: wall {r['wall_ms']:.2f} ms; ops {sum(ops.values()):.2f}; {top}")
