@@ -5,7 +5,7 @@ Profiles go to $PROFILE_DIR (default /tmp/step-profiles); the table to profile-{
     python scripts/profile-step-ops.py ours ENGINE_DIR
     python scripts/profile-step-ops.py genai GENAI_MODEL_DIR
 """
-import glob, json, os, sys, time
+import glob, importlib.util, json, os, sys, time
 from pathlib import Path
 from collections import defaultdict
 import numpy as np
@@ -14,18 +14,26 @@ import onnxruntime as ort
 ROWS = [1, 2, 4, 16]
 REPS = 20
 CONTEXT = 256
+# the timed calls are those of step-cost-vs-genai.py, loaded from beside this script
+_spec = importlib.util.spec_from_file_location("step_cost", Path(__file__).with_name("step-cost-vs-genai.py"))
+step_cost = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(step_cost)
 OUT = Path(os.environ.get("PROFILE_DIR", "/tmp/step-profiles"))
 OUT.mkdir(parents=True, exist_ok=True)
 
 
-def summarize(path, calls):
+def summarize(path, skip_prefill=False):
+    """ms per call by operator type (kernel time) of a profile; skip_prefill: the first run is a prefill, left out."""
     events = json.load(open(path))
+    runs = [e for e in events if e.get("name") == "model_run"]
+    start = runs[1]["ts"] if skip_prefill else 0
+    runs = runs[1:] if skip_prefill else runs
     by = defaultdict(float)
     for e in events:
-        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= start:
             by[e["args"]["op_name"]] += e["dur"] / 1000
-    runs = sum(1 for e in events if e.get("name") == "model_run")
-    return {k: v / runs for k, v in sorted(by.items(), key=lambda kv: -kv[1])} | {"_runs": runs}
+    n = len(runs)
+    return {k: v / n for k, v in sorted(by.items(), key=lambda kv: -kv[1])} | {"_runs": n}
 
 
 def ours(engine_dir):
@@ -47,15 +55,10 @@ def ours(engine_dir):
         eng = Engine(engine_dir)
         eng.cost_curve()
         be.session_options = base
-        for _ in range(3):
-            eng._timed_call(rows, 1, False)
-        t = time.perf_counter()
-        for _ in range(REPS):
-            eng._timed_call(rows, 1, False)
-        wall = (time.perf_counter() - t) / REPS * 1000
+        wall = step_cost.ours(eng, rows, REPS)
         sess = eng.backend.session if hasattr(eng.backend, "session") else eng.backend.sess
         path = sess.end_profiling()
-        prof = summarize(path, REPS + 3 + 1)  # approx: warm-up calls included
+        prof = summarize(path)
         out[rows] = {"wall_ms": wall, "ops": prof}
         del eng
     return out
@@ -71,25 +74,10 @@ def genai(model_dir):
         cfg["model"]["decoder"]["session_options"]["enable_profiling"] = f"{OUT}/prof-genai-{rows}"
         json.dump(cfg, open(f"{prof_dir}/genai_config.json", "w"))
         model = og.Model(prof_dir)
-        p = og.GeneratorParams(model)
-        p.set_search_options(max_length=CONTEXT + REPS + 8, do_sample=False, batch_size=rows)
-        g = og.Generator(model, p)
-        g.append_tokens(np.tile(np.arange(10, 10 + CONTEXT, dtype=np.int32), (rows, 1)))
-        for _ in range(3): g.generate_next_token()
-        t = time.perf_counter()
-        for _ in range(REPS): g.generate_next_token()
-        wall = (time.perf_counter() - t) / REPS * 1000
-        del g, p, model
+        wall = step_cost.genai(model, rows, CONTEXT, REPS)
+        del model
         path = sorted(glob.glob(f"{OUT}/prof-genai-{rows}*.json"))[-1]
-        events = json.load(open(path))
-        runs = [e for e in events if e.get("name") == "model_run"]
-        decode_start = runs[1]["ts"]  # the first run is the prefill
-        by = defaultdict(float)
-        for e in events:
-            if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= decode_start:
-                by[e["args"]["op_name"]] += e["dur"] / 1000
-        n = len(runs) - 1
-        out[rows] = {"wall_ms": wall, "ops": {k: v / n for k, v in sorted(by.items(), key=lambda kv: -kv[1])} | {"_runs": n}}
+        out[rows] = {"wall_ms": wall, "ops": summarize(path, skip_prefill=True)}
     return out
 
 

@@ -27,15 +27,16 @@ def genai(model, rows, context, reps=20):
     for _ in range(reps): g.generate_next_token()
     return (time.perf_counter() - t) / reps * 1000
 
-res = []
-for prec, e, gdir in (arg.split(":") for arg in sys.argv[1:]):
-    eng = Engine(e); eng.cost_curve(); model = og.Model(gdir)
-    for context in (64, 256):
-        speculation.COST_CONTEXT = context
-        eng._cost_batches.clear()
-        for rows in (1, 2, 4, 16):
-            a = ours(eng, rows); b = genai(model, rows, context)
-            res.append(dict(precision=prec, context=context, rows=rows, ours_ms=round(a, 2), genai_ms=round(b, 2)))
-            print(f"{prec} context {context} rows {rows}: ours {a:.2f} ms, GenAI {b:.2f} ms, ratio {a/b:.2f}", flush=True)
-    del eng, model
-json.dump(res, open("step-cost.json", "w"), indent=1)
+if __name__ == "__main__":
+    res = []
+    for prec, e, gdir in (arg.split(":") for arg in sys.argv[1:]):
+        eng = Engine(e); eng.cost_curve(); model = og.Model(gdir)
+        for context in (64, 256):
+            speculation.COST_CONTEXT = context
+            eng._cost_batches.clear()
+            for rows in (1, 2, 4, 16):
+                a = ours(eng, rows); b = genai(model, rows, context)
+                res.append(dict(precision=prec, context=context, rows=rows, ours_ms=round(a, 2), genai_ms=round(b, 2)))
+                print(f"{prec} context {context} rows {rows}: ours {a:.2f} ms, GenAI {b:.2f} ms, ratio {a/b:.2f}", flush=True)
+        del eng, model
+    json.dump(res, open("step-cost.json", "w"), indent=1)
