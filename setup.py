@@ -46,6 +46,7 @@ DEV = [
     *SERVE,
     "openai",  # tests/serve: the client against a real server
     "httpx",
+    "trustme",  # tests/serve: a certificate authority and server certificate for the TLS test
 ]
 
 setup(

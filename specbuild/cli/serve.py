@@ -10,6 +10,7 @@ import click
 from specbuild.cli.extras import require_extra
 from specbuild.cli.handling import handle_errors
 from specbuild.cli.options import ALLOW_LOSSY_HELP
+from specbuild.errors import SpecbuildError
 
 
 @click.command()
@@ -28,6 +29,22 @@ from specbuild.cli.options import ALLOW_LOSSY_HELP
 @click.option("--model-name", help="The model id clients send (default: the engine directory's name).")
 @click.option("--allow-lossy", is_flag=True, help=ALLOW_LOSSY_HELP)
 @click.option(
+    "--api-key",
+    "api_keys",
+    multiple=True,
+    envvar="SPECBUILD_API_KEY",
+    help="A key clients must send as 'Authorization: Bearer KEY' (repeat for several; or SPECBUILD_API_KEY, keys "
+    "separated by spaces). /health stays open.",
+)
+@click.option(
+    "--api-key-file",
+    type=click.Path(path_type=Path),
+    help="A file of API keys, one per line (# comments), e.g. one per client; added to --api-key.",
+)
+@click.option("--protect-metrics", is_flag=True, help="/metrics needs an API key too (default: open, like /health).")
+@click.option("--ssl-certfile", type=click.Path(path_type=Path), help="Serve HTTPS with this PEM certificate (chain).")
+@click.option("--ssl-keyfile", type=click.Path(path_type=Path), help="The certificate's private key (PEM).")
+@click.option(
     "--triton",
     is_flag=True,
     help="Serve through Triton Inference Server instead (PyTriton, extra specbuild[triton]): a decoupled streaming "
@@ -37,18 +54,26 @@ from specbuild.cli.options import ALLOW_LOSSY_HELP
 @click.option("--metrics-port", type=int, default=8002, show_default=True, help="With --triton: Triton's metrics.")
 @handle_errors
 def serve(
-    engine_dir, host, port, threads, max_queue, max_batch_size, model_name, allow_lossy, triton, grpc_port,
-    metrics_port,
+    engine_dir, host, port, threads, max_queue, max_batch_size, model_name, allow_lossy, api_keys, api_key_file,
+    protect_metrics, ssl_certfile, ssl_keyfile, triton, grpc_port, metrics_port,
 ):  # fmt: skip
     """Serve an engine over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, streaming),
     with /health and Prometheus /metrics; SIGINT/SIGTERM stop it within seconds. With --triton, through Triton
     Inference Server (gRPC streaming and the generate extension)."""
     if not triton:
         require_extra("serve", "serve")
-        from specbuild.serve.server import run_server
+        from specbuild.serve.access import load_keys
+        from specbuild.serve.server import Exposure, run_server
 
-        run_server(engine_dir, host, port, threads, max_queue, max_batch_size, model_name, allow_lossy)
+        keys = load_keys(api_keys, api_key_file)
+        exposure = Exposure(keys, protect_metrics, ssl_certfile, ssl_keyfile)
+        run_server(engine_dir, host, port, threads, max_queue, max_batch_size, model_name, allow_lossy, exposure)
         return
+    if api_keys or api_key_file or protect_metrics or ssl_certfile or ssl_keyfile:
+        raise SpecbuildError(
+            "--api-key, --api-key-file, --protect-metrics and --ssl-* are the HTTP server's; with --triton use "
+            "Triton's own controls (docs/serving.md: restricting Triton)"
+        )
     require_extra("triton", "serve --triton")
     from specbuild.serve.triton_pytriton import run_triton
 

@@ -7,26 +7,29 @@ client disconnects is cancelled (its slot frees at the next step); streamed ones
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from specbuild.serve import streaming
-from specbuild.serve.errors import APIError, bad_request
+from specbuild.serve import json_text, streaming
+from specbuild.serve.access import APIKeyMiddleware
+from specbuild.serve.errors import APIError
 from specbuild.serve.generation import Generation
 from specbuild.serve.openai_schema import parse_chat, parse_completion
 from specbuild.serve.responses import Responses
 
 MAX_BODY_BYTES = 1 << 20
+DRAIN_BYTES = 16 << 20  # an oversized body is read (and dropped) up to this, to answer its 413
 
 
-def create_app(state, lifespan=None) -> Starlette:
-    """The app over a ServerState (state.py); lifespan: Starlette's startup/shutdown context."""
+def create_app(state, lifespan=None, api_keys=(), protect_metrics: bool = False) -> Starlette:
+    """The app over a ServerState (state.py); lifespan: Starlette's startup/shutdown context; api_keys: the keys a
+    client must send (none: open), /metrics among the closed routes where protect_metrics (access.py)."""
     routes = [
         Route("/health", health),
         Route("/metrics", metrics),
@@ -35,7 +38,9 @@ def create_app(state, lifespan=None) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     ]
     handlers = {APIError: api_error, HTTPException: http_error, Exception: internal_error}
-    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    refused = state.metrics.error
+    access = Middleware(APIKeyMiddleware, keys=api_keys, protect_metrics=protect_metrics, on_refusal=refused)
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan, middleware=[access])
     app.state.server = state
     return app
 
@@ -104,19 +109,26 @@ async def _disconnected(request: HTTPRequest) -> None:
 
 
 async def _json_body(request: HTTPRequest):
-    """The JSON body, at most MAX_BODY_BYTES (413 beyond, without reading the rest)."""
+    """The JSON body: at most MAX_BODY_BYTES (413 beyond: the rest is read and dropped first, up to DRAIN_BYTES, so
+    that a client still sending reads the answer instead of a reset connection), nested at most as deep as Python's
+    parser goes (400 beyond), with no string UTF-8 cannot hold (400: json_text.py)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise _too_large()
-    body = bytearray()
+    too_large = declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES
+    if too_large and int(declared) > DRAIN_BYTES:
+        raise _too_large()  # not worth reading: the connection closes under the client
+    body, read = bytearray(), 0
     async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise _too_large()
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+        read += len(chunk)
+        too_large = too_large or read > MAX_BODY_BYTES
+        if too_large:
+            body.clear()  # the rest is read and dropped
+            if read > DRAIN_BYTES:
+                break
+        else:
+            body += chunk
+    if too_large:
+        raise _too_large()
+    return json_text.parse(bytes(body))
 
 
 def _too_large() -> APIError:

@@ -8,6 +8,7 @@ from starlette.responses import JSONResponse
 
 ERROR_TYPES = {
     400: "invalid_request_error",
+    401: "authentication_error",
     404: "not_found_error",
     413: "invalid_request_error",
     429: "rate_limit_error",

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
+import ssl
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +55,45 @@ class _Server(uvicorn.Server):
                 signal.signal(s, handler)
 
 
+@dataclasses.dataclass(frozen=True)
+class Exposure:
+    """Who may reach the server and how: API keys (access.py; none: open) and TLS (uvicorn's certificate options)."""
+
+    api_keys: tuple[str, ...] = ()
+    protect_metrics: bool = False
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_certfile else "http"
+
+    def check(self, host: str) -> None:
+        """One-line errors for what cannot work (a key file without its certificate, a certificate that does not
+        load); a warning where keys would travel in clear beyond this machine."""
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise SpecbuildError("--ssl-keyfile needs --ssl-certfile (the certificate it is the key of)")
+        if self.ssl_certfile:
+            try:
+                context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+                context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+            except (OSError, ssl.SSLError) as exc:
+                what = f"--ssl-certfile {self.ssl_certfile}"
+                what += f" / --ssl-keyfile {self.ssl_keyfile}" if self.ssl_keyfile else ""
+                raise SpecbuildError(f"{what}: cannot load the certificate and its key: {exc}") from None
+        if self.protect_metrics and not self.api_keys:
+            raise SpecbuildError("--protect-metrics needs an API key (--api-key, SPECBUILD_API_KEY or --api-key-file)")
+        if self.api_keys and not self.ssl_certfile and host not in ("127.0.0.1", "localhost", "::1"):
+            log(f"specbuild serve: warning: API keys travel in clear text over http to {host}; give --ssl-certfile "
+                "or keep the server behind a TLS proxy")  # fmt: skip
+
+    def uvicorn_options(self) -> dict:
+        if not self.ssl_certfile:
+            return {}
+        keyfile = str(self.ssl_keyfile) if self.ssl_keyfile else None
+        return {"ssl_certfile": str(self.ssl_certfile), "ssl_keyfile": keyfile}
+
+
 def run_server(
     engine_dir: Path,
     host: str,
@@ -62,9 +103,11 @@ def run_server(
     max_batch_size: int | None,
     model_name: str | None,
     allow_lossy: bool,
+    exposure: Exposure = Exposure(),
 ) -> None:
     """Serve an engine directory until SIGINT/SIGTERM."""
     limits = check_options(engine_dir, port, max_queue, max_batch_size)
+    exposure.check(host)
     slots = max_batch_size or limits["max_batch_size"]
     state = ServerState(
         engine_dir,
@@ -73,7 +116,7 @@ def run_server(
         max_batch_size,
         max_queue,
     )
-    address = f"http://{host}:{port}"
+    address = f"{exposure.scheme}://{host}:{port}"
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -85,13 +128,18 @@ def run_server(
         state.drain(grace_s=0)
 
     config = uvicorn.Config(
-        create_app(state, lifespan),
+        create_app(state, lifespan, exposure.api_keys, exposure.protect_metrics),
         host=host,
         port=port,
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=SHUTDOWN_S,
+        **exposure.uvicorn_options(),
     )
+    if exposure.api_keys:
+        open_routes = "/health" if exposure.protect_metrics else "/health and /metrics"
+        log(f"specbuild serve: {len(exposure.api_keys)} API key(s): every route but {open_routes} needs "
+            "'Authorization: Bearer KEY'")  # fmt: skip
     log(f"specbuild serve: loading {engine_dir} (listening on {address}; /health answers 503 until it is ready)")
     _Server(config, state).run()
     log("specbuild serve: stopped")

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -57,10 +58,13 @@ def free_port() -> int:
 class ServerProcess:
     """`python -m specbuild.cli.main serve` in a subprocess (its output in a log file)."""
 
-    def __init__(self, engine_dir: Path, log_file: Path, *args: str):
+    def __init__(self, engine_dir: Path, log_file: Path, *args: str, ca_file: Path | None = None, key: str = "unused"):
+        """ca_file: the CA that signed the server's certificate (the server runs with TLS); key: its API key."""
         self.model = engine_dir.name
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if ca_file else 'http'}://127.0.0.1:{self.port}"
+        self.verify = ssl.create_default_context(cafile=str(ca_file)) if ca_file else True
+        self.key = key
         self.log_file = log_file
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         command = [sys.executable, "-m", "specbuild.cli.main", "serve", "--engine-dir", str(engine_dir)]
@@ -74,7 +78,7 @@ class ServerProcess:
 
     def health(self) -> httpx.Response | None:
         try:
-            return httpx.get(f"{self.url}/health", timeout=5)
+            return httpx.get(f"{self.url}/health", timeout=5, verify=self.verify)
         except httpx.TransportError:
             return None
 
@@ -96,14 +100,16 @@ class ServerProcess:
         return self
 
     def client(self, **kwargs) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, **kwargs)
+        http = httpx.Client(verify=self.verify)
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.key, max_retries=0, http_client=http, **kwargs)
 
     def async_client(self) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=60)
 
     def metric(self, name: str) -> float:
         """The sum of a metric's samples (all labels) in /metrics."""
-        text = httpx.get(f"{self.url}/metrics", timeout=5).text
+        headers = {"Authorization": f"Bearer {self.key}"}
+        text = httpx.get(f"{self.url}/metrics", timeout=5, verify=self.verify, headers=headers).text
         samples = [line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#")]
         return sum(float(value) for sample, value in samples if sample.split("{")[0] == name)
 

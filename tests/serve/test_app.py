@@ -72,6 +72,17 @@ def test_seeded_sampling_repeats(none_server, reference_engine):
     assert texts[0].choices[0].text == texts[1].choices[0].text
 
 
+def _nested(levels: int):
+    value = 0
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def _user(content: str) -> dict:
+    return {"role": "user", "content": content}
+
+
 def _chat(**fields) -> dict:
     return {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **fields}
 
@@ -110,6 +121,17 @@ BAD_REQUESTS = {
     ),
     "draft_options not an object": ("/v1/completions", {"prompt": "a", "draft_options": [2]}, 400, "draft_options"),
     "body of two megabytes": ("/v1/completions", {"prompt": "a" * (2 << 20)}, 413, None),
+    "nested 100,000 levels deep": ("/v1/chat/completions", b"[" * 100_000 + b"]" * 100_000, 400, None),
+    "nested 70 levels deep": ("/v1/chat/completions", _chat(metadata=_nested(70)), 400, None),
+    "lone surrogate in a message": (
+        "/v1/chat/completions",
+        _chat(messages=[_user("a\ud800b")]),
+        400,
+        "messages[0].content",
+    ),
+    "lone surrogate in a prompt": ("/v1/completions", {"prompt": "\udfff", "max_tokens": 2}, 400, "prompt"),
+    "lone surrogate in a stop string": ("/v1/chat/completions", _chat(stop=["ok", "\ud800"]), 400, "stop[1]"),
+    "lone surrogate in a key": ("/v1/chat/completions", _chat(**{"\ud800": 1}), 400, None),
 }
 
 
@@ -126,6 +148,44 @@ def test_a_bad_request_gets_its_error_and_the_server_keeps_serving(none_server, 
     assert error["code"] == status and error["message"] and "\n" not in error["message"]
     if param is not None:
         assert error["param"] == param
+    assert none_server.health().status_code == 200
+
+
+def test_control_characters_are_text(none_server, reference_engine):
+    """NUL and other control characters are valid text: the tokenizer takes them (only lone surrogates are not)."""
+    want = reference_engine.generate(prompt="a\x00b\x01c", max_new_tokens=5)
+    got = none_server.client().completions.create(
+        model=none_server.model, prompt="a\x00b\x01c", max_tokens=5, temperature=0
+    )
+    assert got.choices[0].text == want.text
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_a_client_still_sending_an_oversized_body_reads_its_413(none_server, chunked):
+    """The body is sent slowly in pieces (chunked, or with its Content-Length) and the client reads the 413 after it
+    has sent it all, not a reset connection (the server reads an oversized body to its end, up to 16 MiB, before it
+    answers and closes)."""
+    import http.client
+    import time
+
+    piece = b"x" * (64 << 10)
+
+    def body():
+        yield b'{"model": "m", "prompt": "'
+        for _ in range(32):  # 2 MiB
+            time.sleep(0.005)
+            yield piece
+        yield b'"}'
+
+    headers = {"Content-Type": "application/json"}
+    if not chunked:
+        headers["Content-Length"] = str(sum(len(p) for p in body()))
+    connection = http.client.HTTPConnection("127.0.0.1", none_server.port, timeout=30)
+    connection.request("POST", "/v1/completions", body=body(), headers=headers, encode_chunked=chunked)
+    response = connection.getresponse()
+    assert response.status == 413
+    assert json.loads(response.read())["error"]["code"] == 413
+    connection.close()
     assert none_server.health().status_code == 200
 
 
