@@ -5,11 +5,14 @@ Profiles go to $PROFILE_DIR (default /tmp/step-profiles); the table to profile-{
     python scripts/profile-step-ops.py ours ENGINE_DIR
     python scripts/profile-step-ops.py genai GENAI_MODEL_DIR
 """
-import glob, importlib.util, json, os, sys, time
-from pathlib import Path
+
+import glob
+import importlib.util
+import json
+import os
+import sys
 from collections import defaultdict
-import numpy as np
-import onnxruntime as ort
+from pathlib import Path
 
 ROWS = [1, 2, 4, 16]
 REPS = 20
@@ -38,6 +41,7 @@ def summarize(path, skip_prefill=False):
 
 def ours(engine_dir):
     from specbuild.runtime.backends import onnxruntime as be
+
     base = be.session_options
     state = {}
 
@@ -48,6 +52,7 @@ def ours(engine_dir):
         return o
 
     from specbuild.runtime.engine import Engine
+
     out = {}
     for rows in ROWS:
         state["rows"] = rows
@@ -65,11 +70,15 @@ def ours(engine_dir):
 
 
 def genai(model_dir):
-    import onnxruntime_genai as og, shutil
+    import shutil
+
+    import onnxruntime_genai as og
+
     out = {}
     for rows in ROWS:
         prof_dir = f"{OUT}/gprof-{rows}"
-        shutil.rmtree(prof_dir, ignore_errors=True); shutil.copytree(model_dir, prof_dir)
+        shutil.rmtree(prof_dir, ignore_errors=True)
+        shutil.copytree(model_dir, prof_dir)
         cfg = json.load(open(f"{prof_dir}/genai_config.json"))
         cfg["model"]["decoder"]["session_options"]["enable_profiling"] = f"{OUT}/prof-genai-{rows}"
         json.dump(cfg, open(f"{prof_dir}/genai_config.json", "w"))
@@ -88,4 +97,7 @@ if __name__ == "__main__":
     for rows, r in res.items():
         ops = {k: v for k, v in r["ops"].items() if not k.startswith("_")}
         top = ", ".join(f"{k} {v:.2f}" for k, v in list(ops.items())[:8])
-        print(f"{which} {os.path.basename(path)} rows {rows}: wall {r['wall_ms']:.2f} ms; ops {sum(ops.values()):.2f}; {top}")
+        print(
+            f"{which} {os.path.basename(path)} rows {rows}: wall {r['wall_ms']:.2f} ms; "
+            f"ops {sum(ops.values()):.2f}; {top}"
+        )

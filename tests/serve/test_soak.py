@@ -1,0 +1,52 @@
+"""The soak (specbuild/serve/soak.py) for 60 seconds on the ngram engine, and its checks failing when they should."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specbuild.serve import soak
+from tests.conftest import full
+from tests.serve.conftest import REPO
+
+pytestmark = pytest.mark.xdist_group("serve")
+
+
+@full("a minute of load on a server")
+def test_a_60_second_soak_passes(serve_engines, tmp_path):
+    report = tmp_path / "soak.md"
+    command = [sys.executable, "-m", "specbuild.serve.soak", "--engine-dir", str(serve_engines["ngram"])]
+    command += ["--duration", "60", "--max-batch-size", "4", "--threads", "1", "--report", str(report)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SPECBUILD_SOAK_LOG": str(tmp_path / "server.log")}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = report.read_text()
+    assert "PASS" in text and "failures: 0" in text
+    assert "errors by status: {400:" in text  # the bad requests were sent and refused
+
+
+def test_rss_growing_after_the_warm_up_fails():
+    flat = [(t, 100.0 + (5 if t < 10 else 0)) for t in range(0, 60, 2)]
+    assert soak.check_rss(flat, 10)[2] is None
+    growing = [(t, 100.0 + (t if t >= 10 else 0)) for t in range(0, 60, 2)]
+    assert "RSS grew" in soak.check_rss(growing, 10)[2]
+
+
+def test_metrics_that_do_not_add_up_fail(tmp_path):
+    run = soak.Soak("http://x", "m", 4, 0)
+    run.tally.sent = 10
+    metrics = (
+        'specbuild:request_success_total{finished_reason="length"} 7.0\n'
+        'specbuild:request_errors_total{status="400"} 2.0\n'
+    )
+    args = type("Args", (), {"engine_dir": "e", "duration": 1.0, "seed": 0})()
+    text, passed = soak.report(run, [(0, 100.0), (2, 100.0)], metrics, args, 1.0, healthy=True)
+    assert not passed and "counts 9 requests" in text
+    run.tally.failures.clear()
+    text, passed = soak.report(
+        run, [(0, 100.0), (2, 100.0)], metrics + "specbuild:request_cancelled_total 1.0\n", args, 1.0, True
+    )
+    assert passed, text
