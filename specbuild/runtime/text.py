@@ -13,6 +13,7 @@ class TextCodec:
 
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
         self.chat_template = chat_template
+        self._template = None  # compiled on first use, then shared (a server renders every chat request with it)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -30,10 +31,12 @@ class TextCodec:
         """The chat template over a conversation ({"role", "content"} dicts), ready for the assistant's reply."""
         if not self.chat_template:
             raise SpecbuildError("this engine's tokenizer has no chat template; run without --chat")
-        import jinja2
+        if self._template is None:
+            import jinja2
 
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-        return env.from_string(self.chat_template).render(messages=messages, add_generation_prompt=True)
+            env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+            self._template = env.from_string(self.chat_template)  # rendering is thread-safe; compiling is costly
+        return self._template.render(messages=messages, add_generation_prompt=True)
 
     def stream(self):
         """An incremental decoder: feed ids one at a time, get the new text (or '')."""

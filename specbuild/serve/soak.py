@@ -251,6 +251,14 @@ def check_rss(rss: list, warmup_s: float) -> tuple[float, float, str | None]:
     return base, peak, None
 
 
+def _by_minute(rss: list) -> str:
+    marks = {}
+    for t, mb in rss:
+        marks.setdefault(int(t // 60), mb)  # the first sample of each minute
+    marks["end"] = rss[-1][1]
+    return ", ".join(f"{minute}: {mb:.0f}" for minute, mb in marks.items())
+
+
 def report(soak: Soak, rss: list, metrics_text: str, args, warmup_s: float, healthy: bool) -> tuple[str, bool]:
     tally = soak.tally
     base, peak, rss_failure = check_rss(rss, warmup_s)
@@ -275,6 +283,7 @@ def report(soak: Soak, rss: list, metrics_text: str, args, warmup_s: float, heal
         f"- completion tokens (non-streamed answers): {tally.tokens}",
         f"- server RSS: {rss[0][1]:.0f} MB at the start of the load, {base:.0f} MB at {warmup_s:g} s, "
         f"at most {peak:.0f} MB after, {rss[-1][1]:.0f} MB at the end",
+        f"- server RSS by minute of load (MB): {_by_minute(rss)}",
         f"- /metrics: success + cancelled + errors = {counted:.0f} (sent {tally.sent})",
         f"- failures: {len(tally.failures)}",
         *[f"  - {failure}" for failure in tally.failures],
