@@ -110,8 +110,8 @@ async def _disconnected(request: HTTPRequest) -> None:
 
 async def _json_body(request: HTTPRequest):
     """The JSON body: at most MAX_BODY_BYTES (413 beyond: the rest is read and dropped first, up to DRAIN_BYTES, so
-    that a client still sending reads the answer instead of a reset connection), nested at most as deep as Python's
-    parser goes (400 beyond), with no string UTF-8 cannot hold (400: json_text.py)."""
+    that a client still sending reads the answer instead of a reset connection); json_text.py refuses (400) what
+    is not JSON, nested too deep, or holds a string UTF-8 cannot hold."""
     declared = request.headers.get("content-length")
     too_large = declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES
     if too_large and int(declared) > DRAIN_BYTES:

@@ -69,8 +69,8 @@ class Exposure:
         return "https" if self.ssl_certfile else "http"
 
     def check(self, host: str) -> None:
-        """One-line errors for what cannot work (a key file without its certificate, a certificate that does not
-        load); a warning where keys would travel in clear beyond this machine."""
+        """One-line errors for what cannot work (a private key without its certificate, a certificate that does not
+        load, --protect-metrics without a key); a warning where keys would travel in clear beyond this machine."""
         if self.ssl_keyfile and not self.ssl_certfile:
             raise SpecbuildError("--ssl-keyfile needs --ssl-certfile (the certificate it is the key of)")
         if self.ssl_certfile:

@@ -76,8 +76,8 @@ def _rss_mb(pid: int) -> float:
 
 
 class Soak:
-    def __init__(self, url: str, model: str, slots: int, seed: int):
-        self.url, self.model, self.slots = url, model, slots
+    def __init__(self, model: str, slots: int, seed: int):
+        self.model, self.slots = model, slots
         self.rng = random.Random(seed)
         self.tally = Tally()
         self.solo: dict[tuple, str] = {}  # (prompt, max_tokens, chat) -> the text sent alone
@@ -199,7 +199,7 @@ class Soak:
 async def drive(url: str, model: str, slots: int, duration: float, seed: int, sample_rss) -> tuple[Soak, list]:
     import httpx
 
-    soak = Soak(url, model, slots, seed)
+    soak = Soak(model, slots, seed)
     limits = httpx.Limits(max_connections=4 * slots + 8)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
         await soak.reference(client)
@@ -220,11 +220,11 @@ async def drive(url: str, model: str, slots: int, duration: float, seed: int, sa
 
 
 def _metric(text: str, name: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith("#") and line.split("{")[0].split(" ")[0] == name:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    """The sum of a sample's values (all labels) in a Prometheus exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = text_string_to_metric_families(text)
+    return sum(sample.value for family in families for sample in family.samples if sample.name == name)
 
 
 def settle(url: str, timeout: float = 30) -> str:

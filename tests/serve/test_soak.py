@@ -36,7 +36,7 @@ def test_rss_growing_after_the_warm_up_fails():
 
 
 def test_metrics_that_do_not_add_up_fail(tmp_path):
-    run = soak.Soak("http://x", "m", 4, 0)
+    run = soak.Soak("m", 4, 0)
     run.tally.sent = 10
     metrics = (
         'specbuild:request_success_total{finished_reason="length"} 7.0\n'
