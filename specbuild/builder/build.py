@@ -76,6 +76,9 @@ def write_engine(plan: BuildPlan, directory: Path, log, started: float, net=None
         net = lazy_network.skeleton(plan.model, tensors, dtype)
         reference = lazy_network.streamed(plan.model, tensors, dtype)
         weight = net.weight
+        if plan.quantized_bits is None and plan.model.tie_word_embeddings:  # a quantized graph quantizes both
+            net.tie_output()
+            reference.tie_output()
     plugin = plan.plugin_cls(plan.checkpoint, net, plan.settings).to(net.embed_tokens.weight.dtype).eval()
     companions = []
     for subdir, sub_plan, sub_net, files in plugin.companion_engines(plan):

@@ -6,6 +6,7 @@ state_specs()): export reads both and never runs or inspects the module to find 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from pathlib import Path
@@ -53,7 +54,7 @@ def example_inputs(
     (+ min_rows - t spare slots after the tokens: the step padding of a row_padding graph). draft_rows: the rows
     drafted for (default every row)."""
     cfg = step.net.cfg
-    dtype = step.net.embed_tokens.weight.dtype
+    dtype = step.net.norm.weight.dtype  # held in every network (a streamed one reads its embedding when asked)
     g = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(0, cfg.vocab_size, (batch, t), generator=g)
     pasts = past + torch.arange(batch)
@@ -271,7 +272,7 @@ NEAR_TIE_FLOOR = 1e-5  # ... and within at least this much
 
 
 def validate_export(
-    step: StepModule, onnx_path: Path, tolerance: float, threads: int = 1, prepack: bool = True
+    step: StepModule, onnx_path: Path, tolerance: float, threads: int = 1, prepack: bool = True, hold: int = 0
 ) -> dict:
     """Run torch and ONNX Runtime on a few calls, one of them batched; return {max_abs_diff, near_ties}.
 
@@ -280,7 +281,9 @@ def validate_export(
     its float outputs diverged too): there the two may differ, and such a call is counted (near_ties), not refused.
     A fused graph runs with its KV buffers bound in place, as the runtime runs it, and its present buffers are
     compared whole (rows it must not touch included). prepack False:
-    ONNX Runtime computes from the weights as stored (same float kernels, one copy of the weights in memory).
+    ONNX Runtime computes from the weights as stored (same float kernels, one copy of the weights in memory). hold:
+    bytes of the weights a streamed torch reference (lazy_network.streamed) keeps across its calls once the session
+    is gone (its size: the build's peak stays the graph's weights).
     """
     import onnxruntime as ort
 
@@ -295,8 +298,6 @@ def validate_export(
     names = [i.name for i in sess.get_inputs()]
     out_names = [o.name for o in sess.get_outputs()]
     aliases = aliased_outputs(names)
-    worst = 0.0  # of the calls whose outputs agree
-    near_ties, diverged = [], []
     # prefill-like chain, decode-like window, a padded one-token call, then two sequences of different lengths
     # (greedy and sampled rows) in one call (trees of several sequences are checked end to end by the runtime's tests);
     # a graph that drafts per row also drafts for the second row alone and for none
@@ -304,14 +305,32 @@ def validate_export(
     calls.append((2, 1, 12, 2, 0.8, 2, None))
     if step.selects_rows:
         calls += [(2, 2, 12, 2, 0.0, 2, [1]), (1, 1, 12, 2, 0.0, 2, [])]
+    # every call through ONNX Runtime first, the session dropped before torch runs them: a large graph's weights and
+    # the torch reference's largest tensor are never in memory together
+    outputs = []
     for t, w, cap, past, temp, batch, rows in calls:
         args = example_inputs(
             step, t=t, w=w, capacity=cap, past=past, seed=t, temperature=temp, batch=batch, draft_rows=rows
         )
         feeds = {n: (a.float() if a.dtype == torch.bfloat16 else a).numpy().copy() for n, a in zip(names, args)}
+        got, _ = run_bound(sess, feeds, out_names, aliases)
+        outputs.append({name: np.array(got[name]) for name in out_names})  # owned: the session goes
+    del sess
+    holding = getattr(step.net, "holding", None)
+    with holding(hold) if holding is not None else contextlib.nullcontext():
+        return _compare_calls(step, calls, outputs, out_names, tolerance)
+
+
+def _compare_calls(step: StepModule, calls: list, outputs: list[dict], out_names: list[str], tolerance: float) -> dict:
+    """validate_export's comparison: each call through the torch step against ONNX Runtime's outputs."""
+    worst = 0.0  # of the calls whose outputs agree
+    near_ties, diverged = [], []
+    for (t, w, cap, past, temp, batch, rows), got in zip(calls, outputs):
+        args = example_inputs(
+            step, t=t, w=w, capacity=cap, past=past, seed=t, temperature=temp, batch=batch, draft_rows=rows
+        )
         with torch.no_grad():
             ref = step(*args)
-        got, _ = run_bound(sess, feeds, out_names, aliases)
         _check_declared_outputs(step, dict(zip(out_names, ref)), batch if rows is None else len(rows), w)
         differ, call_worst = [], 0.0
         for name, r in zip(out_names, ref):
@@ -374,17 +393,7 @@ def compare_quantized(
     }
 
 
-def compare_logits(step: StepModule, onnx_path: Path, prompt_ids: list[int], threads: int = 0) -> dict:
-    """A float graph against the torch step on one prefill of `prompt_ids` (the graph must output logits): the max
-    absolute difference of the logits of every position. The session does not prepack the weights (the float
-    kernels compute the same either way; prepacked, ONNX Runtime would hold a second copy of the model)."""
-    want, have = prefill_logits(step, onnx_path, prompt_ids, ef.ACCURACY_FLOAT32, threads, prepack=False)
-    return {"max_abs_diff": float(np.abs(have - want).max()), "positions": len(prompt_ids)}
-
-
-def prefill_logits(
-    step: StepModule, onnx_path: Path, prompt_ids: list[int], accuracy_level: int, threads: int = 0, prepack=True
-):
+def prefill_logits(step: StepModule, onnx_path: Path, prompt_ids: list[int], accuracy_level: int, threads: int = 0):
     """(torch's, ONNX Runtime's) logits [T, V] of one prefill of `prompt_ids` through the step and the graph
     (threads 0: ONNX Runtime's default, every core)."""
     import onnxruntime as ort
@@ -398,8 +407,6 @@ def prefill_logits(
     opts.intra_op_num_threads = threads
     opts.log_severity_level = 3
     opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(accuracy_level))
-    if not prepack:
-        opts.add_session_config_entry("session.disable_prepacking", "1")
     sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
     names = [i.name for i in sess.get_inputs()]
     out_names = [o.name for o in sess.get_outputs()]

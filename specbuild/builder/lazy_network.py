@@ -5,7 +5,8 @@
   checkpoint when the graph is written (ir_weights.py writes them one at a time).
 - `streamed`: each of them is read from the checkpoint whenever the forward reads it (a torch parametrization) and
   dropped after: the torch reference the graphs are checked against, in the memory of one layer and the largest
-  tensor.
+  tensor; `holding(budget)` keeps them across forwards up to a budget (a validation of several calls, in the memory
+  the graph's session just gave back).
 
 The final norm and the rotary tables are real in both (small); a mode that copies lm_head rows when it is built
 (Medusa's draft vocabulary) reads them through `output_weight()`.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -68,9 +70,34 @@ class LazyNetwork(LlamaNetwork):
     def __init__(self, cfg: ModelConfig, tensors: Mapping, dtype: str):
         super().__init__(cfg)
         self.tensors, self.weight_dtype = tensors, TORCH_DTYPES[dtype]
+        self._held: dict[str, torch.Tensor] | None = None  # weights kept while holding() (the tied ones once)
+        self._hold_left = 0
 
     def weight(self, name: str) -> torch.Tensor:
         return network_weight(self.tensors, name, self.weight_dtype, self.cfg.tie_word_embeddings)
+
+    @contextmanager
+    def holding(self, budget: int):
+        """Within: the weights the forward reads are kept once read, up to `budget` bytes (the first ones read), so
+        that several forwards read and convert them once: a converted copy costs more than the forward itself."""
+        self._held, self._hold_left = {}, budget
+        try:
+            yield self
+        finally:
+            self._held, self._hold_left = None, 0
+
+    def read_weight(self, name: str) -> torch.Tensor:
+        """weight(name), kept while holding() has room."""
+        if self._held is None:
+            return self.weight(name)
+        key = EMBED if name == LM_HEAD and self.cfg.tie_word_embeddings else name
+        value = self._held.get(key)
+        if value is None:
+            value = self.weight(name)
+            size = value.numel() * value.element_size()
+            if size <= self._hold_left:
+                self._held[key], self._hold_left = value, self._hold_left - size
+        return value
 
     def output_weight(self) -> torch.Tensor:
         return self.weight(LM_HEAD)
@@ -126,7 +153,7 @@ class _FromCheckpoint(nn.Module):
 
     def __init__(self, net: LazyNetwork, name: str):
         super().__init__()
-        self.read = lambda: net.weight(name)  # not a submodule: the network would own itself
+        self.read = lambda: net.read_weight(name)  # not a submodule: the network would own itself
 
     def forward(self, _placeholder):
         return self.read()

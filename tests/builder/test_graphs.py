@@ -148,3 +148,21 @@ def test_kv_buffer_is_written_in_place_and_compacted(toy, tmp_path):
             view = shared[name.format(i)]
             view = getattr(view, "array", view)  # a backend-bound buffer
             assert np.abs(view[..., :n, :] - stacked[i, j, ..., :n, :]).max() < 1e-4
+
+
+@pytest.mark.parametrize("weights", ["fp32", pytest.param("int4", marks=full("another precision"))])
+def test_tied_embeddings_are_stored_once_in_a_float_graph(tiny_checkpoints, tmp_path, weights):
+    """A float graph's lm_head reads the tied embedding itself (Gemm transB): no transposed copy of it. A quantized
+    graph quantizes the embedding and the lm_head each in its own layout."""
+    ckpt = tiny_checkpoints["llama_tied_linear"]
+    engine_dir = build_engine(ckpt, tmp_path / "e", BuildOptions(weights=weights), log=quiet)
+    cfg = Engine(engine_dir).manifest["model"]
+    vocab, hidden = cfg["vocab_size"], cfg["hidden_size"]
+    graph = onnx.load(str(engine_dir / ef.ENGINE_ONNX), load_external_data=False).graph
+    floats = [tuple(i.dims) for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT]
+    if weights == "fp32":
+        assert floats.count((vocab, hidden)) == 1 and (hidden, vocab) not in floats
+        gemms = [n for n in graph.node if n.op_type == "Gemm"]
+        assert [a.i for n in gemms for a in n.attribute if a.name == "transB"] == [1]
+    else:
+        assert (vocab, hidden) not in floats and (hidden, vocab) not in floats  # both quantized

@@ -42,3 +42,47 @@ def test_a_weight_the_network_holds_is_not_read_from_the_checkpoint(tiny_checkpo
     tensors = Checkpoint.load(tiny_checkpoints["qwen2_bias"]).tensors()
     with pytest.raises(KeyError, match="not a weight the network reads"):
         lazy_network.network_weight(tensors, "norm.weight", torch.float32)
+
+
+def _counting(ckpt):
+    """The checkpoint's tensors, counting how often each is read."""
+    tensors, reads = ckpt.tensors(), {}
+
+    class Counting(dict):
+        def __getitem__(self, name):
+            reads[name] = reads.get(name, 0) + 1
+            return tensors[name]
+
+    return Counting({name: None for name in tensors}), reads
+
+
+def test_a_streamed_network_holding_reads_each_weight_once_within_its_budget(tiny_checkpoints):
+    ckpt = Checkpoint.load(tiny_checkpoints["llama_tied_linear"])
+    cfg = ckpt.model
+    assert cfg.tie_word_embeddings
+    counting, reads = _counting(ckpt)
+    streamed = lazy_network.streamed(cfg, counting)
+    streamed.tie_output()
+    ids = torch.tensor([[1, 5, 9, 3, 7]])
+    args = (ids, torch.arange(5)[None], torch.tril(torch.ones(5, 5, dtype=torch.bool))[None], torch.tensor([0]))
+    kv = torch.zeros(cfg.num_layers, 2, 1, cfg.num_kv_heads, 0, cfg.head_dim)
+    loaded = LlamaNetwork.from_tensors(cfg, ckpt.tensors(), "float32")
+    with torch.no_grad():
+        want = loaded(*args, kv)[0]
+        with streamed.holding(1 << 40):
+            for _ in range(3):
+                assert torch.equal(streamed(*args, kv)[0], want)
+        assert reads and set(reads.values()) == {1}
+        reads.clear()
+        embedding = cfg.vocab_size * cfg.hidden_size * 4
+        with streamed.holding(embedding):  # room for the embedding alone: the layers are read on every call
+            for _ in range(2):
+                assert torch.equal(streamed(*args, kv)[0], want)
+        assert reads.pop("model.embed_tokens.weight") == 1 and set(reads.values()) == {2}
+        reads.clear()
+        for _ in range(2):  # outside holding(): read at each use
+            streamed(*args, kv)
+        assert set(reads.values()) == {2}
+        reads.clear()
+        streamed.lm_head(torch.zeros(1, 2, cfg.hidden_size))  # the tied lm_head reads the embedding
+        assert reads == {"model.embed_tokens.weight": 1}

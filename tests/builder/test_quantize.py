@@ -5,6 +5,7 @@ int4 bytes, the build records how far the quantized graph is from the float netw
 import dataclasses
 import json
 
+import numpy as np
 import onnx
 import pytest
 from rich.console import Console
@@ -336,3 +337,18 @@ def test_recorded_head_weights_are_checked_and_skipped_where_no_graph_takes_them
     ort_only = BuildOptions(speculative_mode="medusa", backends=(ef.BACKEND_ONNXRUNTIME,))
     engine_dir = build_engine(ckpt, tmp_path / "ort", ort_only, log=quiet)
     assert Engine(engine_dir).manifest["graphs"][0]["head_quantization"]["bits"] == 8
+
+
+@pytest.mark.parametrize("v,h,block", [(5000, 64, 32), (9000, 576, 32), (4097, 96, 16), (3, 32, 32)])
+def test_the_table_quantizer_is_onnx_runtimes_bit_for_bit(v, h, block):
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantizer
+
+    from specbuild.builder.quantize import quantize_table_rows
+
+    table = (np.random.default_rng(v).standard_normal((v, h)) * 0.02).astype(np.float32)
+    table[0, :block], table[1, :block], table[2, 5] = 0.0, 3.0, -7.0  # a zero block, a flat one, an outlier
+    with np.errstate(invalid="ignore"):
+        want = DefaultWeightOnlyQuantizer.quantize_ndarray(table, 1, block, True)[:2]
+    got = quantize_table_rows(table, block)
+    for a, b in zip(want, got):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
