@@ -10,8 +10,9 @@ request: (last token - first token) / (tokens - 1), as vLLM and AIPerf define it
 those of the first `none` engine at the lowest concurrency. Each engine's cost curve (ms per call against rows per
 call, runtime/speculation.py) bounds what batching can give on this machine: a `none` engine's ceiling at C is the
 run's own prompt engine time plus full decode calls of min(C, slots) rows, at the curve's cost. OpenVINO GenAI's
-ContinuousBatchingPipeline runs the same prompts through the same closed loop as the peer (--openvino-model;
-imported only then).
+ContinuousBatchingPipeline runs the same prompts through the same closed loop as a peer (--openvino-model), and
+ONNX Runtime GenAI with a static batch (--ort-genai-model: at C, the requests waiting start together and run to
+their end, the kernel ceiling of ONNX Runtime beside our curve); each imported only then.
 """
 
 from __future__ import annotations
@@ -258,6 +259,74 @@ class OpenVINOLoad:
         return {}
 
 
+class OrtGenAIBatch:
+    """ONNX Runtime GenAI with a static batch, the reference for what ONNX Runtime's kernels give a batch on this CPU
+    (GenAI has no continuous batching on CPU): the requests waiting when no batch runs start together, padded on the
+    right with its pad id (GenAI's convention: with left padding a shorter prompt's output changes), and the batch
+    runs until every one of them has its tokens (EOS or max_new_tokens); a request submitted meanwhile waits
+    for the next batch. Greedy on the same ids. Needs the `onnxruntime-genai` package and a directory made by its
+    model builder (see sequential.OrtGenAITimer)."""
+
+    def __init__(self, model_dir, threads: int | None, max_new_tokens: int):
+        import json
+
+        from specbuild.bench.sequential import open_genai_model
+
+        self.og, self.model = open_genai_model(model_dir, threads)
+        config = json.loads((Path(model_dir) / "genai_config.json").read_text())["model"]
+        eos = config.get("eos_token_id", [])
+        self.eos = set(eos if isinstance(eos, list) else [eos])
+        self.pad = int(config.get("pad_token_id", next(iter(self.eos), 0)))
+        self.max_new_tokens = max_new_tokens
+        self.label = f"ORT GenAI static batch {Path(model_dir).name}"
+        self._waiting: list[dict] = []
+        self._batch: list[dict] = []
+        self._generator = None
+
+    def submit(self, ids: list[int]) -> dict:
+        request = {"ids": ids, "out": [], "times": [], "arrival": time.perf_counter(), "done": False}
+        self._waiting.append(request)
+        return request
+
+    def step(self) -> bool:
+        if not self._batch:
+            if not self._waiting:
+                return False
+            self._start(self._waiting)
+            self._waiting = []
+        self._generator.generate_next_token()
+        tokens, now = self._generator.get_next_tokens(), time.perf_counter()
+        for request, token in zip(self._batch, tokens):
+            if not request["done"]:
+                request["out"].append(int(token))
+                request["times"].append(now - request["arrival"])
+                request["done"] = int(token) in self.eos or len(request["out"]) >= self.max_new_tokens
+        if all(r["done"] for r in self._batch):
+            self._batch, self._generator = [], None
+        return True
+
+    def _start(self, requests: list[dict]) -> None:
+        og = self.og
+        longest = max(len(r["ids"]) for r in requests)
+        tokens = np.full((len(requests), longest), self.pad, dtype=np.int32)
+        for row, request in enumerate(requests):
+            tokens[row, : len(request["ids"])] = request["ids"]
+        params = og.GeneratorParams(self.model)
+        params.set_search_options(do_sample=False, max_length=longest + self.max_new_tokens, batch_size=len(requests))
+        self._generator = og.Generator(self.model, params)
+        self._generator.append_tokens(tokens)
+        self._batch = list(requests)
+
+    def finished(self, request: dict) -> Finished | None:
+        if not request["done"]:
+            return None
+        times = request["times"]
+        return Finished(request["out"], times[0], times[-1], times[-1])
+
+    def counters(self) -> dict[str, int]:
+        return {}
+
+
 # ---------------------------------------------------------------- the run
 def measure(target, prompts: list[list[int]], concurrency: int, max_new_tokens: int) -> tuple[dict, list]:
     """A short warm-up loop (every batch size up to C seen once), then the measured closed loop: its row and outputs."""
@@ -394,6 +463,7 @@ def run_load_benchmark(
     allow_lossy: bool = False,
     openvino_dirs: list[str | Path] = (),
     repeats: int = 1,
+    ort_genai_dirs: list[str | Path] = (),
 ) -> dict[str, Any]:
     """`specbuild bench --concurrency`: the report (settings, engines with their cost curves, rows per C)."""
     from specbuild.bench.sequential import load_engines
@@ -402,6 +472,7 @@ def run_load_benchmark(
     engines, labels = load_engines(engine_dirs, max_new_tokens, threads, allow_lossy)
     prompts = interleaved_prompts(engines[0], prompt_sets, num_prompts)
     peers = [OpenVINOLoad(d, threads, max(concurrency), max_new_tokens) for d in openvino_dirs]
+    peers += [OrtGenAIBatch(d, threads, max_new_tokens) for d in ort_genai_dirs]
     log("measuring each engine's call cost")
     curves = [cost_curve_report(e) for e in engines]
     results = run_load(engines, labels, prompts, concurrency, max_new_tokens, peers, log, repeats)
@@ -415,6 +486,7 @@ def run_load_benchmark(
             "threads": threads,
             "repeats": repeats,
             "openvino_dirs": [str(d) for d in openvino_dirs],
+            "ort_genai_dirs": [str(d) for d in ort_genai_dirs],
             "cpu": cpu_description(),
         },
         "engines": [

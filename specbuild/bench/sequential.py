@@ -181,6 +181,28 @@ class HFTimer:
         return Sample(output_ids=out, steps=0, accepted=0, total_s=total, ttft_s=ttft, decode_engine_s=0.0)
 
 
+def open_genai_model(model_dir, threads: int | None):
+    """(onnxruntime_genai, its Model on the CPU) of a directory made by its model builder; one-line errors."""
+    try:
+        import onnxruntime_genai as og
+    except ImportError:
+        raise SpecbuildError(
+            "--ort-genai-model needs the onnxruntime-genai package (pip install onnxruntime-genai)"
+        ) from None
+    model_dir = Path(model_dir)
+    if not (model_dir / "genai_config.json").is_file():
+        raise SpecbuildError(f"{model_dir}: not an ONNX Runtime GenAI model directory (no genai_config.json)")
+    config = og.Config(str(model_dir))
+    config.clear_providers()  # CPU
+    if threads:
+        options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+    try:
+        return og, og.Model(config)
+    except Exception as exc:  # onnxruntime-genai raises RuntimeError for unreadable models
+        raise SpecbuildError(f"{model_dir}: ONNX Runtime GenAI cannot load it ({exc})") from None
+
+
 class OrtGenAITimer:
     """ONNX Runtime GenAI (what a CPU user would run instead) on the same ids: greedy, or with its built-in n-gram
     speculation (`ngram_size` 3, 4 draft tokens). Needs the `onnxruntime-genai` package and a model directory made
@@ -189,26 +211,9 @@ class OrtGenAITimer:
     NGRAM = {"ngram_size": 3, "max_draft_tokens": 4}
 
     def __init__(self, model_dir, threads: int | None, ngram: bool = False):
-        try:
-            import onnxruntime_genai as og
-        except ImportError:
-            raise SpecbuildError(
-                "--ort-genai-model needs the onnxruntime-genai package (pip install onnxruntime-genai)"
-            ) from None
-        model_dir = Path(model_dir)
-        if not (model_dir / "genai_config.json").is_file():
-            raise SpecbuildError(f"{model_dir}: not an ONNX Runtime GenAI model directory (no genai_config.json)")
-        self.og, self.ngram = og, ngram
-        config = og.Config(str(model_dir))
-        config.clear_providers()  # CPU
-        if threads:
-            options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
-            config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
-        try:
-            self.model = og.Model(config)
-        except Exception as exc:  # onnxruntime-genai raises RuntimeError for unreadable models
-            raise SpecbuildError(f"{model_dir}: ONNX Runtime GenAI cannot load it ({exc})") from None
-        self.label = f"ORT GenAI {model_dir.name}" + (" n-gram" if ngram else "")
+        self.og, self.model = open_genai_model(model_dir, threads)
+        self.ngram = ngram
+        self.label = f"ORT GenAI {Path(model_dir).name}" + (" n-gram" if ngram else "")
 
     def sample(self, ids: list[int], max_new_tokens: int) -> Sample:
         og = self.og

@@ -143,8 +143,9 @@ class TiedOutput(nn.Module):
     def weight(self) -> torch.Tensor:
         return self.read()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V]
-        return nn.functional.linear(x.reshape(-1, x.shape[-1]), self.read()).reshape(*x.shape[:-1], -1)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V] (no rows: [0, V])
+        weight = self.read()
+        return nn.functional.linear(x.reshape(-1, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
 
 
 class LlamaNetwork(nn.Module):

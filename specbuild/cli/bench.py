@@ -38,8 +38,8 @@ from specbuild.errors import SpecbuildError
     "ort_genai_dirs",
     multiple=True,
     type=click.Path(path_type=Path),
-    help="Also time ONNX Runtime GenAI on this model directory (greedy and its n-gram speculation); needs the "
-    "onnxruntime-genai package.",
+    help="Also time ONNX Runtime GenAI on this model directory (greedy and its n-gram speculation; with "
+    "--concurrency, a static batch of the requests waiting); needs the onnxruntime-genai package.",
 )
 @click.option(
     "--openvino-model",
@@ -58,7 +58,7 @@ from specbuild.errors import SpecbuildError
     help="Comma-separated numbers of requests in flight (e.g. 1,4,16): instead of one prompt at a time, run every "
     "prompt through each engine's scheduler as a closed loop at each concurrency (aggregate tokens/s, TTFT and "
     "inter-token latency percentiles, τ, the engines' call cost curves); --openvino-model then runs OpenVINO GenAI's "
-    "continuous batching.",
+    "continuous batching, --ort-genai-model ONNX Runtime GenAI's static batch.",
 )
 @click.option(
     "--repeats",
@@ -95,14 +95,14 @@ def bench(
         raise SpecbuildError("--hf-assistant-dir drafts for transformers' generate: give --hf-model-dir too")
     sets = _prompt_sets(prompts)
     if concurrency is not None:
-        if hf_model_dir or ort_genai_dirs or context_sweep:
+        if hf_model_dir or context_sweep:
             raise SpecbuildError(
-                "--concurrency runs the load benchmark: --hf-model-dir, --ort-genai-model and --context-sweep belong "
-                "to the one-at-a-time benchmark (run it without --concurrency)"
+                "--concurrency runs the load benchmark: --hf-model-dir and --context-sweep belong to the "
+                "one-at-a-time benchmark (run it without --concurrency)"
             )
         _bench_load(
             engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy,
-            repeats,
+            repeats, ort_genai_dirs,
         )  # fmt: skip
         return
     if repeats != 1:
@@ -159,7 +159,7 @@ def _write_plot(report: dict, json_out: Path) -> None:
 
 def _bench_load(
     engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy,
-    repeats=1,
+    repeats=1, ort_genai_dirs=(),
 ):  # fmt: skip
     """`bench --concurrency`: the closed-loop load benchmark (specbuild/bench/load.py)."""
     from specbuild.bench.load import parse_concurrency, render_load, run_load_benchmark
@@ -177,6 +177,7 @@ def _bench_load(
             allow_lossy=allow_lossy,
             openvino_dirs=list(openvino_dirs),
             repeats=repeats,
+            ort_genai_dirs=list(ort_genai_dirs),
         )
     render_load(report)
     if json_out:

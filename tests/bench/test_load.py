@@ -274,3 +274,33 @@ def test_render_shows_peers_and_own_none(load_engines):
     render_load(report, console)
     text = console.export_text()
     assert "1/2 (own 2/2)" in text and "OpenVINO GenAI CB ov4" in text and "2.0 (1.00)" in text
+
+
+@full("ONNX Runtime GenAI's model builder on a tiny model")
+def test_ort_genai_static_batch_gives_greedy_ids_through_the_closed_loop(tiny_hf_models, tmp_path):
+    """The static-batch reference row: prompts of different lengths batched (padded) give transformers' greedy
+    ids one by one; a request submitted while a batch runs waits for the next one."""
+    pytest.importorskip("onnxruntime_genai")
+    import shutil
+    import subprocess
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specbuild.bench.load import OrtGenAIBatch
+    from tests.conftest import hf_greedy, write_char_tokenizer
+
+    hf = shutil.copytree(tiny_hf_models["llama_gqa_llama3rope"], tmp_path / "hf")
+    write_char_tokenizer(hf)
+    builder = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", hf, "-o", tmp_path / "genai"]
+    subprocess.run([*map(str, builder), "-p", "fp32", "-e", "cpu"], check=True, capture_output=True)
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    peer = OrtGenAIBatch(tmp_path / "genai", threads=1, max_new_tokens=MAX_NEW_TOKENS)
+    assert peer.label == "ORT GenAI static batch genai"
+    run = closed_loop(peer, PROMPTS, 3)
+    assert [r.output_ids for r in run.done] == [hf_greedy(model, ids, MAX_NEW_TOKENS) for ids in PROMPTS]
+    assert run.most_in_flight == 3 and all(0 <= r.ttft_s <= r.last_token_s <= r.latency_s for r in run.done)
+    # static: 7 prompts at 3 in flight are three batches of MAX_NEW_TOKENS steps (EOS aside: random ids)
+    assert run.steps == 3 * MAX_NEW_TOKENS
+    with pytest.raises(SpecbuildError, match="not an ONNX Runtime GenAI model directory"):
+        OrtGenAIBatch(hf, threads=1, max_new_tokens=4)

@@ -150,12 +150,27 @@ def test_kv_buffer_is_written_in_place_and_compacted(toy, tmp_path):
             assert np.abs(view[..., :n, :] - stacked[i, j, ..., :n, :]).max() < 1e-4
 
 
-@pytest.mark.parametrize("weights", ["fp32", pytest.param("int4", marks=full("another precision"))])
-def test_tied_embeddings_are_stored_once_in_a_float_graph(tiny_checkpoints, tmp_path, weights):
-    """A float graph's lm_head reads the tied embedding itself (Gemm transB): no transposed copy of it. A quantized
-    graph quantizes the embedding and the lm_head each in its own layout."""
-    ckpt = tiny_checkpoints["llama_tied_linear"]
-    engine_dir = build_engine(ckpt, tmp_path / "e", BuildOptions(weights=weights), log=quiet)
+@pytest.mark.parametrize(
+    "weights,mode",
+    [("fp32", "medusa"), pytest.param("int4", "none", marks=full("another precision"))],
+)
+def test_tied_embeddings_are_stored_once_in_a_float_graph(tiny_hf_models, tmp_path, weights, mode):
+    """A float graph's lm_head reads the tied embedding itself (Gemm transB): no transposed copy of it, Medusa heads
+    that share the base lm_head included (they also read it for no rows); the engine is exact. A quantized graph
+    quantizes the embedding and the lm_head each in its own layout."""
+    hf = tiny_hf_models["llama_tied_linear"]
+    config = __import__("json").loads((hf / "config.json").read_text())
+    write_medusa_heads(tmp_path / "medusa", "v2", config["hidden_size"], config["vocab_size"], num_heads=2)
+    ckpt = convert_checkpoint(hf, tmp_path / "ckpt", heads={"medusa": tmp_path / "medusa"}, progress=False)
+    options = BuildOptions(weights=weights, speculative_mode=mode)
+    engine_dir = build_engine(ckpt, tmp_path / "e", options, log=quiet)
+    if mode != "none":
+        engine, plain = Engine(engine_dir, threads=1), Engine(build_engine(ckpt, tmp_path / "n", BuildOptions()))
+        for ids in PROMPTS:
+            assert (
+                engine.generate(input_ids=ids, max_new_tokens=12).output_ids
+                == plain.generate(input_ids=ids, max_new_tokens=12).output_ids
+            )
     cfg = Engine(engine_dir).manifest["model"]
     vocab, hidden = cfg["vocab_size"], cfg["hidden_size"]
     graph = onnx.load(str(engine_dir / ef.ENGINE_ONNX), load_external_data=False).graph
@@ -163,6 +178,6 @@ def test_tied_embeddings_are_stored_once_in_a_float_graph(tiny_checkpoints, tmp_
     if weights == "fp32":
         assert floats.count((vocab, hidden)) == 1 and (hidden, vocab) not in floats
         gemms = [n for n in graph.node if n.op_type == "Gemm"]
-        assert [a.i for n in gemms for a in n.attribute if a.name == "transB"] == [1]
+        assert gemms and {a.i for n in gemms for a in n.attribute if a.name == "transB"} == {1}
     else:
         assert (vocab, hidden) not in floats and (hidden, vocab) not in floats  # both quantized
