@@ -64,7 +64,8 @@ class GraphKind:
             export.export_step(step, path, weight=weight, log=log)
             self.after_export(path)
             # a large one on every core, from its weights as stored (one copy of them in memory)
-            diff = export.validate_export(check, path, plan.tolerance, **({} if small else large_validation(plan)))
+            large = {} if small else large_validation(float_weight_bytes(plan))
+            diff = export.validate_export(check, path, plan.tolerance, **large)
             if quantize is not None:
                 rewrite_graph(path, quantize, log)
         else:
@@ -126,17 +127,18 @@ class GraphKind:
             path = Path(tmp) / self.file
             export.export_step(step, path, weight=net.weight)
             self.after_export(path)
-            return export.validate_export(check, path, plan.tolerance, **large_validation(truncated))
+            return export.validate_export(check, path, plan.tolerance, **large_validation(float_bytes(kept, plan)))
 
 
 HELD_SHARE = 0.9  # of a large graph's weights its torch reference keeps across the validation's calls
 
 
-def large_validation(plan: BuildPlan) -> dict:
-    """validate_export's settings for a large graph: every core, ONNX Runtime computing from the weights as stored
-    (one copy of them in memory), the torch reference keeping most of its weights across calls once the session is
-    gone (reading and converting them again cost more than the calls), below what the session held."""
-    return dict(threads=0, prepack=False, hold=int(HELD_SHARE * float_weight_bytes(plan)))
+def large_validation(weight_bytes: int) -> dict:
+    """validate_export's settings for a large graph of `weight_bytes` float weights: every core, ONNX Runtime
+    computing from the weights as stored (one copy of them in memory), the torch reference keeping most of its
+    weights across calls once the session is gone (reading and converting them again cost more than the calls),
+    below what the session held."""
+    return dict(threads=0, prepack=False, hold=int(HELD_SHARE * weight_bytes))
 
 
 TRUNCATED_LAYERS = 2  # layers of the network a large graph is validated on call by call (layer 0 and a later one)
@@ -145,10 +147,14 @@ SMALL_GRAPH_BYTES = 2 * 1024**3  # float weights up to which a graph is exported
 
 def float_weight_bytes(plan: BuildPlan) -> int:
     """The base network's weights in the engine's float dtype (what a float graph of it holds)."""
+    return float_bytes(plan.checkpoint.tensors(), plan)
+
+
+def float_bytes(tensors, plan: BuildPlan) -> int:
+    """The bytes of checkpoint `tensors` in the engine's float dtype."""
     from specbuild.builder.weights_io import spec_of
 
     size = 2 if plan.engine_dtype == "float16" else 4
-    tensors = plan.checkpoint.tensors()
     total = 0
     for name in tensors:
         shape, _ = spec_of(tensors, name)
