@@ -18,6 +18,7 @@ their end, the kernel ceiling of ONNX Runtime beside our curve); each imported o
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Callable
@@ -268,8 +269,6 @@ class OrtGenAIBatch:
     model builder (see sequential.OrtGenAITimer)."""
 
     def __init__(self, model_dir, threads: int | None, max_new_tokens: int):
-        import json
-
         from specbuild.bench.sequential import open_genai_model
 
         self.og, self.model = open_genai_model(model_dir, threads)

@@ -307,28 +307,26 @@ def validate_export(
         calls += [(2, 2, 12, 2, 0.0, 2, [1]), (1, 1, 12, 2, 0.0, 2, [])]
     # every call through ONNX Runtime first, the session dropped before torch runs them: a large graph's weights and
     # the torch reference's largest tensor are never in memory together
-    outputs = []
+    runs = []  # (call, its inputs, ONNX Runtime's outputs)
     for t, w, cap, past, temp, batch, rows in calls:
         args = example_inputs(
             step, t=t, w=w, capacity=cap, past=past, seed=t, temperature=temp, batch=batch, draft_rows=rows
         )
         feeds = {n: (a.float() if a.dtype == torch.bfloat16 else a).numpy().copy() for n, a in zip(names, args)}
         got, _ = run_bound(sess, feeds, out_names, aliases)
-        outputs.append({name: np.array(got[name]) for name in out_names})  # owned: the session goes
+        outputs = {name: np.array(got[name]) for name in out_names}  # owned: the session goes
+        runs.append(((t, w, cap, past, temp, batch, rows), args, outputs))
     del sess
     holding = getattr(step.net, "holding", None)
     with holding(hold) if holding is not None else contextlib.nullcontext():
-        return _compare_calls(step, calls, outputs, out_names, tolerance)
+        return _compare_calls(step, runs, out_names, tolerance)
 
 
-def _compare_calls(step: StepModule, calls: list, outputs: list[dict], out_names: list[str], tolerance: float) -> dict:
+def _compare_calls(step: StepModule, runs: list, out_names: list[str], tolerance: float) -> dict:
     """validate_export's comparison: each call through the torch step against ONNX Runtime's outputs."""
     worst = 0.0  # of the calls whose outputs agree
     near_ties, diverged = [], []
-    for (t, w, cap, past, temp, batch, rows), got in zip(calls, outputs):
-        args = example_inputs(
-            step, t=t, w=w, capacity=cap, past=past, seed=t, temperature=temp, batch=batch, draft_rows=rows
-        )
+    for (t, w, _, _, temp, batch, rows), args, got in runs:
         with torch.no_grad():
             ref = step(*args)
         _check_declared_outputs(step, dict(zip(out_names, ref)), batch if rows is None else len(rows), w)
