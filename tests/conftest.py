@@ -233,7 +233,53 @@ SLIDING_SHAPES: dict[str, tuple[str, str, dict]] = {
         ),
     ),
 }
-ALL_SHAPES = {**TINY_SHAPES, **SLIDING_SHAPES}
+# The architectures beyond the Llama family's core (tests/builder/test_architectures.py): each proved against
+# transformers at several seeds, every mode on them. head_dim differs from hidden / heads where the config allows it.
+ARCH_SHAPES: dict[str, tuple[str, str, dict]] = {
+    "qwen3_qknorm": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(
+            vocab_size=83,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            tie_word_embeddings=True,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),
+    "qwen3_window": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(
+            vocab_size=89,
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=8,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            attention_bias=True,
+            use_sliding_window=True,
+            sliding_window=5,
+            layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+            tie_word_embeddings=False,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),
+}
+ALL_SHAPES = {**TINY_SHAPES, **SLIDING_SHAPES, **ARCH_SHAPES}
 
 
 def tiny_hf_config(name: str, **overrides):

@@ -56,6 +56,20 @@ SHAPES: dict[str, dict] = {
         rope_scaling={**_LLAMA3_ROPE, "factor": 8.0}, tie_word_embeddings=False, bos_token_id=128000,
         eos_token_id=[128001, 128008, 128009],
     ),
+    "qwen3-8b": dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=4096, intermediate_size=12288,
+        num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
+        attention_bias=False, use_sliding_window=False, sliding_window=None, max_window_layers=36,
+        bos_token_id=151643, eos_token_id=151645,
+    ),
+    "qwen3-1.7b": dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=2048, intermediate_size=6144,
+        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+        attention_bias=False, use_sliding_window=False, sliding_window=None, max_window_layers=28,
+        bos_token_id=151643, eos_token_id=151645,
+    ),
     # small shapes of the same families, for tests: real layouts, seconds to build
     "tiny-llama": dict(
         architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=128, intermediate_size=256,
@@ -70,6 +84,12 @@ SHAPES: dict[str, dict] = {
         max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
         use_sliding_window=False, bos_token_id=1, eos_token_id=2,
     ),
+    "tiny-qwen3": dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=96, intermediate_size=192,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=49408,
+        max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+        use_sliding_window=False, bos_token_id=1, eos_token_id=2,
+    ),
 }  # fmt: skip
 
 
@@ -78,7 +98,9 @@ def model_tensors(cfg: dict) -> dict[str, tuple[int, ...]]:
     h, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = cfg.get("head_dim") or h // heads
-    bias = cfg["model_type"] == "qwen2"
+    bias = cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias"))
+    o_bias = bool(cfg.get("attention_bias"))  # llama / qwen3: on o_proj too
+    qk_norm = cfg["model_type"] == "qwen3"
     out = {"model.embed_tokens.weight": (vocab, h)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -88,6 +110,11 @@ def model_tensors(cfg: dict) -> dict[str, tuple[int, ...]]:
             if bias:
                 out[f"{p}self_attn.{name}.bias"] = (rows,)
         out[p + "self_attn.o_proj.weight"] = (h, heads * d)
+        if o_bias:
+            out[p + "self_attn.o_proj.bias"] = (h,)
+        if qk_norm:
+            out[p + "self_attn.q_norm.weight"] = (d,)
+            out[p + "self_attn.k_norm.weight"] = (d,)
         out[p + "post_attention_layernorm.weight"] = (h,)
         out[p + "mlp.gate_proj.weight"] = (inter, h)
         out[p + "mlp.up_proj.weight"] = (inter, h)

@@ -1,4 +1,4 @@
-"""Every Hugging Face config field of Llama, Mistral and Qwen2 and how specbuild handles it: the one table.
+"""Every Hugging Face config field of Llama, Mistral, Qwen2 and Qwen3 and how specbuild handles it: the one table.
 
 Each field transformers reads for these architectures (their config classes and modeling code, the RoPE and mask
 helpers they call) is listed in exactly one of three ways:
@@ -45,7 +45,7 @@ def _hidden_act(value, arch):
 
 FIELDS: dict[str, Field] = {
     # --- architecture selection and shapes
-    "architectures": Field(HONOURED, "selects llama / mistral / qwen2; anything else is refused"),
+    "architectures": Field(HONOURED, "selects llama / mistral / qwen2 / qwen3; anything else is refused"),
     "model_type": Field(HONOURED, "selects the architecture when `architectures` is absent"),
     "vocab_size": Field(HONOURED, "embedding / lm_head rows; checked against the tensors"),
     "hidden_size": Field(HONOURED, "checked against the tensors"),
@@ -53,14 +53,16 @@ FIELDS: dict[str, Field] = {
     "num_hidden_layers": Field(HONOURED, "layer count; checked against the tensors"),
     "num_attention_heads": Field(HONOURED, "query heads"),
     "num_key_value_heads": Field(HONOURED, "GQA kv heads (default: num_attention_heads)"),
-    "head_dim": Field(HONOURED, "per-head width (default hidden_size // num_attention_heads)"),
-    "rms_norm_eps": Field(HONOURED, "RMSNorm epsilon"),
+    "head_dim": Field(
+        HONOURED, "per-head width (default hidden_size // num_attention_heads; qwen3: 128, as Qwen3Config)"
+    ),
+    "rms_norm_eps": Field(HONOURED, "RMSNorm epsilon (qwen3: also of the per-head q_norm / k_norm)"),
     "hidden_act": Field(REFUSED, "silu/swish honoured; any other activation refused", _hidden_act),
     "attention_bias": Field(
         HONOURED,
-        "llama: biases on q/k/v/o projections; qwen2 (always q/k/v biases) and mistral (none) do not read it",
+        "llama, qwen3: biases on q/k/v/o projections; qwen2 (always q/k/v biases) and mistral (none) do not read it",
     ),
-    "mlp_bias": Field(HONOURED, "llama: biases on gate/up/down projections; not read by mistral/qwen2"),
+    "mlp_bias": Field(HONOURED, "llama: biases on gate/up/down projections; not read by mistral/qwen2/qwen3"),
     "tie_word_embeddings": Field(
         HONOURED,
         "lm_head = embedding; a distinct lm_head.weight beside it is refused (transformers 4.x ties it, 5.x keeps it)",
@@ -81,16 +83,18 @@ FIELDS: dict[str, Field] = {
     # --- attention pattern
     "sliding_window": Field(
         HONOURED,
-        "mistral: window on every layer when not null; qwen2: window on the sliding layers when use_sliding_window; "
+        "mistral: window on every layer when not null; qwen2/qwen3: window on the sliding layers when "
+        "use_sliding_window; "
         "key j is visible from query i iff i - window < j <= i (masked over cache and tree); llama does not read it",
     ),
-    "use_sliding_window": Field(HONOURED, "qwen2: switches sliding_window on; not read by llama/mistral"),
+    "use_sliding_window": Field(HONOURED, "qwen2/qwen3: switches sliding_window on; not read by llama/mistral"),
     "max_window_layers": Field(
-        HONOURED, "qwen2: layers >= max_window_layers slide (when layer_types is not given); not read otherwise"
+        HONOURED,
+        "qwen2/qwen3: layers >= max_window_layers slide (when layer_types is not given); not read otherwise",
     ),
     "layer_types": Field(
         HONOURED,
-        "qwen2: full_attention / sliding_attention per layer; mistral and llama ignore it (as transformers)",
+        "qwen2/qwen3: full_attention / sliding_attention per layer; mistral and llama ignore it (as transformers)",
     ),
     "is_causal": Field(
         REFUSED,

@@ -14,12 +14,15 @@ SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
 }
 DEFAULT_ROPE_THETA = 10000.0
 # transformers' defaults when config.json omits the key
 MISTRAL_DEFAULT_WINDOW = 4096
 QWEN2_DEFAULT_WINDOW = 4096
 QWEN2_DEFAULT_MAX_WINDOW_LAYERS = 28
+QWEN3_DEFAULT_HEAD_DIM = 128  # Qwen3Config's default: not hidden_size // num_attention_heads
+SLIDING_BY_LAYER_TYPES = ("qwen2", "qwen3")  # use_sliding_window + max_window_layers / layer_types
 
 
 @dataclasses.dataclass
@@ -41,6 +44,7 @@ class ModelConfig:
     attention_bias: bool = False  # q/k/v projection biases
     o_proj_bias: bool = False  # attention output projection bias (llama attention_bias)
     mlp_bias: bool = False  # gate/up/down projection biases (llama mlp_bias)
+    qk_norm: bool = False  # RMSNorm over each query and key head before RoPE (qwen3 q_norm / k_norm)
     sliding_window: int | None = None  # keys j visible from query i iff i - window < j <= i ...
     sliding_layers: list[int] = dataclasses.field(default_factory=list)  # ... on these layers
     max_position_embeddings: int = 2048
@@ -73,7 +77,8 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], source: str = "config.json") -> ModelConfig:
-        """A transformers config dict (Llama, Mistral, Qwen2); each field is honoured or refused (config_fields)."""
+        """A transformers config dict (Llama, Mistral, Qwen2, Qwen3); each field is honoured or refused
+        (config_fields)."""
         if not isinstance(hf, dict):
             raise SpecbuildError(f"{source}: expected a JSON object, got {type(hf).__name__}")
         archs = hf.get("architectures") or []
@@ -96,6 +101,8 @@ class ModelConfig:
         hidden = read.int("hidden_size")
         heads = read.int("num_attention_heads")
         head_dim = read.int("head_dim", default=None) or hidden // heads
+        if arch == "qwen3" and "head_dim" not in hf:
+            head_dim = QWEN3_DEFAULT_HEAD_DIM
         if head_dim < 1:
             raise SpecbuildError(f"{source}: hidden_size {hidden} // num_attention_heads {heads} gives head_dim 0")
         kv_heads = read.int("num_key_value_heads", default=None) or heads
@@ -108,6 +115,7 @@ class ModelConfig:
         theta, rope_scaling = _rope(hf, source, max_pos, head_dim)
         window, sliding = _sliding_window(hf, arch, layers, read, source)
         eos_ids = read.token_ids("eos_token_id")
+        biased = read.bool("attention_bias", default=False)  # llama, qwen3: q/k/v/o biases
         bos = read.token_ids("bos_token_id")
         return cls(
             architecture=arch,
@@ -122,9 +130,10 @@ class ModelConfig:
             rope_theta=theta,
             rope_scaling=rope_scaling,
             tie_word_embeddings=read.bool("tie_word_embeddings", default=False),
-            attention_bias=arch == "qwen2" or (arch == "llama" and read.bool("attention_bias", default=False)),
-            o_proj_bias=arch == "llama" and read.bool("attention_bias", default=False),
+            attention_bias=arch == "qwen2" or (arch in ("llama", "qwen3") and biased),
+            o_proj_bias=arch in ("llama", "qwen3") and biased,
             mlp_bias=arch == "llama" and read.bool("mlp_bias", default=False),
+            qk_norm=arch == "qwen3",
             sliding_window=window,
             sliding_layers=sliding,
             max_position_embeddings=max_pos,
@@ -156,6 +165,9 @@ class ModelConfig:
                 shapes[p + "self_attn.v_proj.bias"] = (kv,)
             if self.o_proj_bias:
                 shapes[p + "self_attn.o_proj.bias"] = (h,)
+            if self.qk_norm:
+                shapes[p + "self_attn.q_norm.weight"] = (d,)
+                shapes[p + "self_attn.k_norm.weight"] = (d,)
             shapes[p + "mlp.gate_proj.weight"] = (self.intermediate_size, h)
             shapes[p + "mlp.up_proj.weight"] = (self.intermediate_size, h)
             shapes[p + "mlp.down_proj.weight"] = (h, self.intermediate_size)
@@ -380,11 +392,12 @@ def _rope(hf: dict, source: str, max_pos: int, head_dim: int) -> tuple[float, di
 
 
 def _sliding_window(hf: dict, arch: str, layers: int, read: _Reader, source: str) -> tuple[int | None, list[int]]:
-    """(window, sliding layer indices) as transformers' Mistral and Qwen2 modeling applies them; Llama has none."""
+    """(window, sliding layer indices) as transformers' Mistral, Qwen2 and Qwen3 modeling applies them; Llama has
+    none."""
     if arch == "mistral":
         window = read.int("sliding_window", default=None) if "sliding_window" in hf else MISTRAL_DEFAULT_WINDOW
         return window, list(range(layers)) if window is not None else []
-    if arch != "qwen2":
+    if arch not in SLIDING_BY_LAYER_TYPES:
         return None, []
     use = read.bool("use_sliding_window", default=False)
     window = (

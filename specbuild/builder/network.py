@@ -1,4 +1,4 @@
-"""Our own Llama-family network (Llama, Mistral, Qwen2) over an explicit KV tensor and a tree mask.
+"""Our own Llama-family network (Llama, Mistral, Qwen2, Qwen3) over an explicit KV tensor and a tree mask.
 
 One forward serves prefill and tree decode: T new tokens attend to the first `past_length` cache
 positions and to the new tokens their `tree_mask` row allows. It returns the KV of the new tokens
@@ -20,7 +20,15 @@ class Attention(nn.Module):
     """GQA attention with RoPE. project() and attend() are shared with the EAGLE draft layers."""
 
     def __init__(
-        self, in_dim: int, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool, o_bias: bool = False
+        self,
+        in_dim: int,
+        hidden: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        bias: bool,
+        o_bias: bool = False,
+        qk_norm_eps: float | None = None,
     ):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = heads, kv_heads, head_dim
@@ -29,6 +37,11 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=o_bias)
         self.qkv_proj: nn.Linear | None = None  # set by pack_qkv()
+        if qk_norm_eps is not None:  # Qwen3: RMSNorm over each query / key head, before RoPE
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
 
     def project(self, x, cos, sin):
         """q [B,Hq,T,D], k/v [B,Hkv,T,D] with RoPE applied to q and k."""
@@ -39,10 +52,27 @@ class Attention(nn.Module):
             q, k, v = torch.split(self.qkv_proj(x), sizes, -1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.reshape(b, t, self.num_heads, d).transpose(1, 2)
-        k = k.reshape(b, t, self.num_kv_heads, d).transpose(1, 2)
+        q = self.norm_heads(self.q_norm, q.reshape(b, t, self.num_heads, d)).transpose(1, 2)
+        k = self.norm_heads(self.k_norm, k.reshape(b, t, self.num_kv_heads, d)).transpose(1, 2)
         v = v.reshape(b, t, self.num_kv_heads, d).transpose(1, 2)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+    @staticmethod
+    def norm_heads(norm: RMSNorm | None, x):
+        """x [..., heads, D] with each head RMS-normalised (Qwen3's q_norm / k_norm), or x without a norm."""
+        return x if norm is None else norm(x)
+
+    def normed_qkv(self, qkv):
+        """The packed projection qkv [B,T,(Hq+2Hkv)D] with q_norm / k_norm applied to its query and key heads (the
+        fused attention kernel rotates what it is given); qkv itself without them."""
+        if self.q_norm is None:
+            return qkv
+        b, t, _ = qkv.shape
+        d, hq, hkv = self.head_dim, self.num_heads, self.num_kv_heads
+        q, k, v = torch.split(qkv, [hq * d, hkv * d, hkv * d], dim=-1)
+        q = self.q_norm(q.reshape(b, t, hq, d)).reshape(b, t, hq * d)
+        k = self.k_norm(k.reshape(b, t, hkv, d)).reshape(b, t, hkv * d)
+        return torch.cat([q, k, v], dim=-1)
 
     def attend(self, q, keys, values, mask):
         """q [B,Hq,T,D]; keys/values: lists of [B,Hkv,M_i,D] chunks (cache, new tokens, ...); mask [B,1,1,T,sum M_i]
@@ -117,7 +147,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         h = cfg.hidden_size
         self.self_attn = Attention(
-            h, h, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attention_bias, cfg.o_proj_bias
+            h,
+            h,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.attention_bias,
+            cfg.o_proj_bias,
+            qk_norm_eps=cfg.rms_norm_eps if cfg.qk_norm else None,
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
@@ -284,7 +321,7 @@ class LlamaNetwork(nn.Module):
             attn = layer.self_attn
             heads, k, v = group_query_attention(
                 attn,
-                attn.qkv_proj(h),
+                attn.normed_qkv(attn.qkv_proj(h)),
                 kv_buffers[2 * i],
                 kv_buffers[2 * i + 1],
                 past_length,

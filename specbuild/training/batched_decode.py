@@ -1,9 +1,9 @@
 """Batched decoding for self-distillation data: one preallocated KV cache for the whole batch, no per-step
 concatenation, the features each head needs captured in the same pass.
 
-`decode_batch(model, prompts, ...)` drives a transformers Llama / Mistral / Qwen2 model's own modules (embedding,
-decoder layers' projections, norms, rotary embedding, lm_head) through a loop written here: the prompts are left
-padded and prefilled in one forward, then every step feeds B tokens, writes their keys and values into column
+`decode_batch(model, prompts, ...)` drives a transformers Llama / Mistral / Qwen2 / Qwen3 model's own modules
+(embedding, decoder layers' projections, norms, rotary embedding, lm_head) through a loop written here: the prompts
+are left padded and prefilled in one forward, then every step feeds B tokens, writes their keys and values into column
 P + t of the cache [B, Hkv, P + max_new, D] and attends over the filled prefix with SDPA. transformers' `generate`
 spends most of a step in Python and cache bookkeeping at large batches (2.4k tok/s at batch 256 on an H100, measured
 by this project on an H100); this loop does one small set of kernels per layer and step, on CPU or CUDA
@@ -45,8 +45,10 @@ def _attend(layer, x, cos, sin, k_cache, v_cache, column, keys_valid):
     b, t, _ = x.shape
     h = layer.input_layernorm(x)
     d = attn.head_dim
-    q = attn.q_proj(h).view(b, t, -1, d).transpose(1, 2)
-    k = attn.k_proj(h).view(b, t, -1, d).transpose(1, 2)
+    q, k = attn.q_proj(h).view(b, t, -1, d), attn.k_proj(h).view(b, t, -1, d)
+    if getattr(attn, "q_norm", None) is not None:  # Qwen3: per-head RMSNorm before RoPE
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
     v = attn.v_proj(h).view(b, t, -1, d).transpose(1, 2)
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
     k_cache[:, :, column : column + t] = k.to(k_cache.dtype)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specbuild.bench.checkpoints import write_checkpoint
+from specbuild.bench.checkpoints import SHAPES, model_tensors, write_checkpoint
+from specbuild.builder.model_config import ModelConfig
 
 
 def test_a_tiny_checkpoint_is_sharded_loadable_and_chats(tmp_path):
@@ -24,3 +26,20 @@ def test_a_tiny_checkpoint_is_sharded_loadable_and_chats(tmp_path):
     with torch.no_grad():
         logits = model(torch.tensor([tok(prompt)["input_ids"]])).logits[0, -1]
     assert logits.std() > 0.1  # weights at a realistic scale: the logits are not flat
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_every_shape_lists_the_tensors_transformers_makes(shape):
+    """The tensors written for a shape are exactly those of transformers' model of its config (shapes and names; the
+    model made on the meta device: no memory at 8B)."""
+    import transformers
+
+    cfg = SHAPES[shape]
+    config = transformers.AutoConfig.for_model(**cfg)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    want = {name: tuple(p.shape) for name, p in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        want.pop("lm_head.weight", None)
+    assert model_tensors(cfg) == want
+    assert ModelConfig.from_hf(cfg).expected_shapes() == want

@@ -1,6 +1,6 @@
-"""Every config field transformers reads for Llama, Mistral and Qwen2 is in specbuild's table (honoured, refused or
-without effect); refused values are one line naming the field and value; honoured ones match transformers exactly
-(RoPE frequencies of every implemented type, biases, tie_word_embeddings)."""
+"""Every config field transformers reads for Llama, Mistral, Qwen2 and Qwen3 is in specbuild's table (honoured,
+refused or without effect); refused values are one line naming the field and value; honoured ones match transformers
+exactly (RoPE frequencies of every implemented type, biases, tie_word_embeddings)."""
 
 import inspect
 import json
@@ -27,6 +27,7 @@ ARCHS = {
     "llama": (transformers.LlamaConfig, "transformers.models.llama.modeling_llama"),
     "mistral": (transformers.MistralConfig, "transformers.models.mistral.modeling_mistral"),
     "qwen2": (transformers.Qwen2Config, "transformers.models.qwen2.modeling_qwen2"),
+    "qwen3": (transformers.Qwen3Config, "transformers.models.qwen3.modeling_qwen3"),
 }
 CONFIG_READ = re.compile(r"""(?:config\.(\w+)|getattr\(\s*(?:self\.)?config\s*,\s*["'](\w+)["'])""")
 ROPE_READ = re.compile(r"""rope_parameters(?:_dict)?(?:\[\s*layer_type\s*\])?(?:\.get\(|\[)\s*["'](\w+)["']""")
@@ -139,13 +140,17 @@ def test_sliding_window_resolution_follows_transformers():
         ("qwen2_window", {"max_window_layers": 0}),
         ("qwen2_window", {"layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
         ("llama_gqa_llama3rope", {"sliding_window": 3, "use_sliding_window": True}),  # llama does not read them
+        ("qwen3_window", {}),
+        ("qwen3_window", {"use_sliding_window": False}),
+        ("qwen3_window", {"layer_types": None, "max_window_layers": 2}),
+        ("qwen3_qknorm", {"use_sliding_window": True, "sliding_window": 7}),  # max_window_layers 28 > layers
     ]
     for shape, overrides in cases:
         raw = _hf(shape, **overrides)
-        raw.pop("layer_types", None) if "layer_types" not in overrides else None
+        raw.pop("layer_types", None) if overrides.get("layer_types") is None else None
         ours = ModelConfig.from_hf(raw)
         hf = type(tiny_hf_config(shape)).from_dict(raw)
-        if shape.startswith("qwen2"):
+        if shape.startswith("qwen"):
             want = [i for i, k in enumerate(hf.layer_types) if k == "sliding_attention"]
             window = hf.sliding_window if want else None
         elif shape.startswith("mistral"):
@@ -158,6 +163,18 @@ def test_sliding_window_resolution_follows_transformers():
     raw = _hf("mistral_window")
     del raw["sliding_window"]
     assert ModelConfig.from_hf(raw).sliding_window == transformers.MistralConfig.from_dict(raw).sliding_window
+
+
+def test_qwen3_defaults_follow_transformers():
+    """head_dim defaults to Qwen3Config's 128 (not hidden / heads); attention_bias puts biases on q, k, v and o."""
+    raw = _hf("qwen3_qknorm")
+    del raw["head_dim"]
+    hf = transformers.Qwen3Config.from_dict(raw)
+    assert ModelConfig.from_hf(raw).head_dim == hf.head_dim == 128 != hf.hidden_size // hf.num_attention_heads
+    biased = ModelConfig.from_hf(_hf("qwen3_window"))
+    assert biased.attention_bias and biased.o_proj_bias and not biased.mlp_bias and biased.qk_norm
+    plain = ModelConfig.from_hf(_hf("qwen3_qknorm"))
+    assert not plain.attention_bias and not plain.o_proj_bias and plain.qk_norm
 
 
 ROPES = [

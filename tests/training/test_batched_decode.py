@@ -16,7 +16,7 @@ def _hf_greedy(model, prompt, new):
     return out[0, len(prompt) :].tolist()
 
 
-@pytest.mark.parametrize("name", list(TINY_SHAPES))
+@pytest.mark.parametrize("name", [*TINY_SHAPES, "qwen3_qknorm"])
 def test_greedy_ids_and_features_equal_transformers(name):
     model = tiny_hf_model(name)
     capture = (1,)
