@@ -278,6 +278,54 @@ ARCH_SHAPES: dict[str, tuple[str, str, dict]] = {
             eos_token_id=2,
         ),
     ),
+    "phi3_longrope": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            vocab_size=91,
+            hidden_size=64,
+            intermediate_size=80,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=512,
+            original_max_position_embeddings=128,  # engines stop here (ModelConfig.exact_positions)
+            partial_rotary_factor=0.5,  # 16 of the 32 dims of a head rotate (ONNX Runtime: 16 is its least)
+            rope_scaling={
+                "type": "longrope",
+                "short_factor": [1.0, 1.2, 1.5, 1.9, 2.4, 3.0, 3.6, 4.0],
+                "long_factor": [1.5, 2.3, 3.4, 5.0, 7.1, 9.8, 13.0, 16.0],
+            },
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            tie_word_embeddings=False,
+            sliding_window=None,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        ),
+    ),
+    "phi3_window": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            vocab_size=77,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            original_max_position_embeddings=128,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            sliding_window=6,
+            tie_word_embeddings=True,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        ),
+    ),
 }
 ALL_SHAPES = {**TINY_SHAPES, **SLIDING_SHAPES, **ARCH_SHAPES}
 

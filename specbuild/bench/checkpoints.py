@@ -27,6 +27,10 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}  # fmt: skip
+# Phi-4-mini's LongRoPE factors (48 = rotary dims / 2) are long lists in its config; these have their range (short
+# near 1, long growing to ~40): engines use the short ones up to original_max_position_embeddings
+_PHI_SHORT = [1.0 + 0.05 * i for i in range(48)]
+_PHI_LONG = [1.0 + 0.8 * i for i in range(48)]
 # Each from the published config.json of the model named (architecture, widths, RoPE, vocabulary, tying).
 SHAPES: dict[str, dict] = {
     "llama-3.2-1b": dict(
@@ -70,6 +74,14 @@ SHAPES: dict[str, dict] = {
         attention_bias=False, use_sliding_window=False, sliding_window=None, max_window_layers=28,
         bos_token_id=151643, eos_token_id=151645,
     ),
+    "phi-4-mini": dict(
+        architectures=["Phi3ForCausalLM"], model_type="phi3", hidden_size=3072, intermediate_size=8192,
+        num_hidden_layers=32, num_attention_heads=24, num_key_value_heads=8, vocab_size=200064,
+        max_position_embeddings=131072, original_max_position_embeddings=4096, partial_rotary_factor=0.75,
+        rope_scaling={"type": "longrope", "short_factor": _PHI_SHORT, "long_factor": _PHI_LONG}, rms_norm_eps=1e-5,
+        rope_theta=10000.0, sliding_window=262144, tie_word_embeddings=True, bos_token_id=199999,
+        eos_token_id=199999, pad_token_id=199999,
+    ),
     # small shapes of the same families, for tests: real layouts, seconds to build
     "tiny-llama": dict(
         architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=128, intermediate_size=256,
@@ -83,6 +95,14 @@ SHAPES: dict[str, dict] = {
         num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, vocab_size=49408,
         max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
         use_sliding_window=False, bos_token_id=1, eos_token_id=2,
+    ),
+    "tiny-phi3": dict(
+        architectures=["Phi3ForCausalLM"], model_type="phi3", hidden_size=128, intermediate_size=256,
+        num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1, vocab_size=49408,
+        max_position_embeddings=4096, original_max_position_embeddings=2048, partial_rotary_factor=0.5,
+        rope_scaling={"type": "longrope", "short_factor": _PHI_SHORT[:16], "long_factor": _PHI_LONG[:16]},
+        rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=None, tie_word_embeddings=True, bos_token_id=1,
+        eos_token_id=2, pad_token_id=0,
     ),
     "tiny-qwen3": dict(
         architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=96, intermediate_size=192,
@@ -101,11 +121,14 @@ def model_tensors(cfg: dict) -> dict[str, tuple[int, ...]]:
     bias = cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias"))
     o_bias = bool(cfg.get("attention_bias"))  # llama / qwen3: on o_proj too
     qk_norm = cfg["model_type"] == "qwen3"
+    fused = cfg["model_type"] == "phi3"  # qkv_proj and gate_up_proj, as Phi-3 stores them
     out = {"model.embed_tokens.weight": (vocab, h)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         out[p + "input_layernorm.weight"] = (h,)
-        for name, rows in (("q_proj", heads * d), ("k_proj", kv * d), ("v_proj", kv * d)):
+        if fused:
+            out[p + "self_attn.qkv_proj.weight"] = ((heads + 2 * kv) * d, h)
+        for name, rows in (("q_proj", heads * d), ("k_proj", kv * d), ("v_proj", kv * d)) if not fused else ():
             out[f"{p}self_attn.{name}.weight"] = (rows, h)
             if bias:
                 out[f"{p}self_attn.{name}.bias"] = (rows,)
@@ -116,8 +139,11 @@ def model_tensors(cfg: dict) -> dict[str, tuple[int, ...]]:
             out[p + "self_attn.q_norm.weight"] = (d,)
             out[p + "self_attn.k_norm.weight"] = (d,)
         out[p + "post_attention_layernorm.weight"] = (h,)
-        out[p + "mlp.gate_proj.weight"] = (inter, h)
-        out[p + "mlp.up_proj.weight"] = (inter, h)
+        if fused:
+            out[p + "mlp.gate_up_proj.weight"] = (2 * inter, h)
+        else:
+            out[p + "mlp.gate_proj.weight"] = (inter, h)
+            out[p + "mlp.up_proj.weight"] = (inter, h)
         out[p + "mlp.down_proj.weight"] = (h, inter)
     out["model.norm.weight"] = (h,)
     if not cfg.get("tie_word_embeddings"):

@@ -1,4 +1,5 @@
-"""Every Hugging Face config field of Llama, Mistral, Qwen2 and Qwen3 and how specbuild handles it: the one table.
+"""Every Hugging Face config field of Llama, Mistral, Qwen2, Qwen3 and Phi-3 and how specbuild handles it: the one
+table.
 
 Each field transformers reads for these architectures (their config classes and modeling code, the RoPE and mask
 helpers they call) is listed in exactly one of three ways:
@@ -26,6 +27,7 @@ ATTENTION_KINDS = ("full_attention", "sliding_attention")
 # RoPE types implemented exactly ("dynamic" equals "default" within max_position_embeddings, which bounds
 # --max-seq-len; transformers only rescales beyond it).
 ROPE_TYPES = ("default", "linear", "llama3", "dynamic", "yarn")
+PHI3_ROPE_TYPES = ("default", "longrope")  # what Phi3Config accepts ("su" and "yarn" are read as longrope)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,13 +41,19 @@ def _refuse_unless(allowed: Callable[[Any], bool], why: str) -> Callable[[Any, s
     return lambda value, arch: None if allowed(value) else why
 
 
+def _partial_rotary(value, arch):
+    if value is None or value == 1 or arch == "phi3":
+        return None
+    return "partial rotary embeddings are implemented for Phi-3 only"
+
+
 def _hidden_act(value, arch):
     return None if value in SILU_NAMES else "only SiLU MLPs (hidden_act silu) are implemented"
 
 
 FIELDS: dict[str, Field] = {
     # --- architecture selection and shapes
-    "architectures": Field(HONOURED, "selects llama / mistral / qwen2 / qwen3; anything else is refused"),
+    "architectures": Field(HONOURED, "selects llama / mistral / qwen2 / qwen3 / phi3; anything else is refused"),
     "model_type": Field(HONOURED, "selects the architecture when `architectures` is absent"),
     "vocab_size": Field(HONOURED, "embedding / lm_head rows; checked against the tensors"),
     "hidden_size": Field(HONOURED, "checked against the tensors"),
@@ -74,16 +82,19 @@ FIELDS: dict[str, Field] = {
     "rope_parameters": Field(HONOURED, f"RoPE type and parameters; types {', '.join(ROPE_TYPES)}, others refused"),
     "partial_rotary_factor": Field(
         REFUSED,
-        "RoPE over the whole head honoured; partial rotary refused",
-        _refuse_unless(lambda v: v is None or v == 1, "partial rotary embeddings are not implemented"),
+        "phi3: RoPE on int(head_dim * factor) dims of each head, honoured; below 1 refused for other architectures "
+        "(their transformers code rotates the whole head)",
+        _partial_rotary,
     ),
     "original_max_position_embeddings": Field(
-        HONOURED, "llama3/yarn pre-training length (transformers gives the top-level value priority)"
+        HONOURED,
+        "llama3/yarn/longrope pre-training length (transformers gives the top-level value priority; phi3 default "
+        "4096); longrope switches to its long factors from this position",
     ),
     # --- attention pattern
     "sliding_window": Field(
         HONOURED,
-        "mistral: window on every layer when not null; qwen2/qwen3: window on the sliding layers when "
+        "mistral, phi3: window on every layer when not null; qwen2/qwen3: window on the sliding layers when "
         "use_sliding_window; "
         "key j is visible from query i iff i - window < j <= i (masked over cache and tree); llama does not read it",
     ),
@@ -120,6 +131,8 @@ FIELDS: dict[str, Field] = {
     "torch_dtype": Field(NO_EFFECT, "legacy name of dtype"),
     # --- training-only or bookkeeping
     "attention_dropout": Field(NO_EFFECT, "dropout is off at inference"),
+    "resid_pdrop": Field(NO_EFFECT, "phi3: residual dropout, off at inference"),
+    "embd_pdrop": Field(NO_EFFECT, "phi3: embedding dropout, off at inference"),
     "initializer_range": Field(NO_EFFECT, "weight initialisation only"),
     "pretraining_tp": Field(NO_EFFECT, "tensor-parallel split of the same matmuls; transformers 5 does not read it"),
     "use_cache": Field(NO_EFFECT, "the engine always uses its KV cache"),
@@ -138,28 +151,34 @@ FIELDS: dict[str, Field] = {
 }
 
 ROPE_FIELDS: dict[str, Field] = {
-    "rope_type": Field(HONOURED, f"{', '.join(ROPE_TYPES)}; longrope, proportional and others refused"),
+    "rope_type": Field(
+        HONOURED, f"{', '.join(ROPE_TYPES)}; phi3: default, longrope (su, yarn read as longrope); others refused"
+    ),
     "type": Field(HONOURED, "legacy name of rope_type"),
     "rope_theta": Field(HONOURED, "RoPE base"),
-    "factor": Field(HONOURED, "linear / llama3 / dynamic / yarn scale factor"),
+    "factor": Field(
+        HONOURED,
+        "linear / llama3 / dynamic / yarn scale factor; longrope: sets its attention factor (default "
+        "max_position_embeddings / original_max_position_embeddings)",
+    ),
     "low_freq_factor": Field(HONOURED, "llama3"),
     "high_freq_factor": Field(HONOURED, "llama3"),
     "original_max_position_embeddings": Field(
         HONOURED, "llama3 / yarn pre-training length (default max_position_embeddings)"
     ),
-    "attention_factor": Field(HONOURED, "yarn: cos/sin scale (default from factor, mscale, mscale_all_dim)"),
+    "attention_factor": Field(
+        HONOURED, "yarn, longrope: cos/sin scale (default from factor; yarn also mscale, mscale_all_dim)"
+    ),
     "mscale": Field(HONOURED, "yarn attention-factor numerator"),
     "mscale_all_dim": Field(HONOURED, "yarn attention-factor denominator"),
     "beta_fast": Field(HONOURED, "yarn correction range (default 32)"),
     "beta_slow": Field(HONOURED, "yarn correction range (default 1)"),
     "truncate": Field(HONOURED, "yarn: round the correction range (default true)"),
     "partial_rotary_factor": Field(
-        REFUSED,
-        "1 honoured; partial rotary refused",
-        _refuse_unless(lambda v: v is None or v == 1, "partial rotary embeddings are not implemented"),
+        REFUSED, "phi3: honoured (wins over the top-level field); below 1 refused elsewhere", _partial_rotary
     ),
-    "short_factor": Field(REFUSED, "longrope only (refused with its rope_type)"),
-    "long_factor": Field(REFUSED, "longrope only (refused with its rope_type)"),
+    "short_factor": Field(HONOURED, "longrope: inv_freq divisors at positions < original_max_position_embeddings"),
+    "long_factor": Field(HONOURED, "longrope: inv_freq divisors from original_max_position_embeddings on"),
 }
 
 

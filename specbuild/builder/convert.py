@@ -15,6 +15,7 @@ import torch
 
 from specbuild import engine_format as ef
 from specbuild.builder.checkpoint import DTYPES, read_json, write_checkpoint
+from specbuild.builder.fused_tensors import unfuse
 from specbuild.builder.model_config import ModelConfig
 from specbuild.builder.tokenizer_io import (
     SENTENCEPIECE_FILE,
@@ -73,7 +74,7 @@ def convert_checkpoint(
             validate_tokenizer(tmp / ef.TOKENIZER_FILE, source, model.vocab_size, chat_template, template_source)
         else:
             log.warning("%s: no tokenizer (tokenizer.json or tokenizer.model); the checkpoint has none", model_dir)
-        raw = open_hf_weights(model_dir)
+        raw = unfuse(model, open_hf_weights(model_dir), str(model_dir))
         names = validate_base_tensors(model, raw, source=str(model_dir))
         dtype = checkpoint_dtype(dtype, raw, names)
         out_dtype = TORCH_DTYPES[dtype]

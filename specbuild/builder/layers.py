@@ -24,6 +24,16 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def apply_rope(x, cos, sin):
+    """x [..., D] rotated by cos/sin [..., R] (R = D, or the first R dims of each head under partial rotary, the rest
+    passed through as transformers' Phi-3 does)."""
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    rot, rest = x[..., :r], x[..., r:]
+    return torch.cat([rot * cos + rotate_half(rot) * sin, rest], dim=-1)
+
+
 def stacked_linear(*parts: nn.Linear) -> nn.Linear:
     """One Linear computing the parts' outputs side by side ([x -> a|b|...]): their weights (and biases) stacked along
     the output axis, in the parts' dtype. Each output column is the same dot product as in its part."""

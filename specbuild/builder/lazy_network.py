@@ -119,8 +119,7 @@ def _base(cfg: ModelConfig, tensors: Mapping, dtype: str) -> LazyNetwork:
         layer.self_attn.pack_qkv()
         layer.mlp.pack_gate_up()
     net.norm.weight = nn.Parameter(tensors["model.norm.weight"].to(torch_dtype), requires_grad=False)
-    inv_freq, _ = cfg.rope_frequencies()
-    net.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
+    net.set_rope_buffers()
     return net.eval()
 
 

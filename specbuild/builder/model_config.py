@@ -15,6 +15,7 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",
 }
 DEFAULT_ROPE_THETA = 10000.0
 # transformers' defaults when config.json omits the key
@@ -23,6 +24,9 @@ QWEN2_DEFAULT_WINDOW = 4096
 QWEN2_DEFAULT_MAX_WINDOW_LAYERS = 28
 QWEN3_DEFAULT_HEAD_DIM = 128  # Qwen3Config's default: not hidden_size // num_attention_heads
 SLIDING_BY_LAYER_TYPES = ("qwen2", "qwen3")  # use_sliding_window + max_window_layers / layer_types
+SLIDING_EVERYWHERE = ("mistral", "phi3")  # sliding_window, when not null, on every layer
+PHI3_DEFAULT_ORIGINAL_MAX = 4096  # Phi3Config's original_max_position_embeddings default
+PHI3_ROPE_ALIASES = {"su": "longrope", "yarn": "longrope"}  # Phi3Config reads both as longrope
 
 
 @dataclasses.dataclass
@@ -39,7 +43,8 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = DEFAULT_ROPE_THETA
-    rope_scaling: dict | None = None  # {"rope_type": linear|llama3|dynamic|yarn, ...}; None = default RoPE
+    rope_scaling: dict | None = None  # {"rope_type": linear|llama3|dynamic|yarn|longrope, ...}; None = default RoPE
+    rotary_dim: int | None = None  # RoPE on the first rotary_dim dims of each head (partial rotary); None = all
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projection biases
     o_proj_bias: bool = False  # attention output projection bias (llama attention_bias)
@@ -77,7 +82,7 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], source: str = "config.json") -> ModelConfig:
-        """A transformers config dict (Llama, Mistral, Qwen2, Qwen3); each field is honoured or refused
+        """A transformers config dict (Llama, Mistral, Qwen2, Qwen3, Phi-3); each field is honoured or refused
         (config_fields)."""
         if not isinstance(hf, dict):
             raise SpecbuildError(f"{source}: expected a JSON object, got {type(hf).__name__}")
@@ -112,7 +117,7 @@ class ModelConfig:
             )
         layers = read.int("num_hidden_layers")
         max_pos = read.int("max_position_embeddings", default=2048)
-        theta, rope_scaling = _rope(hf, source, max_pos, head_dim)
+        theta, rope_scaling, rotary_dim = _rope(hf, source, max_pos, head_dim, arch)
         window, sliding = _sliding_window(hf, arch, layers, read, source)
         eos_ids = read.token_ids("eos_token_id")
         biased = read.bool("attention_bias", default=False)  # llama, qwen3: q/k/v/o biases
@@ -129,6 +134,7 @@ class ModelConfig:
             rms_norm_eps=read.float("rms_norm_eps", default=1e-6, positive=True),
             rope_theta=theta,
             rope_scaling=rope_scaling,
+            rotary_dim=rotary_dim,
             tie_word_embeddings=read.bool("tie_word_embeddings", default=False),
             attention_bias=arch == "qwen2" or (arch in ("llama", "qwen3") and biased),
             o_proj_bias=arch in ("llama", "qwen3") and biased,
@@ -178,14 +184,17 @@ class ModelConfig:
         return shapes
 
     def layer_window(self, layer: int) -> int | None:
-        """The sliding window of decoder layer `layer`, or None for full attention."""
-        return self.sliding_window if layer in self.sliding_layers else None
+        """The sliding window of decoder layer `layer`, or None for full attention (also for a window no sequence
+        can outgrow, as Phi-4-mini's 262144 within 131072 positions: the graph then keeps its plain causal path)."""
+        if layer not in self.sliding_layers or self.sliding_window >= self.max_position_embeddings:
+            return None
+        return self.sliding_window
 
     def rope_frequencies(self):
         """(inv_freq float32 tensor [D/2], attention scaling of cos/sin), computed as transformers computes them."""
         import torch
 
-        d = self.head_dim
+        d = self.rotary_dim or self.head_dim
         base = self.rope_theta
         rs = self.rope_scaling or {"rope_type": "default"}
         kind = rs["rope_type"]
@@ -215,7 +224,41 @@ class ModelConfig:
             return torch.where(medium, smoothed, scaled), 1.0
         if kind == "yarn":
             return _yarn(rs, base, d, self.max_position_embeddings)
+        if kind == "longrope":  # the short factors: an engine stops at original_max_position_embeddings (see below)
+            return _longrope(rs, rs["short_factor"], base, d, self.max_position_embeddings)
         raise SpecbuildError(f"unsupported rope_type {kind!r}")  # from_hf refuses it first
+
+    def exact_positions(self) -> tuple[int, str]:
+        """(the longest sequence an engine reproduces transformers on, why it is not max_position_embeddings).
+
+        LongRoPE (Phi-3): a sequence of up to original_max_position_embeddings tokens is rotated with the short
+        factors; once it grows past that length, transformers' Phi-3 drops its KV cache and recomputes the whole
+        sequence with the long factors (Phi3ForCausalLM.prepare_inputs_for_generation), so every earlier key changes.
+        An engine's cache does not do that: it stops at that length."""
+        rs = self.rope_scaling or {}
+        if rs.get("rope_type") == "longrope":
+            original = int(rs["original_max_position_embeddings"])
+            if original < self.max_position_embeddings:
+                return original, (
+                    f"LongRoPE switches every position of a sequence longer than original_max_position_embeddings "
+                    f"({original}) to its long factors, recomputing the whole KV cache; specbuild engines stop there"
+                )
+        return self.max_position_embeddings, "max_position_embeddings"
+
+
+def _longrope(rs: dict, ext_factors: list, base: float, d: int, max_pos: int):
+    """(inv_freq, attention factor) of LongRoPE with one set of extension factors, as transformers computes them."""
+    import torch
+
+    original = rs["original_max_position_embeddings"]
+    factor = rs.get("factor")
+    if factor is None:
+        factor = max_pos / original
+    attention = rs.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    shape = torch.arange(0, d, 2, dtype=torch.int64).float() / d
+    return 1.0 / (torch.tensor(ext_factors, dtype=torch.float32) * base**shape), float(attention)
 
 
 def _yarn(rs: dict, base: float, d: int, max_pos: int):
@@ -322,8 +365,9 @@ class _Reader:
         return [int(v) for v in values]
 
 
-def _rope(hf: dict, source: str, max_pos: int, head_dim: int) -> tuple[float, dict | None]:
-    """(rope_theta, normalized rope_scaling or None) as transformers resolves them (rope_scaling wins)."""
+def _rope(hf: dict, source: str, max_pos: int, head_dim: int, arch: str) -> tuple[float, dict | None, int | None]:
+    """(rope_theta, normalized rope_scaling or None, rotary_dim or None) as transformers resolves them
+    (rope_scaling wins over rope_parameters)."""
     params = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
     if not isinstance(params, dict):
@@ -334,7 +378,7 @@ def _rope(hf: dict, source: str, max_pos: int, head_dim: int) -> tuple[float, di
         )
     for key, value in params.items():
         f = config_fields.ROPE_FIELDS.get(key)
-        reason = f.refusal(value, "") if f is not None and f.refusal is not None else None
+        reason = f.refusal(value, arch) if f is not None and f.refusal is not None else None
         if reason:
             raise SpecbuildError(f"{source}: {field}.{key} {_show(value)} is not supported: {reason}")
     theta = params.get("rope_theta", hf.get("rope_theta"))
@@ -342,13 +386,21 @@ def _rope(hf: dict, source: str, max_pos: int, head_dim: int) -> tuple[float, di
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 0:
         raise SpecbuildError(f"{source}: rope_theta {_show(theta)} is not a finite positive number")
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in config_fields.ROPE_TYPES:
+    rotary_dim = _rotary_dim(hf, params, head_dim, arch, source)
+    if arch == "phi3":
+        kind = PHI3_ROPE_ALIASES.get(kind, kind)
+        if kind not in config_fields.PHI3_ROPE_TYPES:
+            raise SpecbuildError(
+                f"{source}: {field}.rope_type {_show(kind)} is not supported: Phi-3 takes "
+                f"{' or '.join(config_fields.PHI3_ROPE_TYPES)} (as transformers' Phi3Config)"
+            )
+    elif kind not in config_fields.ROPE_TYPES:
         raise SpecbuildError(
             f"{source}: {field}.rope_type {_show(kind)} is not supported; supported: "
-            f"{', '.join(config_fields.ROPE_TYPES)}"
+            f"{', '.join(config_fields.ROPE_TYPES)} (and longrope for Phi-3)"
         )
     if kind == "default":
-        return float(theta), None
+        return float(theta), None, rotary_dim
     out: dict[str, Any] = {"rope_type": kind}
 
     def number(key, default=..., positive=True):
@@ -365,11 +417,17 @@ def _rope(hf: dict, source: str, max_pos: int, head_dim: int) -> tuple[float, di
 
     if kind in ("linear", "dynamic"):
         out["factor"] = number("factor")
-    if kind in ("llama3", "yarn"):
+    if kind in ("llama3", "yarn", "longrope"):
         top = hf.get("original_max_position_embeddings")  # transformers gives the top-level value priority
+        fallback = PHI3_DEFAULT_ORIGINAL_MAX if arch == "phi3" else max_pos
         out["original_max_position_embeddings"] = (
-            top if top is not None else number("original_max_position_embeddings", default=max_pos)
+            top if top is not None else number("original_max_position_embeddings", default=fallback)
         )
+    if kind == "longrope":
+        for key in ("short_factor", "long_factor"):
+            out[key] = _factors(params.get(key), (rotary_dim or head_dim) // 2, f"{source}: {field}.{key}")
+        out["factor"] = number("factor", default=None)
+        out["attention_factor"] = number("attention_factor", default=None)
     if kind == "llama3":
         out["factor"] = number("factor")
         out["low_freq_factor"] = number("low_freq_factor")
@@ -388,14 +446,44 @@ def _rope(hf: dict, source: str, max_pos: int, head_dim: int) -> tuple[float, di
         out["truncate"] = truncate
     if kind == "dynamic" and head_dim <= 2:
         raise SpecbuildError(f"{source}: dynamic RoPE needs head_dim > 2")
-    return float(theta), out
+    return float(theta), out, rotary_dim
+
+
+def _rotary_dim(hf: dict, params: dict, head_dim: int, arch: str, source: str) -> int | None:
+    """Phi-3's partial rotary: RoPE on int(head_dim * partial_rotary_factor) dims (the rope parameters' factor wins
+    over the top-level one, as Phi3Config resolves them); None when it covers the whole head. Other architectures
+    refuse a factor below 1 first (config_fields)."""
+    factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+    if factor is None or arch != "phi3":
+        return None
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise SpecbuildError(f"{source}: partial_rotary_factor {_show(factor)} is not a number in (0, 1]")
+    dim = int(head_dim * factor)
+    if dim < 2 or dim % 2:
+        raise SpecbuildError(
+            f"{source}: partial_rotary_factor {_show(factor)} gives {dim} rotary dims of head_dim {head_dim}; "
+            "RoPE needs an even number of at least 2"
+        )
+    return None if dim == head_dim else dim
+
+
+def _factors(value, count: int, where: str) -> list[float]:
+    """LongRoPE's short or long factors: `count` positive finite numbers."""
+    if (
+        not isinstance(value, list)
+        or len(value) != count
+        or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0 for v in value)
+    ):
+        raise SpecbuildError(f"{where} {_show(value)} is not a list of {count} positive numbers (rotary dims / 2)")
+    return [float(v) for v in value]
 
 
 def _sliding_window(hf: dict, arch: str, layers: int, read: _Reader, source: str) -> tuple[int | None, list[int]]:
-    """(window, sliding layer indices) as transformers' Mistral, Qwen2 and Qwen3 modeling applies them; Llama has
-    none."""
-    if arch == "mistral":
-        window = read.int("sliding_window", default=None) if "sliding_window" in hf else MISTRAL_DEFAULT_WINDOW
+    """(window, sliding layer indices) as transformers' Mistral, Phi-3, Qwen2 and Qwen3 modeling applies them; Llama
+    has none."""
+    if arch in SLIDING_EVERYWHERE:
+        default = MISTRAL_DEFAULT_WINDOW if arch == "mistral" else None  # their config classes' defaults
+        window = read.int("sliding_window", default=None) if "sliding_window" in hf else default
         return window, list(range(layers)) if window is not None else []
     if arch not in SLIDING_BY_LAYER_TYPES:
         return None, []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specbuild.builder.layers import RMSNorm, rotate_half, stacked_linear
+from specbuild.builder.layers import RMSNorm, apply_rope, stacked_linear
 from specbuild.builder.model_config import ModelConfig
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -55,7 +55,7 @@ class Attention(nn.Module):
         q = self.norm_heads(self.q_norm, q.reshape(b, t, self.num_heads, d)).transpose(1, 2)
         k = self.norm_heads(self.k_norm, k.reshape(b, t, self.num_kv_heads, d)).transpose(1, 2)
         v = v.reshape(b, t, self.num_kv_heads, d).transpose(1, 2)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     @staticmethod
     def norm_heads(norm: RMSNorm | None, x):
@@ -199,7 +199,12 @@ class LlamaNetwork(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        inv_freq, self.rope_scaling_factor = cfg.rope_frequencies()
+        self.set_rope_buffers()
+
+    def set_rope_buffers(self) -> None:
+        """The RoPE frequencies from the config, a real float32 tensor (a network made on the meta device gets them
+        again)."""
+        inv_freq, self.rope_scaling_factor = self.cfg.rope_frequencies()
         self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
 
     @classmethod
@@ -207,7 +212,7 @@ class LlamaNetwork(nn.Module):
         with torch.device("meta"):  # no random initialisation: every weight is loaded below
             net = cls(cfg)
         net = net.to_empty(device="cpu")
-        net.inv_freq = cfg.rope_frequencies()[0].to(torch.float32)
+        net.set_rope_buffers()
         state = {}
         for name, value in tensors.items():
             key = name.removeprefix("model.")
@@ -231,8 +236,8 @@ class LlamaNetwork(nn.Module):
         return self.lm_head.weight.detach()
 
     def rope(self, position_ids, dtype):
-        freqs = position_ids.float().unsqueeze(-1) * self.inv_freq  # [B,T,D/2]
-        emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # [B,1,T,D]
+        freqs = position_ids.float().unsqueeze(-1) * self.inv_freq  # [B,T,R/2] (R: the rotary dims, usually D)
+        emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # [B,1,T,R]
         cos, sin = emb.cos(), emb.sin()
         if self.rope_scaling_factor != 1.0:  # yarn's attention factor, applied to cos/sin like transformers
             cos, sin = cos * self.rope_scaling_factor, sin * self.rope_scaling_factor
@@ -256,7 +261,9 @@ class LlamaNetwork(nn.Module):
 
     def use_fused_kernels(self, max_positions: int) -> LlamaNetwork:
         """Prepare forward_fused(): packed QKV per layer and rotary tables for positions < max_positions."""
-        from specbuild.builder.ort_kernels import rotary_tables
+        from specbuild.builder.ort_kernels import check_rotary_dims, rotary_tables
+
+        check_rotary_dims(self.cfg.rotary_dim or self.cfg.head_dim, self.cfg.head_dim)
 
         for layer in self.layers:
             if layer.self_attn.qkv_proj is None:

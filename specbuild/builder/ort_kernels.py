@@ -49,7 +49,8 @@ from __future__ import annotations
 
 import torch
 
-from specbuild.builder.layers import RMSNorm, rotate_half
+from specbuild.builder.layers import RMSNorm, apply_rope
+from specbuild.errors import SpecbuildError
 
 MSFT = "com.microsoft"
 
@@ -59,9 +60,20 @@ def exporting() -> bool:
 
 
 def rotary_tables(inv_freq: torch.Tensor, scaling: float, positions: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [positions, D/2] for positions 0..positions-1, computed like the network's own rope()."""
+    """cos/sin [positions, R/2] for positions 0..positions-1, computed like the network's own rope() (R: the rotary
+    dims, the whole head unless partial rotary)."""
     freqs = torch.arange(positions, dtype=torch.float32).unsqueeze(-1) * inv_freq.float()
     return (freqs.cos() * scaling).to(dtype), (freqs.sin() * scaling).to(dtype)
+
+
+def check_rotary_dims(rotary: int, head_dim: int) -> None:
+    """GroupQueryAttention rotates the first `rotary` dims of a head only when rotary / 2 is a multiple of 8 (its
+    cos/sin cache check); the whole head always. A SpecbuildError for a partial rotary it cannot run."""
+    if rotary < head_dim and (rotary // 2) % 8:
+        raise SpecbuildError(
+            f"partial rotary over {rotary} of {head_dim} dims per head: ONNX Runtime's GroupQueryAttention rotates "
+            "a partial head only when the rotary dims are a multiple of 16; build with --backends tensorrt"
+        )
 
 
 def attention_bias(tree_mask, position_ids, past_length, capacity: int, window: int | None, dtype):
@@ -143,7 +155,7 @@ def _gqa_reference(attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos
     v = v.view(b, t, hkv, d).transpose(1, 2)
     c = torch.cat([cos[position_ids], cos[position_ids]], dim=-1).unsqueeze(1).to(q.dtype)  # [B,1,T,D]
     s = torch.cat([sin[position_ids], sin[position_ids]], dim=-1).unsqueeze(1).to(q.dtype)
-    q, k = q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+    q, k = apply_rope(q, c, s), apply_rope(k, c, s)
     present_k, present_v = k_buf.clone(), v_buf.clone()
     outs = []
     for row in range(b):  # each sequence writes at its own length

@@ -70,7 +70,7 @@ class BuildPlan:
             settings={"tokens_per_step": 1},
             typical=None,
             # a companion that addresses fewer positions works within them
-            max_seq_len=min(self.max_seq_len, checkpoint.model.max_position_embeddings),
+            max_seq_len=min(self.max_seq_len, checkpoint.model.exact_positions()[0]),
             weights=weights,
             engine_dtype=dtype,
             tolerance=validation_tolerance(options, dtype),
@@ -104,12 +104,13 @@ def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
     if options.tensorrt:
         _require_tensorrt()
     ckpt = Checkpoint.load(checkpoint_dir)
-    max_seq_len = options.max_seq_len or min(ckpt.model.max_position_embeddings, 4096)
-    if max_seq_len < 2 or max_seq_len > ckpt.model.max_position_embeddings:
-        raise SpecbuildError(
-            f"--max-seq-len {max_seq_len} must be between 2 and the model's max_position_embeddings "
-            f"({ckpt.model.max_position_embeddings})"
-        )
+    limit, why = ckpt.model.exact_positions()
+    max_seq_len = options.max_seq_len or min(limit, 4096)
+    if max_seq_len < 2 or max_seq_len > limit:
+        bound = f"{limit}: {why}"
+        if why == "max_position_embeddings":
+            bound = f"the model's max_position_embeddings ({limit})"
+        raise SpecbuildError(f"--max-seq-len {max_seq_len} must be between 2 and {bound}")
     plugin_cls = load_object(spec.graph_plugin)
     _check_mode_options(options, spec)
     settings = plugin_cls.check_options(ckpt, options)  # mode bounds from the configs: before any weight loads

@@ -10,7 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specbuild.bench.checkpoints import SHAPES, model_tensors, write_checkpoint
+from specbuild.builder.fused_tensors import unfuse
 from specbuild.builder.model_config import ModelConfig
+from specbuild.builder.weights_io import spec_of
 
 
 def test_a_tiny_checkpoint_is_sharded_loadable_and_chats(tmp_path):
@@ -42,4 +44,6 @@ def test_every_shape_lists_the_tensors_transformers_makes(shape):
     if config.tie_word_embeddings:
         want.pop("lm_head.weight", None)
     assert model_tensors(cfg) == want
-    assert ModelConfig.from_hf(cfg).expected_shapes() == want
+    model_config = ModelConfig.from_hf(cfg)
+    parts = unfuse(model_config, {n: torch.empty(s, device="meta") for n, s in want.items()}, shape)
+    assert {n: spec_of(parts, n)[0] for n in parts} == model_config.expected_shapes()  # Phi-3: once split

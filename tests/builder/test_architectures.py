@@ -12,6 +12,7 @@ from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.builder.trt_compat import lint_onnx_for_tensorrt
+from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine
 from tests.conftest import ARCH_SHAPES, ORT_ONLY, fast_first, full, hf_greedy, quiet, tiny_hf_model
 from tests.plugins.distribution_check import check_sampled_distribution, exact_distribution
@@ -33,9 +34,13 @@ MODE_OPTIONS = {
 
 def _read_as_transformers(cfg, hf_config) -> None:
     """The canonical config holds what transformers' modeling code reads from the same config.json."""
-    assert cfg.head_dim == hf_config.head_dim
+    assert cfg.head_dim == (
+        getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    )
     assert cfg.num_kv_heads == hf_config.num_key_value_heads
-    kinds = getattr(hf_config, "layer_types", None) or ["full_attention"] * hf_config.num_hidden_layers
+    kinds = getattr(hf_config, "layer_types", None)
+    if kinds is None:  # Phi-3: one window on every layer when it has one
+        kinds = ["full_attention" if hf_config.sliding_window is None else "sliding_attention"] * cfg.num_layers
     assert cfg.sliding_layers == [i for i, k in enumerate(kinds) if k == "sliding_attention"]
     if cfg.sliding_layers:
         assert cfg.sliding_window == hf_config.sliding_window
@@ -59,6 +64,27 @@ def test_none_engine_equals_transformers(tmp_path, shape, seed):
     assert np.abs(engine.prefill_logits(ids) - want).max() < 1e-4
     for prompt in PROMPTS:
         assert engine.generate(input_ids=prompt, max_new_tokens=64).output_ids == hf_greedy(model, prompt, 64)
+
+
+def test_longrope_engines_stop_where_transformers_recomputes_the_cache(tmp_path):
+    """Past original_max_position_embeddings transformers' Phi-3 re-rotates every cached key with the long factors;
+    a build that would reach it is refused in one line, and one that stops there serves every position exactly."""
+    shape = "phi3_longrope"
+    model = tiny_hf_model(shape, eos_token_id=None)
+    model.save_pretrained(tmp_path / "hf")
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", progress=False)
+    original = ARCH_SHAPES[shape][2]["original_max_position_embeddings"]
+    assert Checkpoint.load(ckpt).model.exact_positions()[0] == original
+    with pytest.raises(SpecbuildError, match=f"between 2 and {original}: LongRoPE") as info:
+        build_engine(ckpt, tmp_path / "too-long", BuildOptions(max_seq_len=original + 1), log=quiet)
+    assert "\n" not in str(info.value) and not (tmp_path / "too-long").exists()
+    engine = Engine(build_engine(ckpt, tmp_path / "engine", BuildOptions(backends=ORT_ONLY), log=quiet), threads=1)
+    assert engine.max_seq_len == original  # the default stops there too
+    prompt = [1, 5, 9, 3, 7, 11, 4, 8, 10, 6]
+    result = engine.generate(input_ids=prompt, max_new_tokens=original)
+    # the last token comes from position original - 1's logits: transformers made it with the short factors too
+    assert result.stop_reason == "max_seq_len" and len(prompt) + len(result.output_ids) == original + 1
+    assert result.output_ids == hf_greedy(model, prompt, len(result.output_ids))
 
 
 def _mode_engine(tmp_path, shape: str, mode: str, vocab: int = 12, seed: int = 1):

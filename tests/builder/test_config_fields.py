@@ -1,4 +1,4 @@
-"""Every config field transformers reads for Llama, Mistral, Qwen2 and Qwen3 is in specbuild's table (honoured,
+"""Every config field transformers reads for Llama, Mistral, Qwen2, Qwen3 and Phi-3 is in specbuild's table (honoured,
 refused or without effect); refused values are one line naming the field and value; honoured ones match transformers
 exactly (RoPE frequencies of every implemented type, biases, tie_word_embeddings)."""
 
@@ -28,6 +28,7 @@ ARCHS = {
     "mistral": (transformers.MistralConfig, "transformers.models.mistral.modeling_mistral"),
     "qwen2": (transformers.Qwen2Config, "transformers.models.qwen2.modeling_qwen2"),
     "qwen3": (transformers.Qwen3Config, "transformers.models.qwen3.modeling_qwen3"),
+    "phi3": (transformers.Phi3Config, "transformers.models.phi3.modeling_phi3"),
 }
 CONFIG_READ = re.compile(r"""(?:config\.(\w+)|getattr\(\s*(?:self\.)?config\s*,\s*["'](\w+)["'])""")
 ROPE_READ = re.compile(r"""rope_parameters(?:_dict)?(?:\[\s*layer_type\s*\])?(?:\.get\(|\[)\s*["'](\w+)["']""")
@@ -54,7 +55,7 @@ def _fields_read_by_transformers() -> set[str]:
 
 def _rope_keys_read_by_transformers() -> set[str]:
     keys: set[str] = set()
-    for kind in config_fields.ROPE_TYPES:
+    for kind in {*config_fields.ROPE_TYPES, *config_fields.PHI3_ROPE_TYPES}:
         fn = modeling_rope_utils.ROPE_INIT_FUNCTIONS.get(kind)
         if fn is not None:
             keys |= set(ROPE_READ.findall(inspect.getsource(fn)))
@@ -67,7 +68,7 @@ def test_every_field_transformers_reads_is_in_the_table():
     missing = sorted(read - set(config_fields.FIELDS))
     assert not missing, f"transformers reads config fields that config_fields.FIELDS does not list: {missing}"
     rope = _rope_keys_read_by_transformers()
-    assert {"factor", "low_freq_factor", "beta_fast"} <= rope
+    assert {"factor", "low_freq_factor", "beta_fast", "long_factor"} <= rope
     missing = sorted(rope - set(config_fields.ROPE_FIELDS))
     assert not missing, f"transformers reads RoPE parameters that config_fields.ROPE_FIELDS does not list: {missing}"
 
@@ -107,6 +108,58 @@ REFUSED = [
     (dict(eos_token_id="</s>"), "eos_token_id"),
     (dict(architectures=["GPT2LMHeadModel"]), "unknown architecture"),
 ]
+PHI3_REFUSED = [  # (top-level fields, entries of rope_parameters, needle)
+    (dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), {}, "Phi-3 takes default or longrope"),
+    ({}, dict(long_factor=None), "long_factor null is not a list of 8"),
+    ({}, dict(type="su", long_factor=[1.0] * 7), "long_factor [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0] is not a list of 8"),
+    ({}, dict(short_factor=[1.0] * 7 + [0.0]), "short_factor"),
+    ({}, dict(partial_rotary_factor=0.3), "partial_rotary_factor 0.3 gives 9 rotary dims"),
+    ({}, dict(partial_rotary_factor=1.5), "not a number in (0, 1]"),
+]
+
+
+def _phi3(top: dict, rope: dict) -> dict:
+    raw = _hf("phi3_longrope", **top)
+    raw["rope_parameters"] = {**raw["rope_parameters"], **rope}
+    return raw
+
+
+@pytest.mark.parametrize("top,rope,needle", PHI3_REFUSED, ids=[n[:40] for *_, n in PHI3_REFUSED])
+def test_refused_phi3_values_name_the_field(top, rope, needle):
+    with pytest.raises(SpecbuildError) as info:
+        ModelConfig.from_hf(_phi3(top, rope), source="m/config.json")
+    assert info.value.args[0].startswith("m/config.json") and needle in str(info.value) and "\n" not in str(info.value)
+
+
+LONGROPES = [
+    {},  # the shape's own: factor from max_position_embeddings / original_max_position_embeddings
+    {"factor": 3.0},
+    {"attention_factor": 1.7},
+    {"type": "su", "rope_type": "su"},  # Phi3Config reads su (and yarn) as longrope
+]
+
+
+@pytest.mark.parametrize("extra", LONGROPES, ids=[",".join(e) or "own" for e in LONGROPES])
+def test_longrope_and_partial_rotary_equal_transformers(extra):
+    """The short-factor frequencies over the rotary dims and the attention factor, as Phi3RotaryEmbedding has them."""
+    raw = _phi3({}, extra)
+    model = transformers.Phi3ForCausalLM(transformers.Phi3Config.from_dict(raw))
+    ours = ModelConfig.from_hf(raw)
+    assert ours.rotary_dim == 16 and ours.exact_positions()[0] == raw["original_max_position_embeddings"]
+    inv, scale = ours.rope_frequencies()
+    assert torch.equal(inv.to(torch.float32), model.model.rotary_emb.original_inv_freq)
+    assert scale == pytest.approx(model.model.rotary_emb.attention_scaling, rel=1e-12)
+
+
+def test_partial_rotary_that_onnx_runtime_cannot_rotate_is_refused_at_build(tmp_path):
+    """GroupQueryAttention rotates part of a head only in multiples of 16 dims: one line at build, nothing written."""
+    from tests.conftest import tiny_hf_model
+
+    tiny_hf_model("phi3_longrope", partial_rotary_factor=0.75, rope_scaling=None).save_pretrained(tmp_path / "hf")
+    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", progress=False)
+    with pytest.raises(SpecbuildError, match="partial rotary over 24 of 32 dims") as info:
+        build_engine(ckpt, tmp_path / "engine", BuildOptions(backends=ORT_ONLY), log=quiet)
+    assert "\n" not in str(info.value) and not (tmp_path / "engine").exists()
 
 
 @pytest.mark.parametrize("overrides,needle", REFUSED, ids=[n for _, n in REFUSED])

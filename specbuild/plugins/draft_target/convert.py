@@ -18,6 +18,7 @@ import torch
 from specbuild import engine_format as ef
 from specbuild.builder.checkpoint import read_json
 from specbuild.builder.convert import EMBED, validate_base_tensors
+from specbuild.builder.fused_tensors import unfuse
 from specbuild.builder.model_config import ModelConfig
 from specbuild.builder.weights_io import load_hf_weights
 from specbuild.errors import SpecbuildError
@@ -70,6 +71,7 @@ def convert_draft_model(head_dir: Path, model: ModelConfig, base: dict, base_dir
                 f"target's {model.hidden_size}"
             )
         tensors[EMBED] = base[EMBED]
+    tensors = unfuse(draft, tensors, str(head_dir))
     tensors = {name: tensors[name] for name in validate_base_tensors(draft, tensors, source=str(head_dir))}
     vocab = read_draft_vocab(head_dir, draft.vocab_size)
     cfg = {
