@@ -326,6 +326,60 @@ ARCH_SHAPES: dict[str, tuple[str, str, dict]] = {
             pad_token_id=0,
         ),
     ),
+    "gemma3_pattern": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            vocab_size=97,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=24,
+            query_pre_attn_scalar=20,  # scores scaled by 20 ** -0.5, not head_dim ** -0.5
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            sliding_window=5,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
+            },
+            hidden_activation="gelu_pytorch_tanh",
+            tie_word_embeddings=True,
+            bos_token_id=2,
+            eos_token_id=1,
+            pad_token_id=0,
+        ),
+    ),
+    "gemma3_untied": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            vocab_size=83,
+            hidden_size=48,
+            intermediate_size=80,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=32,
+            query_pre_attn_scalar=32,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            hidden_activation="gelu",
+            tie_word_embeddings=False,  # a peaked lm_head of its own
+            bos_token_id=2,
+            eos_token_id=1,
+            pad_token_id=0,
+        ),
+    ),
 }
 ALL_SHAPES = {**TINY_SHAPES, **SLIDING_SHAPES, **ARCH_SHAPES}
 
@@ -345,11 +399,16 @@ def tiny_hf_model(name: str, seed: int = TINY_SEED, **overrides):
     _, model_cls, _ = ALL_SHAPES[name]
     model = getattr(transformers, model_cls)(tiny_hf_config(name, **overrides))
     gen = torch.Generator().manual_seed(seed)
+    # Gemma's norms scale by 1 + weight (weights around 0) and its embeddings by sqrt(hidden) (rows scaled down)
+    gemma = model.config.model_type.startswith("gemma")
     with torch.no_grad():
         for pname, param in model.named_parameters():  # tied parameters are yielded once
             noise = torch.randn(param.shape, generator=gen)
             if pname.endswith("norm.weight"):
-                param.copy_(1.0 + 0.2 * noise)
+                param.copy_((0.0 if gemma else 1.0) + 0.2 * noise)
+            elif gemma and pname == "model.embed_tokens.weight":
+                param.copy_(TINY_VOCAB_STD * noise / model.config.hidden_size**0.5)
+
             elif pname.endswith(".bias"):
                 param.copy_(0.2 * noise)
             elif pname in ("model.embed_tokens.weight", "lm_head.weight"):

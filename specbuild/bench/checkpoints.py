@@ -82,6 +82,14 @@ SHAPES: dict[str, dict] = {
         rope_theta=10000.0, sliding_window=262144, tie_word_embeddings=True, bos_token_id=199999,
         eos_token_id=199999, pad_token_id=199999,
     ),
+    "gemma-3-1b": dict(
+        architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_size=1152, intermediate_size=6912,
+        num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, query_pre_attn_scalar=256, sliding_window=512,
+        rope_theta=1000000.0, rope_local_base_freq=10000.0, sliding_window_pattern=6,
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, bos_token_id=2, eos_token_id=[1, 106],
+        pad_token_id=0,
+    ),
     # small shapes of the same families, for tests: real layouts, seconds to build
     "tiny-llama": dict(
         architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=128, intermediate_size=256,
@@ -104,6 +112,13 @@ SHAPES: dict[str, dict] = {
         rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=None, tie_word_embeddings=True, bos_token_id=1,
         eos_token_id=2, pad_token_id=0,
     ),
+    "tiny-gemma3": dict(
+        architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_size=128, intermediate_size=256,
+        num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=64, vocab_size=49408,
+        max_position_embeddings=2048, rms_norm_eps=1e-6, query_pre_attn_scalar=64, sliding_window=64,
+        sliding_window_pattern=2, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, bos_token_id=2,
+        eos_token_id=1, pad_token_id=0,
+    ),
     "tiny-qwen3": dict(
         architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=96, intermediate_size=192,
         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=49408,
@@ -120,7 +135,8 @@ def model_tensors(cfg: dict) -> dict[str, tuple[int, ...]]:
     d = cfg.get("head_dim") or h // heads
     bias = cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias"))
     o_bias = bool(cfg.get("attention_bias"))  # llama / qwen3: on o_proj too
-    qk_norm = cfg["model_type"] == "qwen3"
+    qk_norm = cfg["model_type"] in ("qwen3", "gemma3_text")
+    sandwich = cfg["model_type"] == "gemma3_text"  # post-attention, pre- and post-feed-forward norms
     fused = cfg["model_type"] == "phi3"  # qkv_proj and gate_up_proj, as Phi-3 stores them
     out = {"model.embed_tokens.weight": (vocab, h)}
     for i in range(cfg["num_hidden_layers"]):
@@ -139,6 +155,9 @@ def model_tensors(cfg: dict) -> dict[str, tuple[int, ...]]:
             out[p + "self_attn.q_norm.weight"] = (d,)
             out[p + "self_attn.k_norm.weight"] = (d,)
         out[p + "post_attention_layernorm.weight"] = (h,)
+        if sandwich:
+            out[p + "pre_feedforward_layernorm.weight"] = (h,)
+            out[p + "post_feedforward_layernorm.weight"] = (h,)
         if fused:
             out[p + "mlp.gate_up_proj.weight"] = (2 * inter, h)
         else:

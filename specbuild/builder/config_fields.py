@@ -23,6 +23,7 @@ from typing import Any
 
 HONOURED, REFUSED, NO_EFFECT = "honoured", "refused", "no effect"
 SILU_NAMES = ("silu", "swish")
+GELU_NAMES = ("gelu_pytorch_tanh", "gelu")  # tanh approximation, exact (erf)
 ATTENTION_KINDS = ("full_attention", "sliding_attention")
 # RoPE types implemented exactly ("dynamic" equals "default" within max_position_embeddings, which bounds
 # --max-seq-len; transformers only rescales beyond it).
@@ -48,7 +49,15 @@ def _partial_rotary(value, arch):
 
 
 def _hidden_act(value, arch):
+    if arch == "gemma3":  # Gemma 3 reads hidden_activation, not this
+        return None
     return None if value in SILU_NAMES else "only SiLU MLPs (hidden_act silu) are implemented"
+
+
+def _hidden_activation(value, arch):
+    if arch != "gemma3" or value in GELU_NAMES + SILU_NAMES:
+        return None
+    return f"Gemma 3 MLPs with {' / '.join(GELU_NAMES + SILU_NAMES)} are implemented"
 
 
 FIELDS: dict[str, Field] = {
@@ -65,7 +74,32 @@ FIELDS: dict[str, Field] = {
         HONOURED, "per-head width (default hidden_size // num_attention_heads; qwen3: 128, as Qwen3Config)"
     ),
     "rms_norm_eps": Field(HONOURED, "RMSNorm epsilon (qwen3: also of the per-head q_norm / k_norm)"),
-    "hidden_act": Field(REFUSED, "silu/swish honoured; any other activation refused", _hidden_act),
+    "hidden_act": Field(
+        REFUSED, "silu/swish honoured; any other activation refused; gemma3 does not read it", _hidden_act
+    ),
+    "hidden_activation": Field(
+        REFUSED, "gemma3: gelu_pytorch_tanh (default), gelu, silu honoured; others refused", _hidden_activation
+    ),
+    "query_pre_attn_scalar": Field(HONOURED, "gemma3: attention scores scaled by query_pre_attn_scalar ** -0.5"),
+    "rope_local_base_freq": Field(HONOURED, "gemma3 (legacy key): RoPE base of the sliding layers (default 10000)"),
+    "sliding_window_pattern": Field(
+        HONOURED, "gemma3 (legacy key): without layer_types, every pattern-th layer is global (default 6)"
+    ),
+    "final_logit_softcapping": Field(
+        REFUSED,
+        "gemma3: null honoured (every Gemma 3 release); soft-capped logits refused",
+        _refuse_unless(lambda v: v is None, "logit soft-capping is not implemented"),
+    ),
+    "attn_logit_softcapping": Field(
+        REFUSED,
+        "gemma3: null honoured (every Gemma 3 release); soft-capped attention refused",
+        _refuse_unless(lambda v: v is None, "attention soft-capping is not implemented"),
+    ),
+    "use_bidirectional_attention": Field(
+        REFUSED,
+        "gemma3: false honoured (causal LM); true (EmbeddingGemma) refused",
+        _refuse_unless(lambda v: not v, "bidirectional attention is not implemented"),
+    ),
     "attention_bias": Field(
         HONOURED,
         "llama, qwen3: biases on q/k/v/o projections; qwen2 (always q/k/v biases) and mistral (none) do not read it",
@@ -148,6 +182,11 @@ FIELDS: dict[str, Field] = {
     "id2label": Field(NO_EFFECT, "classification heads only"),
     "label2id": Field(NO_EFFECT, "classification heads only"),
     "problem_type": Field(NO_EFFECT, "classification heads only"),
+    # read by transformers' Gemma3ForConditionalGeneration (image + text) only, an architecture that is refused
+    "image_token_id": Field(NO_EFFECT, "multimodal Gemma 3 only; the text model does not read it"),
+    "mm_tokens_per_image": Field(NO_EFFECT, "multimodal Gemma 3 only; the text model does not read it"),
+    "text_config": Field(NO_EFFECT, "multimodal Gemma 3 only (its text part is a Gemma3ForCausalLM config)"),
+    "vision_config": Field(NO_EFFECT, "multimodal Gemma 3 only; the text model does not read it"),
 }
 
 ROPE_FIELDS: dict[str, Field] = {

@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from specbuild.builder.model_config import ModelConfig
-from specbuild.builder.network import TORCH_DTYPES, LlamaNetwork
+from specbuild.builder.network import TORCH_DTYPES, LlamaNetwork, norm_offset
 
 # the packed projections of a decoder layer and the checkpoint tensors they stack (network.py: pack_qkv,
 # pack_gate_up); the unpacked modules stay in the layer, unused by its forward
@@ -113,6 +113,7 @@ class LazyNetwork(LlamaNetwork):
 def _base(cfg: ModelConfig, tensors: Mapping, dtype: str) -> LazyNetwork:
     """The network with meta (no memory) weights, packed, and its real final norm and rotary frequencies."""
     torch_dtype = TORCH_DTYPES[dtype]
+    tensors = norm_offset(cfg, tensors)
     with torch.device("meta"):
         net = LazyNetwork(cfg, tensors, dtype).to(torch_dtype)
     for layer in net.layers:

@@ -16,7 +16,19 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Phi3ForCausalLM": "phi3",
+    "Gemma3ForCausalLM": "gemma3",
 }
+MODEL_TYPES = {"gemma3_text": "gemma3"}  # config.json model_type -> architecture, where the names differ
+# transformers' config-class defaults for keys a config.json of the architecture may leave out (Gemma3TextConfig)
+ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3": dict(
+        head_dim=256, tie_word_embeddings=True, max_position_embeddings=131072, rms_norm_eps=1e-6,
+        hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=256, sliding_window=4096,
+        sliding_window_pattern=6, rope_theta=1_000_000.0, rope_local_base_freq=10_000.0, bos_token_id=2,
+        eos_token_id=1,
+    ),
+}  # fmt: skip
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 DEFAULT_ROPE_THETA = 10000.0
 # transformers' defaults when config.json omits the key
 MISTRAL_DEFAULT_WINDOW = 4096
@@ -42,6 +54,12 @@ class ModelConfig:
     num_kv_heads: int
     head_dim: int
     rms_norm_eps: float = 1e-6
+    hidden_act: str = "silu"  # the MLP's gate activation: silu | gelu_tanh | gelu (erf)
+    norm_offset: float = 0.0  # every RMSNorm scales by (norm_offset + weight): Gemma's 1 + weight
+    sandwich_norms: bool = False  # Gemma: attention, MLP outputs normed too (post_attention, pre-/post_feedforward)
+    embedding_scale: float | None = None  # Gemma: embeddings times sqrt(hidden_size), in the model's dtype
+    attention_scale: float | None = None  # attention score scale; None: head_dim ** -0.5
+    sliding_rope_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3's local base); None: rope_theta
     rope_theta: float = DEFAULT_ROPE_THETA
     rope_scaling: dict | None = None  # {"rope_type": linear|llama3|dynamic|yarn|longrope, ...}; None = default RoPE
     rotary_dim: int | None = None  # RoPE on the first rotary_dim dims of each head (partial rotary); None = all
@@ -91,7 +109,7 @@ class ModelConfig:
             archs = [archs]
         arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None and not archs:
-            model_type = hf.get("model_type")
+            model_type = MODEL_TYPES.get(hf.get("model_type"), hf.get("model_type"))
             arch = model_type if model_type in SUPPORTED_ARCHITECTURES.values() else None
         if arch is None:
             raise SpecbuildError(
@@ -102,6 +120,7 @@ class ModelConfig:
             reason = config_fields.refusal(key, value, arch)
             if reason:
                 raise SpecbuildError(f"{source}: {key} {_show(value)} is not supported: {reason}")
+        hf = {**ARCH_DEFAULTS.get(arch, {}), **hf}  # the config class's defaults for keys it leaves out
         read = _Reader(hf, source)
         hidden = read.int("hidden_size")
         heads = read.int("num_attention_heads")
@@ -117,8 +136,13 @@ class ModelConfig:
             )
         layers = read.int("num_hidden_layers")
         max_pos = read.int("max_position_embeddings", default=2048)
-        theta, rope_scaling, rotary_dim = _rope(hf, source, max_pos, head_dim, arch)
+        if arch == "gemma3":
+            (theta, rope_scaling, rotary_dim), sliding_theta = _gemma3_rope(hf, source, max_pos, head_dim)
+        else:
+            (theta, rope_scaling, rotary_dim), sliding_theta = _rope(hf, source, max_pos, head_dim, arch), None
         window, sliding = _sliding_window(hf, arch, layers, read, source)
+        gemma = arch == "gemma3"
+        act = hf.get("hidden_activation" if gemma else "hidden_act", "silu")
         eos_ids = read.token_ids("eos_token_id")
         biased = read.bool("attention_bias", default=False)  # llama, qwen3: q/k/v/o biases
         bos = read.token_ids("bos_token_id")
@@ -132,14 +156,20 @@ class ModelConfig:
             num_kv_heads=kv_heads,
             head_dim=head_dim,
             rms_norm_eps=read.float("rms_norm_eps", default=1e-6, positive=True),
+            hidden_act=ACTIVATIONS[act],
+            norm_offset=1.0 if gemma else 0.0,
+            sandwich_norms=gemma,
+            embedding_scale=hidden**0.5 if gemma else None,
+            attention_scale=read.float("query_pre_attn_scalar", default=0, positive=True) ** -0.5 if gemma else None,
+            sliding_rope_theta=sliding_theta,
             rope_theta=theta,
             rope_scaling=rope_scaling,
             rotary_dim=rotary_dim,
             tie_word_embeddings=read.bool("tie_word_embeddings", default=False),
-            attention_bias=arch == "qwen2" or (arch in ("llama", "qwen3") and biased),
-            o_proj_bias=arch in ("llama", "qwen3") and biased,
+            attention_bias=arch == "qwen2" or (arch in ("llama", "qwen3", "gemma3") and biased),
+            o_proj_bias=arch in ("llama", "qwen3", "gemma3") and biased,
             mlp_bias=arch == "llama" and read.bool("mlp_bias", default=False),
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "gemma3"),
             sliding_window=window,
             sliding_layers=sliding,
             max_position_embeddings=max_pos,
@@ -161,6 +191,9 @@ class ModelConfig:
             p = f"model.layers.{i}."
             shapes[p + "input_layernorm.weight"] = (h,)
             shapes[p + "post_attention_layernorm.weight"] = (h,)
+            if self.sandwich_norms:
+                shapes[p + "pre_feedforward_layernorm.weight"] = (h,)
+                shapes[p + "post_feedforward_layernorm.weight"] = (h,)
             shapes[p + "self_attn.q_proj.weight"] = (q, h)
             shapes[p + "self_attn.k_proj.weight"] = (kv, h)
             shapes[p + "self_attn.v_proj.weight"] = (kv, h)
@@ -227,6 +260,14 @@ class ModelConfig:
         if kind == "longrope":  # the short factors: an engine stops at original_max_position_embeddings (see below)
             return _longrope(rs, rs["short_factor"], base, d, self.max_position_embeddings)
         raise SpecbuildError(f"unsupported rope_type {kind!r}")  # from_hf refuses it first
+
+    def sliding_rope_frequencies(self):
+        """inv_freq [D/2] of the sliding layers' RoPE (default type, base sliding_rope_theta), as transformers'
+        Gemma3RotaryEmbedding computes it."""
+        import torch
+
+        d = self.head_dim
+        return 1.0 / (self.sliding_rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).to(dtype=torch.float) / d))
 
     def exact_positions(self) -> tuple[int, str]:
         """(the longest sequence an engine reproduces transformers on, why it is not max_position_embeddings).
@@ -449,6 +490,49 @@ def _rope(hf: dict, source: str, max_pos: int, head_dim: int, arch: str) -> tupl
     return float(theta), out, rotary_dim
 
 
+def _gemma3_rope(hf: dict, source: str, max_pos: int, head_dim: int):
+    """((rope_theta, rope_scaling, None) of the full-attention layers, RoPE base of the sliding layers) as
+    Gemma3TextConfig resolves them: rope_parameters per layer type, or the legacy rope_theta (+ rope_scaling) and
+    rope_local_base_freq. The sliding layers' RoPE must be the default type (every Gemma 3 is)."""
+    params = hf.get("rope_parameters")
+    if isinstance(params, dict) and any(k in config_fields.ATTENTION_KINDS for k in params):
+        unknown = set(params) - set(config_fields.ATTENTION_KINDS)
+        if unknown:
+            raise SpecbuildError(f"{source}: rope_parameters has keys {sorted(unknown)} beside the layer types")
+        full = dict(params.get("full_attention") or {})
+        sliding = dict(params.get("sliding_attention") or {})
+    else:
+        full = {"rope_type": "default", **(params or {}), **(hf.get("rope_scaling") or {})}
+        full.setdefault("rope_theta", hf.get("rope_theta"))
+        sliding = {"rope_type": "default", "rope_theta": hf.get("rope_local_base_freq")}
+    full.setdefault("rope_theta", ARCH_DEFAULTS["gemma3"]["rope_theta"])
+    sliding.setdefault("rope_theta", ARCH_DEFAULTS["gemma3"]["rope_local_base_freq"])
+    kind = sliding.get("rope_type", sliding.get("type", "default"))
+    if kind != "default":
+        raise SpecbuildError(
+            f"{source}: rope_parameters.sliding_attention.rope_type {_show(kind)} is not supported: the sliding "
+            "layers' RoPE is implemented with the default type only"
+        )
+    local = _rope({"rope_parameters": {"rope_theta": sliding["rope_theta"]}}, source, max_pos, head_dim, "gemma3")[0]
+    return _rope({"rope_parameters": full}, source, max_pos, head_dim, "gemma3"), local
+
+
+def _gemma3_sliding(hf: dict, layers: int, read: _Reader, source: str) -> tuple[int | None, list[int]]:
+    """Gemma 3's local layers: layer_types, or every layer but each sliding_window_pattern-th (Gemma3TextConfig)."""
+    window = read.int("sliding_window")
+    kinds = hf.get("layer_types")
+    if kinds is None:
+        pattern = read.int("sliding_window_pattern")
+        return window, [i for i in range(layers) if (i + 1) % pattern]
+    known = config_fields.ATTENTION_KINDS
+    if not isinstance(kinds, list) or len(kinds) != layers or any(k not in known for k in kinds):
+        raise SpecbuildError(
+            f"{source}: layer_types {_show(kinds)} must list {layers} entries of "
+            f"{' / '.join(config_fields.ATTENTION_KINDS)}"
+        )
+    return window, [i for i, k in enumerate(kinds) if k == "sliding_attention"]
+
+
 def _rotary_dim(hf: dict, params: dict, head_dim: int, arch: str, source: str) -> int | None:
     """Phi-3's partial rotary: RoPE on int(head_dim * partial_rotary_factor) dims (the rope parameters' factor wins
     over the top-level one, as Phi3Config resolves them); None when it covers the whole head. Other architectures
@@ -485,6 +569,8 @@ def _sliding_window(hf: dict, arch: str, layers: int, read: _Reader, source: str
         default = MISTRAL_DEFAULT_WINDOW if arch == "mistral" else None  # their config classes' defaults
         window = read.int("sliding_window", default=None) if "sliding_window" in hf else default
         return window, list(range(layers)) if window is not None else []
+    if arch == "gemma3":
+        return _gemma3_sliding(hf, layers, read, source)
     if arch not in SLIDING_BY_LAYER_TYPES:
         return None, []
     use = read.bool("use_sliding_window", default=False)

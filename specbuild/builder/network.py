@@ -7,6 +7,8 @@ only; the runtime commits the accepted ones.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -14,6 +16,29 @@ from specbuild.builder.layers import RMSNorm, apply_rope, stacked_linear
 from specbuild.builder.model_config import ModelConfig
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class NormOffset(Mapping):
+    """The checkpoint's tensors with `offset` added to every RMSNorm weight (in float32), for the architectures whose
+    norms scale by (offset + weight) (Gemma: 1 + weight): the network's RMSNorm then scales by the weight it reads."""
+
+    def __init__(self, tensors: Mapping, offset: float):
+        self.tensors, self.offset = tensors, offset
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        value = self.tensors[name]
+        return value.float() + self.offset if name.endswith("norm.weight") else value
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+
+def norm_offset(cfg: ModelConfig, tensors: Mapping) -> Mapping:
+    """`tensors` as the network reads them: NormOffset where the architecture has one."""
+    return NormOffset(tensors, cfg.norm_offset) if cfg.norm_offset else tensors
 
 
 class Attention(nn.Module):
@@ -29,9 +54,12 @@ class Attention(nn.Module):
         bias: bool,
         o_bias: bool = False,
         qk_norm_eps: float | None = None,
+        scale: float | None = None,
     ):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.scale = head_dim**-0.5 if scale is None else scale  # of the attention scores
+        self.custom_scale = scale is not None
         self.q_proj = nn.Linear(in_dim, heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
@@ -87,7 +115,7 @@ class Attention(nn.Module):
         b, _, t, d = q.shape
         hkv, g = self.num_kv_heads, self.num_heads // self.num_kv_heads
         q = q.reshape(b, hkv, g, t, d)
-        scores = torch.cat([torch.matmul(q, k.unsqueeze(2).transpose(-1, -2)) for k in keys], dim=-1) * (d**-0.5)
+        scores = torch.cat([torch.matmul(q, k.unsqueeze(2).transpose(-1, -2)) for k in keys], dim=-1) * self.scale
         scores = scores.float().masked_fill(~mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(values[0].dtype)
         chunks = torch.split(probs, [k.shape[2] for k in keys], dim=-1) if len(keys) > 1 else (probs,)
@@ -95,6 +123,10 @@ class Attention(nn.Module):
         for p, v in zip(chunks[1:], values[1:]):
             out = out + torch.matmul(p, v.unsqueeze(2))
         return out.reshape(b, self.num_heads, t, d).transpose(1, 2).reshape(b, t, self.num_heads * d)
+
+    def kernel_scale(self) -> dict:
+        """GroupQueryAttention's `scale` attribute where the scale is not its default 1 / sqrt(head_dim)."""
+        return {"scale": float(self.scale)} if self.custom_scale else {}
 
     def pack_qkv(self) -> None:
         """Project q, k and v with one packed Linear from now on (see packed_qkv)."""
@@ -111,9 +143,17 @@ class Attention(nn.Module):
         return out, k, v
 
 
+ACTIVATIONS = {
+    "silu": nn.functional.silu,
+    "gelu_tanh": lambda x: nn.functional.gelu(x, approximate="tanh"),
+    "gelu": nn.functional.gelu,
+}
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.act = ACTIVATIONS[cfg.hidden_act]
         bias = cfg.mlp_bias
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
@@ -125,7 +165,7 @@ class MLP(nn.Module):
             gate, up = self.gate_proj(x), self.up_proj(x)
         else:
             gate, up = torch.split(self.gate_up_proj(x), self.gate_proj.out_features, -1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
 
     def pack_gate_up(self) -> None:
         """Project gate and up with one [x -> gate|up] Linear from now on: one weight-only MatMul kernel instead of two
@@ -155,15 +195,46 @@ class DecoderLayer(nn.Module):
             cfg.attention_bias,
             cfg.o_proj_bias,
             qk_norm_eps=cfg.rms_norm_eps if cfg.qk_norm else None,
+            scale=cfg.attention_scale,
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.sandwich = cfg.sandwich_norms
+        if self.sandwich:  # Gemma: post_attention_layernorm norms the attention output; these wrap the MLP
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
+
+    @property
+    def mlp_norm(self) -> RMSNorm:
+        """The norm of the MLP's input."""
+        return self.pre_feedforward_layernorm if self.sandwich else self.post_attention_layernorm
+
+    def attention_output(self, a):
+        """What the attention adds to the residual stream."""
+        return self.post_attention_layernorm(a) if self.sandwich else a
+
+    def mlp_output(self, m):
+        """What the MLP adds to the residual stream."""
+        return self.post_feedforward_layernorm(m) if self.sandwich else m
 
     def forward(self, x, cos, sin, mask, past_k, past_v):
         a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, mask, past_k, past_v)
-        x = x + a
-        x = x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.attention_output(a)
+        x = x + self.mlp_output(self.mlp(self.mlp_norm(x)))
         return x, k, v
+
+
+class ScaledEmbedding(nn.Embedding):
+    """Embedding rows times `scale` rounded to the weight's dtype first (Gemma's sqrt(hidden_size), as transformers'
+    Gemma3TextScaledWordEmbedding multiplies): what the layers and every draft network reading it get."""
+
+    def __init__(self, vocab: int, hidden: int, scale: float):
+        super().__init__(vocab, hidden)
+        self.scale = scale
+
+    def forward(self, input_ids):
+        x = super().forward(input_ids)
+        return x * float(torch.tensor(self.scale, dtype=torch.float32).to(x.dtype))
 
 
 class TiedOutput(nn.Module):
@@ -195,7 +266,11 @@ class LlamaNetwork(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = (
+            nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            if cfg.embedding_scale is None
+            else ScaledEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.embedding_scale)
+        )
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -206,6 +281,13 @@ class LlamaNetwork(nn.Module):
         again)."""
         inv_freq, self.rope_scaling_factor = self.cfg.rope_frequencies()
         self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
+        if self.cfg.sliding_rope_theta is not None:  # Gemma 3: the sliding layers' own base (default type)
+            local = self.cfg.sliding_rope_frequencies()
+            self.register_buffer("sliding_inv_freq", local.to(torch.float32), persistent=False)
+
+    def local_rope(self, layer: int) -> bool:
+        """Whether decoder layer `layer` rotates with the sliding layers' RoPE (ModelConfig.sliding_rope_theta)."""
+        return self.cfg.sliding_rope_theta is not None and layer in self.cfg.sliding_layers
 
     @classmethod
     def from_tensors(cls, cfg: ModelConfig, tensors: dict, dtype: str = "float32") -> LlamaNetwork:
@@ -214,9 +296,9 @@ class LlamaNetwork(nn.Module):
         net = net.to_empty(device="cpu")
         net.set_rope_buffers()
         state = {}
-        for name, value in tensors.items():
-            key = name.removeprefix("model.")
-            state[key] = value
+        offset = norm_offset(cfg, tensors)
+        for name in tensors:
+            state[name.removeprefix("model.")] = offset[name]
         if cfg.tie_word_embeddings:
             state["lm_head.weight"] = state["embed_tokens.weight"]
         net.load_state_dict(state, strict=True)
@@ -235,11 +317,15 @@ class LlamaNetwork(nn.Module):
         what a mode copies rows of when it is built (Medusa's draft vocabulary)."""
         return self.lm_head.weight.detach()
 
-    def rope(self, position_ids, dtype):
-        freqs = position_ids.float().unsqueeze(-1) * self.inv_freq  # [B,T,R/2] (R: the rotary dims, usually D)
+    def rope(self, position_ids, dtype, local: bool = False):
+        """cos/sin [B,1,T,R] of the full-attention layers' RoPE, or the sliding layers' (`local`, default type)."""
+        inv_freq = self.sliding_inv_freq if local else self.inv_freq
+        freqs = position_ids.float().unsqueeze(-1) * inv_freq  # [B,T,R/2] (R: the rotary dims, usually D)
         emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # [B,1,T,R]
         cos, sin = emb.cos(), emb.sin()
-        if self.rope_scaling_factor != 1.0:  # yarn's attention factor, applied to cos/sin like transformers
+        if (
+            self.rope_scaling_factor != 1.0 and not local
+        ):  # yarn's attention factor, applied to cos/sin like transformers
             cos, sin = cos * self.rope_scaling_factor, sin * self.rope_scaling_factor
         return cos.to(dtype), sin.to(dtype)
 
@@ -268,10 +354,21 @@ class LlamaNetwork(nn.Module):
         for layer in self.layers:
             if layer.self_attn.qkv_proj is None:
                 layer.self_attn.pack_qkv()
-        cos, sin = rotary_tables(self.inv_freq, self.rope_scaling_factor, max_positions, self.norm.weight.dtype)
+        dtype = self.norm.weight.dtype
+        cos, sin = rotary_tables(self.inv_freq, self.rope_scaling_factor, max_positions, dtype)
         self.register_buffer("rotary_cos", cos, persistent=False)
         self.register_buffer("rotary_sin", sin, persistent=False)
+        if self.cfg.sliding_rope_theta is not None:
+            cos, sin = rotary_tables(self.sliding_inv_freq, 1.0, max_positions, dtype)
+            self.register_buffer("sliding_rotary_cos", cos, persistent=False)
+            self.register_buffer("sliding_rotary_sin", sin, persistent=False)
         return self
+
+    def rotary(self, layer: int):
+        """(cos, sin) tables [P, R/2] decoder layer `layer` rotates with (forward_fused)."""
+        if self.local_rope(layer):
+            return self.sliding_rotary_cos, self.sliding_rotary_sin
+        return self.rotary_cos, self.rotary_sin
 
     def forward_fused(
         self,
@@ -334,13 +431,12 @@ class LlamaNetwork(nn.Module):
                 past_length,
                 position_ids,
                 biases[self.cfg.layer_window(i)],
-                self.rotary_cos,
-                self.rotary_sin,
+                *self.rotary(i),
                 rows=attended,
             )
             presents += [k, v]
-            h, x = skip_rms_norm(layer.post_attention_layernorm, attn.o_proj(heads), x)
-            pending = layer.mlp(h)
+            h, x = skip_rms_norm(layer.mlp_norm, layer.attention_output(attn.o_proj(heads)), x)
+            pending = layer.mlp_output(layer.mlp(h))
         hidden, x = skip_rms_norm(self.norm, pending, x)
         inputs[len(self.layers)] = x
         captured = [inputs[i] for i in capture_layers]
@@ -350,7 +446,10 @@ class LlamaNetwork(nn.Module):
 
     def forward(self, input_ids, position_ids, tree_mask, past_length, kv_cache, capture_layers=()):
         x = self.embed_tokens(input_ids)
-        cos, sin = self.rope(position_ids, x.dtype)
+        ropes = {
+            local: self.rope(position_ids, x.dtype, local)
+            for local in {self.local_rope(i) for i in range(len(self.layers))}
+        }
         capacity = kv_cache.shape[4]
         masks = {None: self.attention_mask(tree_mask, past_length, capacity)}
         for window in {self.cfg.layer_window(i) for i in range(len(self.layers))} - {None}:
@@ -360,7 +459,7 @@ class LlamaNetwork(nn.Module):
             if i in capture_layers:
                 inputs[i] = x
             mask = masks[self.cfg.layer_window(i)]
-            x, k, v = layer(x, cos, sin, mask, kv_cache[i, 0], kv_cache[i, 1])
+            x, k, v = layer(x, *ropes[self.local_rope(i)], mask, kv_cache[i, 0], kv_cache[i, 1])
             new_k.append(k)
             new_v.append(v)
         inputs[len(self.layers)] = x  # "input of layer L" = the last layer's output before the final norm

@@ -13,6 +13,7 @@ by this project on an H100); this loop does one small set of kernels per layer a
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import torch
 
@@ -31,10 +32,24 @@ def _layers(model):
     return inner.embed_tokens, inner.layers, inner.norm, inner.rotary_emb, model.lm_head
 
 
-def _check_supported(config) -> None:
+def _check_supported(config, capacity: int) -> None:
+    """Sliding windows are not masked here: a model with one decodes only sequences the window covers whole."""
     window = getattr(config, "sliding_window", None)
-    if window is not None and (getattr(config, "use_sliding_window", True) or config.model_type == "mistral"):
-        raise ValueError("batched decoding has no sliding-window attention; use a model without it")
+    slides = config.model_type in ("mistral", "gemma3_text") or getattr(config, "use_sliding_window", True)
+    if window is not None and slides and capacity > window:
+        raise ValueError(
+            f"batched decoding has no sliding-window attention: sequences of {capacity} tokens exceed the window "
+            f"({window}); use shorter prompts and outputs or a model without it"
+        )
+
+
+def _ropes(rotary, x, positions, layer_types, count: int) -> list:
+    """(cos, sin) of each of the `count` decoder layers: one RoPE, or one per layer type (Gemma 3's local and
+    global)."""
+    if layer_types and "layer_type" in inspect.signature(rotary.forward).parameters:
+        by_type = {kind: rotary(x, positions, kind) for kind in set(layer_types)}
+        return [by_type[kind] for kind in layer_types]
+    return [rotary(x, positions)] * count
 
 
 def _attend(layer, x, cos, sin, k_cache, v_cache, column, keys_valid):
@@ -42,6 +57,7 @@ def _attend(layer, x, cos, sin, k_cache, v_cache, column, keys_valid):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     attn = layer.self_attn
+    sandwich = hasattr(layer, "pre_feedforward_layernorm")  # Gemma: attention and MLP outputs normed too
     b, t, _ = x.shape
     h = layer.input_layernorm(x)
     d = attn.head_dim
@@ -56,10 +72,14 @@ def _attend(layer, x, cos, sin, k_cache, v_cache, column, keys_valid):
     end = column + t
     out = torch.nn.functional.scaled_dot_product_attention(
         q, k_cache[:, :, :end].to(q.dtype), v_cache[:, :, :end].to(q.dtype), attn_mask=keys_valid[:, :, :, :end],
-        enable_gqa=q.shape[1] != k.shape[1],
+        enable_gqa=q.shape[1] != k.shape[1], scale=attn.scaling,
     )  # fmt: skip
-    x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    a = attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+    if not sandwich:
+        x = x + a
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+    x = x + layer.post_attention_layernorm(a)
+    return x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
 
 
 @torch.inference_mode()
@@ -80,7 +100,7 @@ def decode_batch(
     capture: decoder-layer indices whose inputs follow the final hidden state in each feature row (the layer
     features a mode declares). keep_features=False: ids alone (features are empty lists), nothing kept per step,
     and rows that ended are dropped from the batch (cache included) once a quarter of the rows left have ended."""
-    _check_supported(model.config)
+    _check_supported(model.config, max(len(s) for s in prompts) + max_new_tokens)
     embed, layers, norm, rotary, lm_head = _layers(model)
     device = embed.weight.device
     dtype = embed.weight.dtype
@@ -155,12 +175,12 @@ def decode_batch(
 def _forward(embed, layers, norm, rotary, cache, ids, positions, column, keys_valid, capture):
     """(feature rows [B,T,F] float32, final normed hidden [B,T,H]) of new tokens written at `column`."""
     x = embed(ids)
-    cos, sin = rotary(x, positions)
+    ropes = _ropes(rotary, x, positions, getattr(layers[0].self_attn.config, "layer_types", None), len(layers))
     captured = {}
     for i, layer in enumerate(layers):
         if i in capture:
             captured[i] = x
-        x = _attend(layer, x, cos, sin, cache[i][0], cache[i][1], column, keys_valid)
+        x = _attend(layer, x, *ropes[i], cache[i][0], cache[i][1], column, keys_valid)
     hidden = norm(x)
     parts = [hidden] + [captured[i] for i in capture]
     return torch.cat(parts, dim=-1).float(), hidden

@@ -29,6 +29,7 @@ ARCHS = {
     "qwen2": (transformers.Qwen2Config, "transformers.models.qwen2.modeling_qwen2"),
     "qwen3": (transformers.Qwen3Config, "transformers.models.qwen3.modeling_qwen3"),
     "phi3": (transformers.Phi3Config, "transformers.models.phi3.modeling_phi3"),
+    "gemma3": (transformers.Gemma3TextConfig, "transformers.models.gemma3.modeling_gemma3"),
 }
 CONFIG_READ = re.compile(r"""(?:config\.(\w+)|getattr\(\s*(?:self\.)?config\s*,\s*["'](\w+)["'])""")
 ROPE_READ = re.compile(r"""rope_parameters(?:_dict)?(?:\[\s*layer_type\s*\])?(?:\.get\(|\[)\s*["'](\w+)["']""")
@@ -324,3 +325,63 @@ def test_tied_config_with_a_distinct_lm_head_is_refused(tmp_path, tiny_hf_models
     with pytest.raises(SpecbuildError, match="tie_word_embeddings true but tensor lm_head.weight differs"):
         convert_checkpoint(hf, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+GEMMA3_REFUSED = [
+    (dict(final_logit_softcapping=30.0), "final_logit_softcapping 30.0"),
+    (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping 50.0"),
+    (dict(use_bidirectional_attention=True), "use_bidirectional_attention true"),
+    (dict(hidden_activation="relu"), "hidden_activation 'relu'"),
+    (
+        dict(rope_parameters={"full_attention": {}, "sliding_attention": {"rope_type": "linear", "factor": 2.0}}),
+        "sliding_attention.rope_type 'linear'",
+    ),
+    (dict(layer_types=["full_attention"]), "layer_types"),
+]
+
+
+@pytest.mark.parametrize("overrides,needle", GEMMA3_REFUSED, ids=[n for _, n in GEMMA3_REFUSED])
+def test_refused_gemma3_values_name_the_field(overrides, needle):
+    with pytest.raises(SpecbuildError) as info:
+        ModelConfig.from_hf(_hf("gemma3_pattern", **overrides), source="m/config.json")
+    assert info.value.args[0].startswith("m/config.json") and needle in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "legacy",
+    [
+        dict(sliding_window_pattern=3, rope_theta=50000.0, rope_local_base_freq=500.0),
+        dict(rope_scaling={"rope_type": "linear", "factor": 4.0}),  # on the global layers; Gemma 3 4B's kind
+        {},  # every default: pattern 6, bases 1e6 and 1e4
+    ],
+)
+def test_gemma3_layer_pattern_and_two_ropes_equal_transformers(legacy):
+    """Which layers slide and both RoPEs, from config.json written with the legacy keys (rope_theta,
+    rope_local_base_freq, rope_scaling, sliding_window_pattern) as from the per-layer-type rope_parameters."""
+    raw = _hf("gemma3_pattern", num_hidden_layers=7, **legacy)
+    for key in ("layer_types", "rope_parameters"):
+        raw.pop(key)
+    hf = transformers.Gemma3TextConfig.from_dict(raw)
+    model = transformers.Gemma3ForCausalLM(hf)
+    for written in (raw, hf.to_dict()):  # the legacy keys, and what save_pretrained writes from them
+        ours = ModelConfig.from_hf(written)
+        assert ours.sliding_layers == [i for i, k in enumerate(hf.layer_types) if k == "sliding_attention"]
+        rope = model.model.rotary_emb
+        inv, scale = ours.rope_frequencies()
+        assert torch.equal(inv.to(torch.float32), rope.full_attention_inv_freq)
+        assert scale == rope.full_attention_attention_scaling == 1.0
+        assert torch.equal(ours.sliding_rope_frequencies().to(torch.float32), rope.sliding_attention_inv_freq)
+        assert ours.attention_scale == hf.query_pre_attn_scalar**-0.5 and ours.embedding_scale == hf.hidden_size**0.5
+
+
+def test_gemma3_defaults_follow_transformers():
+    """A config.json that leaves out what Gemma3TextConfig defaults (head_dim, tying, window, scalar, bases)."""
+    raw = {k: v for k, v in _hf("gemma3_pattern").items() if k in ("architectures", "model_type", "vocab_size")}
+    raw.update(hidden_size=64, intermediate_size=96, num_hidden_layers=7, num_attention_heads=4)
+    hf = transformers.Gemma3TextConfig.from_dict(raw)
+    ours = ModelConfig.from_hf(raw)
+    assert (ours.head_dim, ours.tie_word_embeddings, ours.sliding_window) == (hf.head_dim, True, hf.sliding_window)
+    assert ours.sliding_layers == [i for i, k in enumerate(hf.layer_types) if k == "sliding_attention"]
+    assert ours.attention_scale == hf.query_pre_attn_scalar**-0.5 and ours.hidden_act == "gelu_tanh"
+    assert (ours.rope_theta, ours.sliding_rope_theta) == (1_000_000.0, 10_000.0)
+    assert ours.eos_token_ids == [1] and ours.bos_token_id == 2

@@ -16,9 +16,11 @@ def _hf_greedy(model, prompt, new):
     return out[0, len(prompt) :].tolist()
 
 
-@pytest.mark.parametrize("name", [*TINY_SHAPES, "qwen3_qknorm"])
-def test_greedy_ids_and_features_equal_transformers(name):
-    model = tiny_hf_model(name)
+# Gemma 3 with its window over the whole sequence (batched decoding masks no window)
+@pytest.mark.parametrize("name,overrides", [*((n, {}) for n in TINY_SHAPES), ("qwen3_qknorm", {}),
+                                            ("gemma3_pattern", {"sliding_window": 64})])  # fmt: skip
+def test_greedy_ids_and_features_equal_transformers(name, overrides):
+    model = tiny_hf_model(name, **overrides)
     capture = (1,)
     res = decode_batch(model, PROMPTS, NEW, eos_ids=set(), pad_id=0, capture=capture, tail=3)
     h = model.config.hidden_size
@@ -57,7 +59,8 @@ def test_sampling_is_seeded_and_differs_from_greedy():
     assert runs[0] != runs[2] and runs[0] != greedy
 
 
-def test_sliding_window_models_are_refused():
-    model = tiny_hf_model("mistral_window")
+@pytest.mark.parametrize("name", ["mistral_window", "gemma3_pattern"])
+def test_sliding_windows_shorter_than_the_sequences_are_refused(name):
+    model = tiny_hf_model(name)
     with pytest.raises(ValueError, match="sliding-window"):
         decode_batch(model, PROMPTS, 4, set(), 0)
