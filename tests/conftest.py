@@ -37,7 +37,7 @@ if "SPECBUILD_CACHE_DIR" not in os.environ:
 # tests on one tiny shape, the server and scheduler on tiny engines: under 5 minutes on 2 cores); `scripts/test.sh
 # --full` (CI) adds what is marked `full`: the real model, every shape and precision, Triton, packaging, training.
 FULL = "full"
-REAL_MODEL_FIXTURES = ("smollm2_",)  # fixtures of the real model: only tests of the full tier use them
+REAL_MODEL_FIXTURES = ("smollm2_", "gemma3_")  # fixtures of the real models: only tests of the full tier use them
 
 
 def pytest_addoption(parser):
@@ -467,6 +467,31 @@ def smollm2_hf(tmp_path_factory) -> Path:
     if os.environ.get("SPECBUILD_CACHE"):
         return prepare_smollm2()
     return made_once(tmp_path_factory, "smollm2-hf", prepare_smollm2)
+
+
+@pytest.fixture(scope="session")
+def gemma3_hf(tmp_path_factory) -> Path:
+    """Gemma 3 270M as a HF directory, from the PyPI package the user installs under the Gemma terms (skipped
+    without it: scripts/setup-venv.sh installs it only with SPECBUILD_GEMMA_TERMS=accept)."""
+    import importlib.util
+
+    from specbuild.builder.default_model import GEMMA3_MODULE, GEMMA3_PACKAGE, prepare_gemma3
+
+    if importlib.util.find_spec(GEMMA3_MODULE) is None:
+        pytest.skip(
+            f"{GEMMA3_PACKAGE} is not installed (Gemma terms: SPECBUILD_GEMMA_TERMS=accept scripts/setup-venv.sh)"
+        )
+    if os.environ.get("SPECBUILD_CACHE"):
+        return prepare_gemma3()
+    return made_once(tmp_path_factory, "gemma3-hf", prepare_gemma3)
+
+
+@pytest.fixture(scope="session")
+def gemma3_checkpoint(gemma3_hf, tmp_path_factory) -> Path:
+    """Gemma 3 270M as a canonical float32 checkpoint, converted once per test run."""
+    from specbuild.builder.convert import convert_checkpoint
+
+    return made_once(tmp_path_factory, "gemma3-ckpt", lambda path: convert_checkpoint(gemma3_hf, path, progress=False))
 
 
 @pytest.fixture(scope="session")

@@ -446,7 +446,8 @@ def interleaved_prompts(engine, prompt_sets: list[str], num_prompts: int) -> lis
     per_set = []
     for name in prompt_sets:
         texts = load_prompt_set(name, num_prompts)
-        per_set.append([codec.encode(codec.apply_chat(t) if is_chat(name) else t) for t in texts])
+        chat = is_chat(name) and codec.chat_template is not None  # a base model (no template) gets the raw text
+        per_set.append([codec.prompt_ids(t, chat) for t in texts])
     longest = max(len(group) for group in per_set)
     return [group[i] for i in range(longest) for group in per_set if i < len(group)]
 

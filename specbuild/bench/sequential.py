@@ -444,7 +444,7 @@ def run_benchmark(
         samples: list[list[Sample]] = [[] for _ in engines]
         peer_samples: list[list[Sample]] = [[] for _ in peers]
         for i, text in enumerate(texts):
-            ids = codec.encode(codec.apply_chat(text) if is_chat(name) else text)
+            ids = codec.prompt_ids(text, is_chat(name) and codec.chat_template is not None)
             log(f"{name} {i + 1}/{len(texts)} ({len(ids)} prompt tokens)")
             for k, eng in enumerate(engines):
                 samples[k].append(timed_generate(eng, ids, max_new_tokens))

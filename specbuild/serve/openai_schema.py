@@ -69,7 +69,7 @@ def parse_completion(body, engine, model_name: str) -> GenerationRequest:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        ids = engine.codec.encode(prompt) if prompt else []
+        ids = engine.codec.prompt_ids(prompt) if prompt else []
     elif isinstance(prompt, list) and prompt and all(is_integer(i) for i in prompt):
         ids = [int(i) for i in prompt]
     else:
