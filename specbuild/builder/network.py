@@ -1,4 +1,5 @@
-"""Our own Llama-family network (Llama, Mistral, Qwen2, Qwen3) over an explicit KV tensor and a tree mask.
+"""Our own Llama-family network (Llama, Mistral, Qwen2, Qwen3, Gemma 3, Phi-3) over an explicit KV tensor and a
+tree mask.
 
 One forward serves prefill and tree decode: T new tokens attend to the first `past_length` cache
 positions and to the new tokens their `tree_mask` row allows. It returns the KV of the new tokens

@@ -21,12 +21,14 @@ def expand_path(path) -> str:
 
 
 def resolve_paths(cfg: dict) -> dict:
-    """`base_model: default` -> the embedded SmolLM2 (prepared on first use); `~` and env vars expanded."""
-    cfg = dict(cfg)
-    if cfg.get("base_model") == "default":
-        from specbuild.builder.default_model import prepare_smollm2
+    """`base_model: default` -> the embedded SmolLM2, `base_model: gemma3-270m` (any name prepare-default-model
+    knows) -> that real model, prepared on first use; `~` and env vars expanded."""
+    from specbuild.builder.default_model import REAL_MODELS
 
-        cfg["base_model"] = str(prepare_smollm2())
+    cfg = dict(cfg)
+    name = "smollm2" if cfg.get("base_model") == "default" else cfg.get("base_model")
+    if name in REAL_MODELS:
+        cfg["base_model"] = str(REAL_MODELS[name]())
     for key in PATH_KEYS:
         if cfg.get(key):
             cfg[key] = expand_path(cfg[key])

@@ -66,6 +66,7 @@ def test_none_engine_equals_transformers(tmp_path, shape, seed):
         assert engine.generate(input_ids=prompt, max_new_tokens=64).output_ids == hf_greedy(model, prompt, 64)
 
 
+@full("a Phi-3 engine run to its last position: the fast tier builds one Qwen3 engine per test here")
 def test_longrope_engines_stop_where_transformers_recomputes_the_cache(tmp_path):
     """Past original_max_position_embeddings transformers' Phi-3 re-rotates every cached key with the long factors;
     a build that would reach it is refused in one line, and one that stops there serves every position exactly."""

@@ -28,6 +28,7 @@ from specbuild.plugins.feature_draft.training import (
 )
 from specbuild.training import distill
 from specbuild.training.features import LayerFeatures
+from specbuild.training.recipe import prepare_data
 
 
 def capture_layers(num_layers: int) -> list[int]:
@@ -94,6 +95,8 @@ def run_eagle3_recipe(cfg: dict, log=print) -> dict:
     hf, device = cfg["base_model"], cfg["device"]
     distill.setup_torch()
     fd = None
+    if cfg.get("data") and not cfg.get("corpus_dir"):  # its own data stage first (into work_dir = distill_dir)
+        prepare_data(cfg, log=log)
     if not cfg.get("corpus_dir"):
         dd, fd = Path(cfg["distill_dir"]), Path(cfg["feature_dir"])
         budget = float(cfg.get("features", {}).get("time_budget_s", 1e9))
