@@ -17,10 +17,13 @@ import inspect
 
 import torch
 
+from specbuild.training.features import stored
+
 
 @dataclasses.dataclass
 class DecodeResult:
-    """gens: generated ids per row (up to and including EOS); features: per row, [n, F] float16 rows for positions
+    """gens: generated ids per row (up to and including EOS); features: per row, [n, F] rows (float16, or float32 beyond
+    its range: features.stored) for positions
     prompt_len - tail .. prompt_len + len(gen) - 2 (the inputs of lm_head, then the captured layer inputs)."""
 
     gens: list[list[int]]
@@ -168,7 +171,7 @@ def decode_batch(
     out = []
     for row in range(b):
         n = max(0, len(gens[row]) - 1)
-        out.append(torch.cat([tails[row], stacked[row, :n]], dim=0).to(torch.float16).cpu())
+        out.append(stored(torch.cat([tails[row], stacked[row, :n]], dim=0)))
     return DecodeResult(gens, out)
 
 

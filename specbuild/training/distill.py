@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from specbuild.training.batched_decode import decode_batch
-from specbuild.training.features import LayerFeatures
+from specbuild.training.features import LayerFeatures, stored
 
 STDLIB_DIR = Path(sysconfig.get_paths()["stdlib"])
 SKIP_PARTS = {"test", "tests", "site-packages", "idlelib", "lib2to3", "turtledemo", "__pycache__"}
@@ -432,7 +432,7 @@ def compute_features(
         for b, r in enumerate(batch):
             L, n_full, P = ids.shape[1], len(fulls[b]), len(r["prompt_ids"])
             p0 = P - min(PROMPT_TAIL, P)
-            hb = h[b, L - n_full + p0 : L - 1].to(torch.float16).numpy()
+            hb = stored(h[b, L - n_full + p0 : L - 1]).numpy()
             rows.append(_rows_for(r["prompt_ids"], r["gen_ids"], hb, _seq_no(r["id"])))
         _write_shard(out_dir, name, rows)
         log(f"features {i + len(batch)}/{len(sequences)}")
@@ -545,7 +545,7 @@ def extract_layer_features(
             p0 = 0 if prompt_tail is None else P - min(prompt_tail, P)
             a, e = L - n_full + p0, L - 1  # positions p0 .. n_full-2
             for key, li in zip(decl.keys, cap):
-                rows[key].append(captured[li][b, a:e].to(torch.float16).cpu().numpy())
+                rows[key].append(stored(captured[li][b, a:e]).numpy())
             for key, value in layer_row_index(fulls[b], p0, r["id"]).items():
                 rows[key].append(value)
         from safetensors.numpy import save_file
