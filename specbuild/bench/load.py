@@ -269,9 +269,10 @@ class OrtGenAIBatch:
     model builder (see sequential.OrtGenAITimer)."""
 
     def __init__(self, model_dir, threads: int | None, max_new_tokens: int):
-        from specbuild.bench.sequential import open_genai_model
+        from specbuild.bench.sequential import genai_min_length, open_genai_model
 
         self.og, self.model = open_genai_model(model_dir, threads)
+        self.min_length = genai_min_length(model_dir)
         config = json.loads((Path(model_dir) / "genai_config.json").read_text())["model"]
         eos = config.get("eos_token_id", [])
         self.eos = set(eos if isinstance(eos, list) else [eos])
@@ -311,7 +312,8 @@ class OrtGenAIBatch:
         for row, request in enumerate(requests):
             tokens[row, : len(request["ids"])] = request["ids"]
         params = og.GeneratorParams(self.model)
-        params.set_search_options(do_sample=False, max_length=longest + self.max_new_tokens, batch_size=len(requests))
+        length = max(longest + self.max_new_tokens, self.min_length)
+        params.set_search_options(do_sample=False, max_length=length, batch_size=len(requests))
         self._generator = og.Generator(self.model, params)
         self._generator.append_tokens(tokens)
         self._batch = list(requests)

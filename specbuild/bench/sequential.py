@@ -203,6 +203,14 @@ def open_genai_model(model_dir, threads: int | None):
         raise SpecbuildError(f"{model_dir}: ONNX Runtime GenAI cannot load it ({exc})") from None
 
 
+def genai_min_length(model_dir) -> int:
+    """The least max_length a GenAI generator of this model takes: a model with a sliding window (Gemma 3) keeps a
+    cache of at least the window; a shorter max_length is refused. Generation stops at max_new_tokens anyway."""
+    config = json.loads((Path(model_dir) / "genai_config.json").read_text())
+    window = ((config.get("model") or {}).get("decoder") or {}).get("sliding_window") or {}
+    return int(window.get("window_size") or 0)
+
+
 class OrtGenAITimer:
     """ONNX Runtime GenAI (what a CPU user would run instead) on the same ids: greedy, or with its built-in n-gram
     speculation (`ngram_size` 3, 4 draft tokens). Needs the `onnxruntime-genai` package and a model directory made
@@ -212,13 +220,15 @@ class OrtGenAITimer:
 
     def __init__(self, model_dir, threads: int | None, ngram: bool = False):
         self.og, self.model = open_genai_model(model_dir, threads)
+        self.min_length = genai_min_length(model_dir)
         self.ngram = ngram
         self.label = f"ORT GenAI {Path(model_dir).name}" + (" n-gram" if ngram else "")
 
     def sample(self, ids: list[int], max_new_tokens: int) -> Sample:
         og = self.og
         params = og.GeneratorParams(self.model)
-        params.set_search_options(do_sample=False, max_length=len(ids) + max_new_tokens, batch_size=1)
+        length = max(len(ids) + max_new_tokens, self.min_length)
+        params.set_search_options(do_sample=False, max_length=length, batch_size=1)
         if self.ngram:
             params.set_speculative_options(**self.NGRAM)
         gen = og.Generator(self.model, params)
