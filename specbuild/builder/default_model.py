@@ -83,32 +83,14 @@ def prepare_smollm2(
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file() and not overwrite:
         return out
     gguf = find_smollm2_gguf() if gguf is None else Path(gguf).resolve()
-    if not gguf.is_file():
-        raise SpecbuildError(f"{gguf}: no such GGUF file")
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-    gguf_dir, gguf_name = str(gguf.parent), gguf.name
-    loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
-    config = loaded.config
-    config.tie_word_embeddings = True
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    state = {k: v for k, v in loaded.state_dict().items() if k != "lm_head.weight"}
-    model = LlamaForCausalLM(config)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or set(missing) - {"lm_head.weight"}:
-        raise SpecbuildError(f"{gguf}: unexpected GGUF contents (missing {missing}, unexpected {unexpected})")
-    model.tie_weights()
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    # overwrite=True replaces only a directory this function wrote (marked) or another specbuild output
-    with atomic_output_dir(out, overwrite=True, inputs=[gguf], mark=True) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        source = {"name": MODEL_NAME, "file": gguf.name, "sha256": file_sha256(gguf)}
-        (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=1) + "\n")
-    return out
+    def as_llama(config):
+        from transformers import LlamaForCausalLM
+
+        config.tie_word_embeddings = True
+        return LlamaForCausalLM
+
+    return _dequantized(gguf, out, MODEL_NAME, as_llama)
 
 
 def find_gemma3_gguf() -> Path:
@@ -144,6 +126,20 @@ def prepare_gemma3(
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file() and not overwrite:
         return out
     gguf = find_gemma3_gguf() if gguf is None else Path(gguf).resolve()
+
+    def checked(config):
+        if config.model_type != "gemma3_text":
+            raise SpecbuildError(f"{gguf}: a {config.model_type} model, not Gemma 3 (text)")
+        return None  # the class transformers loaded
+
+    return _dequantized(gguf, out, GEMMA3_NAME, checked)
+
+
+def _dequantized(gguf: Path, out: Path, name: str, model_class) -> Path:
+    """Write the GGUF as a float32 HF directory `out` (transformers dequantizes it; its tokenizer beside; SOURCE_FILE
+    names where the weights came from). model_class(config): checks or adjusts the loaded config and returns the
+    transformers class to write (None: the loaded one's); the loaded model is marked GGUF-quantized and cannot be
+    saved, so a plain float model of that class takes its weights."""
     if not gguf.is_file():
         raise SpecbuildError(f"{gguf}: no such GGUF file")
     import torch
@@ -152,20 +148,21 @@ def prepare_gemma3(
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     config = loaded.config
-    if config.model_type != "gemma3_text":
-        raise SpecbuildError(f"{gguf}: a {config.model_type} model, not Gemma 3 (text)")
+    cls = model_class(config) or type(loaded)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    model = type(loaded)(config)  # a plain float model (the loaded one is marked GGUF-quantized: not saveable)
-    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    state = {k: v for k, v in loaded.state_dict().items() if k != "lm_head.weight" or not config.tie_word_embeddings}
+    model = cls(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or set(missing) - {"lm_head.weight"}:
         raise SpecbuildError(f"{gguf}: unexpected GGUF contents (missing {missing}, unexpected {unexpected})")
     model.tie_weights()
     model.generation_config.eos_token_id = tokenizer.eos_token_id
+    # overwrite=True replaces only a directory this module wrote (marked) or another specbuild output
     with atomic_output_dir(out, overwrite=True, inputs=[gguf], mark=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        source = {"name": GEMMA3_NAME, "file": gguf.name, "sha256": file_sha256(gguf)}
+        source = {"name": name, "file": gguf.name, "sha256": file_sha256(gguf)}
         (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=1) + "\n")
     return out
 
