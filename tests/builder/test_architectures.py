@@ -19,8 +19,6 @@ from tests.plugins.distribution_check import check_sampled_distribution, exact_d
 from tests.plugins.eagle_fixtures import write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
 
-pytestmark = pytest.mark.xdist_group("architectures")
-
 SEEDS = (0, 1, 2)
 PROMPTS = [[1, 5, 9, 3, 7, 11, 4, 8, 10, 6], [1, 4, 10]]
 TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
