@@ -579,6 +579,31 @@ def hf_greedy(model, ids: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
+def check_none_engine(model, ckpt: Path, engine_dir: Path, prompts: list[list[int]], new_tokens: int) -> None:
+    """A `none` engine of `ckpt` (built with logits into engine_dir) against transformers' `model`: its portable graph
+    passes the TensorRT operator check, its prefill logits are within 1e-4 and its greedy ids equal transformers' for
+    `new_tokens` on every prompt."""
+    import numpy as np
+    import onnx
+
+    from specbuild import engine_format as ef
+    from specbuild.builder.build import BuildOptions, build_engine
+    from specbuild.builder.trt_compat import lint_onnx_for_tensorrt
+    from specbuild.runtime.engine import Engine
+
+    engine_dir = build_engine(ckpt, engine_dir, BuildOptions(output_logits=True), log=quiet)
+    assert lint_onnx_for_tensorrt(onnx.load(str(engine_dir / ef.ENGINE_ONNX), load_external_data=False)) == []
+    engine = Engine(engine_dir, threads=1)
+    ids = [1, 5, 9, 13, 7, 22, 3, 30, 11, 2, 4, 17, 19]
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(engine.prefill_logits(ids) - want).max() < 1e-4
+    for prompt in prompts:
+        assert engine.generate(input_ids=prompt, max_new_tokens=new_tokens).output_ids == hf_greedy(
+            model, prompt, new_tokens
+        )
+
+
 def write_char_tokenizer(hf: Path, vocab_offset: int = 0, decoder: bool = True) -> None:
     """A character-level tokenizer.json (Metaspace, no merges) covering printable ASCII in ids offset.. offset+96."""
     chars = ["<unk>", "▁"] + [chr(c) for c in range(33, 127) if chr(c) not in '"\\']

@@ -46,10 +46,16 @@ def _check_supported(config, capacity: int) -> None:
         )
 
 
-def _ropes(rotary, x, positions, layer_types, count: int) -> list:
-    """(cos, sin) of each of the `count` decoder layers: one RoPE, or one per layer type (Gemma 3's local and
-    global)."""
-    if layer_types and "layer_type" in inspect.signature(rotary.forward).parameters:
+def _rope_types(rotary, config) -> list | None:
+    """Each decoder layer's type where the model has one RoPE per layer type (Gemma 3's local and global), else
+    None (one RoPE for every layer)."""
+    layer_types = getattr(config, "layer_types", None)
+    return layer_types if layer_types and "layer_type" in inspect.signature(rotary.forward).parameters else None
+
+
+def _ropes(rotary, x, positions, layer_types: list | None, count: int) -> list:
+    """(cos, sin) of each of the `count` decoder layers (layer_types: _rope_types)."""
+    if layer_types:
         by_type = {kind: rotary(x, positions, kind) for kind in set(layer_types)}
         return [by_type[kind] for kind in layer_types]
     return [rotary(x, positions)] * count
@@ -131,7 +137,8 @@ def decode_batch(
     prefill_mask = (causal.unsqueeze(0) & valid[:, None, :p]) | torch.eye(p, dtype=torch.bool, device=device)
     keys = torch.zeros((b, 1, p, capacity), dtype=torch.bool, device=device)
     keys[:, 0, :, :p] = prefill_mask
-    features, hidden = _forward(embed, layers, norm, rotary, cache, ids, positions, 0, keys, capture)
+    rope_types = _rope_types(rotary, model.config)  # decided once, not per step
+    features, hidden = _forward(embed, layers, norm, rotary, rope_types, cache, ids, positions, 0, keys, capture)
     tails = [features[row, p - min(tail, len(s)) :] for row, s in enumerate(prompts)]
     token = _next(lm_head(hidden[:, -1]), temperature, generator)
     gens: list[list[int]] = [[] for _ in range(b)]
@@ -159,7 +166,17 @@ def decode_batch(
         column = p + step
         valid[:, column] = True
         feats, hidden = _forward(
-            embed, layers, norm, rotary, cache, token[:, None], position, column, valid[:, None, None, :], capture
+            embed,
+            layers,
+            norm,
+            rotary,
+            rope_types,
+            cache,
+            token[:, None],
+            position,
+            column,
+            valid[:, None, None, :],
+            capture,
         )
         if keep_features:
             rows.append(feats[:, 0])
@@ -175,10 +192,10 @@ def decode_batch(
     return DecodeResult(gens, out)
 
 
-def _forward(embed, layers, norm, rotary, cache, ids, positions, column, keys_valid, capture):
+def _forward(embed, layers, norm, rotary, rope_types, cache, ids, positions, column, keys_valid, capture):
     """(feature rows [B,T,F] float32, final normed hidden [B,T,H]) of new tokens written at `column`."""
     x = embed(ids)
-    ropes = _ropes(rotary, x, positions, getattr(layers[0].self_attn.config, "layer_types", None), len(layers))
+    ropes = _ropes(rotary, x, positions, rope_types, len(layers))
     captured = {}
     for i, layer in enumerate(layers):
         if i in capture:

@@ -2,19 +2,14 @@
 as transformers reads it, the `none` engine gives transformers' prefill logits and greedy ids (64 tokens, prompts
 longer than any sliding window), and every kind of drafter reproduces them; sampling keeps the base distribution."""
 
-import numpy as np
-import onnx
 import pytest
-import torch
 
-from specbuild import engine_format as ef
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.convert import convert_checkpoint
-from specbuild.builder.trt_compat import lint_onnx_for_tensorrt
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine
-from tests.conftest import ARCH_SHAPES, ORT_ONLY, fast_first, full, hf_greedy, quiet, tiny_hf_model
+from tests.conftest import ARCH_SHAPES, ORT_ONLY, check_none_engine, fast_first, full, hf_greedy, quiet, tiny_hf_model
 from tests.plugins.distribution_check import check_sampled_distribution, exact_distribution
 from tests.plugins.eagle_fixtures import write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
@@ -53,15 +48,7 @@ def test_none_engine_equals_transformers(tmp_path, shape, seed):
     model.save_pretrained(tmp_path / "hf")
     ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", progress=False)
     _read_as_transformers(Checkpoint.load(ckpt).model, model.config)
-    engine_dir = build_engine(ckpt, tmp_path / "engine", BuildOptions(output_logits=True), log=quiet)
-    assert lint_onnx_for_tensorrt(onnx.load(str(engine_dir / ef.ENGINE_ONNX), load_external_data=False)) == []
-    engine = Engine(engine_dir, threads=1)
-    ids = [1, 5, 9, 13, 7, 22, 3, 30, 11, 2, 4, 17, 19]
-    with torch.no_grad():
-        want = model(torch.tensor([ids])).logits[0].numpy()
-    assert np.abs(engine.prefill_logits(ids) - want).max() < 1e-4
-    for prompt in PROMPTS:
-        assert engine.generate(input_ids=prompt, max_new_tokens=64).output_ids == hf_greedy(model, prompt, 64)
+    check_none_engine(model, ckpt, tmp_path / "engine", PROMPTS, 64)
 
 
 @full("a Phi-3 engine run to its last position: the fast tier builds one Qwen3 engine per test here")

@@ -2,18 +2,22 @@
 prompts and outputs far longer than the window: the `none` engine and every speculative mode reproduce the base
 model's greedy ids exactly, and the windowed graph passes the TensorRT operator check."""
 
-import numpy as np
-import onnx
 import pytest
-import torch
 
-from specbuild import engine_format as ef
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.convert import convert_checkpoint
-from specbuild.builder.trt_compat import lint_onnx_for_tensorrt
 from specbuild.runtime.engine import Engine
-from tests.conftest import ORT_ONLY, SLIDING_SHAPES, fast_first, full, hf_greedy, quiet, tiny_hf_model
+from tests.conftest import (
+    ORT_ONLY,
+    SLIDING_SHAPES,
+    check_none_engine,
+    fast_first,
+    full,
+    hf_greedy,
+    quiet,
+    tiny_hf_model,
+)
 from tests.plugins.eagle_fixtures import write_eagle1_head, write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
 
@@ -39,15 +43,7 @@ def test_none_engine_equals_transformers_beyond_the_window(tmp_path, shape):
     assert cfg.sliding_window == kwargs["sliding_window"]
     want_layers = list(range(kwargs.get("max_window_layers", 0), kwargs["num_hidden_layers"]))
     assert cfg.sliding_layers == want_layers
-    engine_dir = build_engine(ckpt, tmp_path / "engine", BuildOptions(output_logits=True), log=quiet)
-    assert lint_onnx_for_tensorrt(onnx.load(str(engine_dir / ef.ENGINE_ONNX), load_external_data=False)) == []
-    engine = Engine(engine_dir, threads=1)
-    ids = [1, 5, 9, 13, 7, 22, 3, 30, 11, 2, 4, 17, 19]
-    with torch.no_grad():
-        want = model(torch.tensor([ids])).logits[0].numpy()
-    assert np.abs(engine.prefill_logits(ids) - want).max() < 1e-4
-    for prompt in PROMPTS:
-        assert engine.generate(input_ids=prompt, max_new_tokens=40).output_ids == hf_greedy(model, prompt, 40)
+    check_none_engine(model, ckpt, tmp_path / "engine", PROMPTS, 40)
 
 
 # every mode on a sliding model, both window patterns covered (one export per case keeps the suite short)
