@@ -65,6 +65,11 @@ DRAFT_ROWS = "draft_rows"
 # [B,W,V] float32: the distribution q each verified node was drawn from (draft-target; row 0, the root, unread); the
 # graph accepts node x with probability min(1, p(x)/q(x)) and draws the bonus from norm(max(p - q, 0))
 DRAFT_PROBS = "draft_probs"
+# [B] bool (engines of a LongRoPE model built past original_max_position_embeddings): the row rotates with the long
+# factors. A sequence longer than that length is rotated with them at every position, its cache recomputed once when
+# it grows past it (runtime/scheduler.py), as transformers' Phi-3 does; engine.yaml's ROPE_SWITCH holds the length
+ROPE_LONG = "rope_long"
+ROPE_SWITCH = "rope_switch"
 DRAFTED = "drafted_sequences"
 
 ACCEPTED_TOKENS = "accepted_tokens"  # [B,DP] int64

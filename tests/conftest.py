@@ -289,7 +289,8 @@ ARCH_SHAPES: dict[str, tuple[str, str, dict]] = {
             num_attention_heads=2,
             num_key_value_heads=1,
             max_position_embeddings=512,
-            original_max_position_embeddings=128,  # engines stop here (ModelConfig.exact_positions)
+            # the long factors from here: a 64-token generation crosses it (ModelConfig.rope_switch)
+            original_max_position_embeddings=40,
             partial_rotary_factor=0.5,  # 16 of the 32 dims of a head rotate (ONNX Runtime: 16 is its least)
             rope_scaling={
                 "type": "longrope",

@@ -49,6 +49,8 @@ def engine_fields(plan: BuildPlan, plugin, graphs: list[dict], directory: Path) 
             "max_seq_len": plan.max_seq_len,
             "max_batch_size": plan.options.max_batch_size,
             "max_new_tokens_per_step": plugin.max_new_tokens_per_step(),
+            # LongRoPE: sequences longer than this rotate with the long factors, their cache recomputed once
+            **({ef.ROPE_SWITCH: plan.rope_switch} if plan.rope_switch is not None else {}),
         },
         "tree": {"choices": tree.to_list(), "size": tree.size, "depth": tree.depth}
         if tree is not None

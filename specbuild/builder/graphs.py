@@ -23,6 +23,13 @@ class GraphKind:
     contrib_ops: bool  # may use ONNX Runtime's com.microsoft ops (the quantized embedding: GatherBlockQuantized)
 
     def module(self, plan: BuildPlan, net, plugin, output_logits: bool) -> StepModule:
+        """The step module of this kind over `net` (which takes ef.ROPE_LONG where the plan's sequences can grow past
+        LongRoPE's switch)."""
+        if plan.rope_switch is not None:
+            net.use_long_rope()
+        return self.step_module(plan, net, plugin, output_logits)
+
+    def step_module(self, plan: BuildPlan, net, plugin, output_logits: bool) -> StepModule:
         raise NotImplementedError
 
     def max_positions(self, plan: BuildPlan) -> int:
@@ -227,7 +234,7 @@ class PortableGraph(GraphKind):
     kv_layout = ef.KV_STACKED
     contrib_ops = False
 
-    def module(self, plan, net, plugin, output_logits):
+    def step_module(self, plan, net, plugin, output_logits):
         return StepModule(net, plugin, output_logits=output_logits, typical=plan.typical)
 
 
@@ -236,7 +243,7 @@ class FusedGraph(GraphKind):
     kv_layout = ef.KV_SHARED
     contrib_ops = True
 
-    def module(self, plan, net, plugin, output_logits):
+    def step_module(self, plan, net, plugin, output_logits):
         net.use_fused_kernels(plan.max_seq_len + plan.pad_rows)
         # the fused kernels' own settings: attention padding, step padding chosen at load (a min_rows input), and
         # their causal mask for chain drafts

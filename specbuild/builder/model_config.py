@@ -257,7 +257,7 @@ class ModelConfig:
             return torch.where(medium, smoothed, scaled), 1.0
         if kind == "yarn":
             return _yarn(rs, base, d, self.max_position_embeddings)
-        if kind == "longrope":  # the short factors: an engine stops at original_max_position_embeddings (see below)
+        if kind == "longrope":  # the short factors (long_rope_frequencies: the long ones, rope_switch: from where)
             return _longrope(rs, rs["short_factor"], base, d, self.max_position_embeddings)
         raise SpecbuildError(f"unsupported rope_type {kind!r}")  # from_hf refuses it first
 
@@ -269,22 +269,25 @@ class ModelConfig:
         d = self.head_dim
         return 1.0 / (self.sliding_rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).to(dtype=torch.float) / d))
 
-    def exact_positions(self) -> tuple[int, str]:
-        """(the longest sequence an engine reproduces transformers on, why it is not max_position_embeddings).
+    def rope_switch(self) -> int | None:
+        """LongRoPE (Phi-3): the sequence length from which the long factors rotate every position
+        (original_max_position_embeddings), None when the model has no switch below max_position_embeddings.
 
-        LongRoPE (Phi-3): a sequence of up to original_max_position_embeddings tokens is rotated with the short
-        factors; once it grows past that length, transformers' Phi-3 drops its KV cache and recomputes the whole
-        sequence with the long factors (Phi3ForCausalLM.prepare_inputs_for_generation), so every earlier key changes.
-        An engine's cache does not do that: it stops at that length."""
+        transformers' Phi-3 rotates a sequence of up to that many tokens with the short factors; once it grows past
+        it, Phi3ForCausalLM.prepare_inputs_for_generation drops the KV cache and recomputes the whole sequence with
+        the long factors, so every earlier key changes. An engine built past it does the same (ef.ROPE_LONG)."""
         rs = self.rope_scaling or {}
         if rs.get("rope_type") == "longrope":
             original = int(rs["original_max_position_embeddings"])
             if original < self.max_position_embeddings:
-                return original, (
-                    f"LongRoPE switches every position of a sequence longer than original_max_position_embeddings "
-                    f"({original}) to its long factors, recomputing the whole KV cache; specbuild engines stop there"
-                )
-        return self.max_position_embeddings, "max_position_embeddings"
+                return original
+        return None
+
+    def long_rope_frequencies(self):
+        """inv_freq [R/2] of LongRoPE's long factors (the attention factor is the short ones': rope_frequencies)."""
+        rs = self.rope_scaling
+        return _longrope(rs, rs["long_factor"], self.rope_theta, self.rotary_dim or self.head_dim,
+                         self.max_position_embeddings)[0]  # fmt: skip
 
 
 def _longrope(rs: dict, ext_factors: list, base: float, d: int, max_pos: int):

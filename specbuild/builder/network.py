@@ -286,6 +286,17 @@ class LlamaNetwork(nn.Module):
             local = self.cfg.sliding_rope_frequencies()
             self.register_buffer("sliding_inv_freq", local.to(torch.float32), persistent=False)
 
+    def use_long_rope(self) -> LlamaNetwork:
+        """Take a per-row ef.ROPE_LONG flag (forward's long_rope): flagged rows rotate with LongRoPE's long factors
+        (ModelConfig.rope_switch). Before use_fused_kernels: its tables then hold both sets."""
+        self.register_buffer("long_inv_freq", self.cfg.long_rope_frequencies().to(torch.float32), persistent=False)
+        return self
+
+    @property
+    def long_rope(self) -> bool:
+        """Whether forward takes long_rope (use_long_rope)."""
+        return getattr(self, "long_inv_freq", None) is not None
+
     def local_rope(self, layer: int) -> bool:
         """Whether decoder layer `layer` rotates with the sliding layers' RoPE (ModelConfig.sliding_rope_theta)."""
         return self.cfg.sliding_rope_theta is not None and layer in self.cfg.sliding_layers
@@ -318,10 +329,14 @@ class LlamaNetwork(nn.Module):
         what a mode copies rows of when it is built (Medusa's draft vocabulary)."""
         return self.lm_head.weight.detach()
 
-    def rope(self, position_ids, dtype, local: bool = False):
-        """cos/sin [B,1,T,R] of the full-attention layers' RoPE, or the sliding layers' (`local`, default type)."""
+    def rope(self, position_ids, dtype, local: bool = False, long_rope=None):
+        """cos/sin [B,1,T,R] of the full-attention layers' RoPE, or the sliding layers' (`local`, default type);
+        long_rope [B] bool: the rows rotated with LongRoPE's long factors (use_long_rope)."""
         inv_freq = self.sliding_inv_freq if local else self.inv_freq
         freqs = position_ids.float().unsqueeze(-1) * inv_freq  # [B,T,R/2] (R: the rotary dims, usually D)
+        if long_rope is not None and not local:
+            long_freqs = position_ids.float().unsqueeze(-1) * self.long_inv_freq
+            freqs = torch.where(long_rope.view(-1, 1, 1), long_freqs, freqs)
         emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # [B,1,T,R]
         cos, sin = emb.cos(), emb.sin()
         if (
@@ -357,6 +372,10 @@ class LlamaNetwork(nn.Module):
                 layer.self_attn.pack_qkv()
         dtype = self.norm.weight.dtype
         cos, sin = rotary_tables(self.inv_freq, self.rope_scaling_factor, max_positions, dtype)
+        if self.long_rope:  # the long factors' rows after the short ones': a flagged row reads them (rotary_positions)
+            long_cos, long_sin = rotary_tables(self.long_inv_freq, self.rope_scaling_factor, max_positions, dtype)
+            cos, sin = torch.cat([cos, long_cos]), torch.cat([sin, long_sin])
+        self.rotary_rows = max_positions
         self.register_buffer("rotary_cos", cos, persistent=False)
         self.register_buffer("rotary_sin", sin, persistent=False)
         if self.cfg.sliding_rope_theta is not None:
@@ -366,10 +385,17 @@ class LlamaNetwork(nn.Module):
         return self
 
     def rotary(self, layer: int):
-        """(cos, sin) tables [P, R/2] decoder layer `layer` rotates with (forward_fused)."""
+        """(cos, sin) tables [P, R/2] decoder layer `layer` rotates with (forward_fused); [2P, R/2] with the long
+        factors' rows after the short ones' (use_long_rope)."""
         if self.local_rope(layer):
             return self.sliding_rotary_cos, self.sliding_rotary_sin
         return self.rotary_cos, self.rotary_sin
+
+    def rotary_positions(self, layer: int, position_ids, long_rope):
+        """The rows of layer `layer`'s tables its tokens read: position_ids, plus P on the long-flagged rows."""
+        if long_rope is None or self.local_rope(layer):
+            return position_ids
+        return position_ids + long_rope.view(-1, 1).to(position_ids.dtype) * self.rotary_rows
 
     def forward_fused(
         self,
@@ -382,6 +408,7 @@ class LlamaNetwork(nn.Module):
         causal_chain=False,
         attention_pad=0,
         min_rows=None,
+        long_rope=None,
     ):
         """The ONNX Runtime form of forward(): kv_buffers = [k_0, v_0, k_1, ...] each [B,Hkv,C,D], written in place.
 
@@ -391,6 +418,7 @@ class LlamaNetwork(nn.Module):
         attention_pad: attention attends at least attention_pad + 1 rows (copies of the last token after it).
         min_rows: a tensor whose length M pads the whole call to at least M rows (step padding; see ort_kernels).
         The buffers need room for the pad rows after the tokens.
+        long_rope [B] bool: the rows rotated with LongRoPE's long factors (use_long_rope).
         Returns (final hidden [B,T,H], [present k_0, v_0, ...], layer inputs [B,T,H]), the buffers with the new
         tokens' keys and values at [past_length, past_length + T) (see ort_kernels)."""
         from specbuild.builder.ort_kernels import attention_bias, group_query_attention, padded_rows, skip_rms_norm
@@ -400,7 +428,9 @@ class LlamaNetwork(nn.Module):
         dtype = self.norm.weight.dtype  # not the embedding: a streamed network would read it
         windows = {self.cfg.layer_window(i) for i in range(len(self.layers))}
         if causal_chain and windows == {None}:
-            biases, position_ids = {None: None}, None
+            biases = {None: None}
+            # the kernel's own positions, unless a flagged row reads the long factors' rows of the tables
+            position_ids = None if long_rope is None else past_length.view(-1, 1) + torch.arange(tokens).view(1, -1)
         else:
             biases = {w: attention_bias(tree_mask, position_ids, past_length, capacity, w, dtype) for w in windows}
         rows = tokens
@@ -430,7 +460,7 @@ class LlamaNetwork(nn.Module):
                 kv_buffers[2 * i],
                 kv_buffers[2 * i + 1],
                 past_length,
-                position_ids,
+                self.rotary_positions(i, position_ids, long_rope),
                 biases[self.cfg.layer_window(i)],
                 *self.rotary(i),
                 rows=attended,
@@ -445,10 +475,10 @@ class LlamaNetwork(nn.Module):
             hidden, captured = hidden.narrow(1, 0, tokens), [c.narrow(1, 0, tokens) for c in captured]
         return hidden, presents, captured
 
-    def forward(self, input_ids, position_ids, tree_mask, past_length, kv_cache, capture_layers=()):
+    def forward(self, input_ids, position_ids, tree_mask, past_length, kv_cache, capture_layers=(), long_rope=None):
         x = self.embed_tokens(input_ids)
         ropes = {
-            local: self.rope(position_ids, x.dtype, local)
+            local: self.rope(position_ids, x.dtype, local, long_rope)
             for local in {self.local_rope(i) for i in range(len(self.layers))}
         }
         capacity = kv_cache.shape[4]

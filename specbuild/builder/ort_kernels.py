@@ -112,7 +112,8 @@ def padded_rows(tokens, count, past_length, position_ids, biases: dict):
 
 def group_query_attention(attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos, sin, rows=None):
     """attn: the layer's network.Attention (head counts); qkv [B,T,(Hq+2Hkv)D]; k_buf/v_buf [B,Hkv,C,D].
-    position_ids and bias None: the T new tokens are a causal chain at positions past..past+T-1. rows: the attended
+    bias None: the T new tokens are a causal chain at positions past..past+T-1 (rotated there too when position_ids
+    is None; position_ids are the rotary tables' rows, see LlamaNetwork.rotary_positions). rows: the attended
     rows of a padded call, from padded_rows (which also pads position_ids and bias); C >= past + len(rows).
 
     Returns (out [B,T,Hq*D] before o_proj, present_k, present_v): the buffers with the T new rotated keys and values
@@ -143,11 +144,11 @@ def group_query_attention(attn, qkv, k_buf, v_buf, past_length, position_ids, bi
 
 def _gqa_reference(attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos, sin):
     b, t, _ = qkv.shape
-    if bias is None:  # a causal chain after the cache
-        past = past_length.view(b, 1)
-        position_ids = past + torch.arange(t).view(1, t)
+    if bias is None:  # a causal chain after the cache (rotated at position_ids where given: the long rows' offset)
+        chain_ids = past_length.view(b, 1) + torch.arange(t).view(1, t)
         chain = torch.tril(torch.ones((b, t, t), dtype=torch.bool))
-        bias = attention_bias(chain, position_ids, past_length, k_buf.shape[2], None, qkv.dtype)
+        bias = attention_bias(chain, chain_ids, past_length, k_buf.shape[2], None, qkv.dtype)
+        position_ids = chain_ids if position_ids is None else position_ids
     d, hq, hkv = attn.head_dim, attn.num_heads, attn.num_kv_heads
     q, k, v = torch.split(qkv, [hq * d, hkv * d, hkv * d], dim=-1)
     q = q.view(b, t, hq, d).transpose(1, 2)

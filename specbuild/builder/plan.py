@@ -44,6 +44,13 @@ class BuildPlan:
         return self.checkpoint.model
 
     @property
+    def rope_switch(self) -> int | None:
+        """LongRoPE's switch length (ModelConfig.rope_switch) where the engine's sequences can grow past it: its
+        graphs then take ef.ROPE_LONG; None otherwise."""
+        switch = self.model.rope_switch()
+        return switch if switch is not None and self.max_seq_len > switch else None
+
+    @property
     def quantized_bits(self) -> int | None:
         return ef.BLOCKWISE_BITS.get(self.weights)
 
@@ -70,7 +77,7 @@ class BuildPlan:
             settings={"tokens_per_step": 1},
             typical=None,
             # a companion that addresses fewer positions works within them
-            max_seq_len=min(self.max_seq_len, checkpoint.model.exact_positions()[0]),
+            max_seq_len=min(self.max_seq_len, checkpoint.model.max_position_embeddings),
             weights=weights,
             engine_dtype=dtype,
             tolerance=validation_tolerance(options, dtype),
@@ -104,13 +111,12 @@ def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
     if options.tensorrt:
         _require_tensorrt()
     ckpt = Checkpoint.load(checkpoint_dir)
-    limit, why = ckpt.model.exact_positions()
+    limit = ckpt.model.max_position_embeddings
     max_seq_len = options.max_seq_len or min(limit, 4096)
     if max_seq_len < 2 or max_seq_len > limit:
-        bound = f"{limit}: {why}"
-        if why == "max_position_embeddings":
-            bound = f"the model's max_position_embeddings ({limit})"
-        raise SpecbuildError(f"--max-seq-len {max_seq_len} must be between 2 and {bound}")
+        raise SpecbuildError(
+            f"--max-seq-len {max_seq_len} must be between 2 and the model's max_position_embeddings ({limit})"
+        )
     plugin_cls = load_object(spec.graph_plugin)
     _check_mode_options(options, spec)
     settings = plugin_cls.check_options(ckpt, options)  # mode bounds from the configs: before any weight loads

@@ -23,7 +23,7 @@ ACCEPTANCE_OUTPUTS = [ef.ACCEPTED_TOKENS, ef.NUM_ACCEPTED, ef.ACCEPTED_NODES]
 
 class StepModule(nn.Module):
     """The portable step graph. forward(input_ids, position_ids, tree_mask, past_length, kv_cache, paths,
-    temperature, top_k, top_p, rand_accept, rand_sample, *states) -> (accepted_tokens, num_accepted,
+    temperature, top_k, top_p, rand_accept, rand_sample, [rope_long], *states) -> (accepted_tokens, num_accepted,
     accepted_nodes, new_kv, *plugin outputs, [logits]).
 
     The logits/acceptance window is the last W new tokens, W = rand_accept.shape[1] (ef.WINDOW): the whole tree in
@@ -47,14 +47,23 @@ class StepModule(nn.Module):
 
     # ---- the layout: where the KV cache goes (export reads these)
     def arrange(
-        self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list, rows: list, probs: list
-    ):
+        self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list, rows: list, probs: list,
+        rope: list,
+    ):  # fmt: skip
         """(fixed inputs, var-positional inputs) in forward's order, from the parts of one call (rows: the
-        draft_rows input, taken where `selects_rows`; probs: the draft_probs input, where `draft_probs`)."""
-        return [*head, *kv, *paths, *sampling], [*states, *self._tail(rows, probs)]
+        draft_rows input, taken where `selects_rows`; probs: the draft_probs input, where `draft_probs`; rope: the
+        rope_long input, where the network takes it)."""
+        return [*head, *kv, *paths, *sampling], [*self._rope(rope), *states, *self._tail(rows, probs)]
+
+    def _rope(self, rope: list) -> list:
+        return rope if self.net.long_rope else []
 
     def _tail(self, rows: list, probs: list) -> list:
         return [*(probs if self.draft_probs else []), *(rows if self.selects_rows else [])]
+
+    def split_rope(self, tail) -> tuple[torch.Tensor | None, tuple]:
+        """(rope_long or None, the rest) from the start of forward's var-positional inputs after the step padding."""
+        return (tail[0], tail[1:]) if self.net.long_rope else (None, tail)
 
     def split_states(self, tail) -> tuple[list, torch.Tensor | None, torch.Tensor | None]:
         """(mode states, draft_probs or None, draft_rows or None) from the end of forward's var-positional inputs."""
@@ -95,8 +104,9 @@ class StepModule(nn.Module):
         rand_sample,
         *states,
     ):
+        long_rope, states = self.split_rope(states)
         hidden, new_kv, captured = self.net(
-            input_ids, position_ids, tree_mask, past_length, kv_cache, capture_layers=self.plugin.capture_layers
+            input_ids, position_ids, tree_mask, past_length, kv_cache, self.plugin.capture_layers, long_rope
         )
         states, draft_probs, draft_rows = self.split_states(states)
         return self.accept_and_draft(
@@ -170,7 +180,7 @@ class FusedStepModule(StepModule):
     """The step graph for ONNX Runtime: the same acceptance and drafting over the network's fused form.
 
     forward(input_ids, position_ids, tree_mask, past_length, paths, temperature, top_k, top_p, rand_accept,
-    rand_sample, [min_rows], past_key_0, past_value_0, ..., *states) -> (accepted_tokens, num_accepted,
+    rand_sample, [min_rows], [rope_long], past_key_0, past_value_0, ..., *states) -> (accepted_tokens, num_accepted,
     accepted_nodes, present_key_0, present_value_0, ..., *plugin outputs, [logits]). Each present buffer is its past
     buffer with the new tokens' keys/values written at [past_length, past_length + T) (the runtime binds them to one
     buffer). min_rows (row_padding graphs): its length M pads every call to at least M rows (ort_kernels).
@@ -194,10 +204,11 @@ class FusedStepModule(StepModule):
         self.causal_chain = chain_drafts or plugin.max_new_tokens_per_step() == 1
 
     def arrange(
-        self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list, rows: list, probs: list
-    ):
+        self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list, rows: list, probs: list,
+        rope: list,
+    ):  # fmt: skip
         padding = list(min_rows) if self.row_padding else []
-        return [*head, *paths, *sampling], [*padding, *kv, *states, *self._tail(rows, probs)]
+        return [*head, *paths, *sampling], [*padding, *self._rope(rope), *kv, *states, *self._tail(rows, probs)]
 
     def kv_inputs(self, kv: torch.Tensor) -> list:
         return [kv[i, j].clone() for i in range(kv.shape[0]) for j in range(2)]
@@ -227,6 +238,7 @@ class FusedStepModule(StepModule):
     ):
         min_rows = buffers_and_states[0] if self.row_padding else None
         tail = buffers_and_states[1:] if self.row_padding else buffers_and_states
+        long_rope, tail = self.split_rope(tail)
         n_kv = 2 * len(self.net.layers)
         hidden, presents, captured = self.net.forward_fused(
             input_ids,
@@ -238,6 +250,7 @@ class FusedStepModule(StepModule):
             causal_chain=self.causal_chain,
             attention_pad=self.attention_pad,
             min_rows=min_rows,
+            long_rope=long_rope,
         )
         states, draft_probs, draft_rows = self.split_states(tail[n_kv:])
         return self.accept_and_draft(

@@ -90,6 +90,9 @@ def optimization_profiles(cfg, plugin, max_seq_len: int, max_batch_size: int = 1
     h, d = cfg.num_kv_heads, cfg.head_dim
     depth = max(1, plugin.tree().depth + 1 if plugin.tree() is not None else n)
     per_sequence = {name: ((1,), (o,), (b,)) for name in (ef.PAST_LENGTH, ef.TEMPERATURE, ef.TOP_K, ef.TOP_P)}
+    switch = cfg.rope_switch()
+    if switch is not None and max_seq_len > switch:  # LongRoPE past its switch: a flag per row
+        per_sequence[ef.ROPE_LONG] = ((1,), (o,), (b,))
     if plugin.selects_rows:  # from no row drafted (plain calls) to every row
         per_sequence[ef.DRAFT_ROWS] = ((0,), (o,), (b,))
     if plugin.draft_probabilities:  # the q of each verified node

@@ -74,6 +74,7 @@ class Sequence:
         self.drafter = drafter
         self.last: StepResult | None = None
         self.engine_s = 0.0  # time of the engine calls this sequence took part in
+        self.long_rope = False  # rotated with LongRoPE's long factors (ef.ROPE_LONG; the scheduler sets it)
         self._per_position = layout.per_position_uniforms
         self._greedy = sampling.temperature <= 0
         self._rng = np.random.default_rng(sampling.seed)
@@ -275,6 +276,8 @@ class Batch:
             temperature[row], top_k[row], top_p[row] = sampling.temperature, sampling.top_k, sampling.top_p
         rows = n * t
         feeds = {}
+        if self.layout.rope_switch is not None:  # LongRoPE: the rows rotated with the long factors
+            feeds[ef.ROPE_LONG] = np.fromiter((s.long_rope for s in self.sequences), dtype=np.bool_, count=n)
         if self.layout.draft_probs_vocab:  # the q of each verified node (zeros: the root, point masses, prompts)
             feeds[ef.DRAFT_PROBS] = self._draft_probs(calls, t, w)
         return feeds | {

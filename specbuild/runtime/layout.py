@@ -40,6 +40,8 @@ class Layout:
     per_position_uniforms: bool  # sampling.uniforms: rand_accept is drawn per sequence position (builder/acceptance)
     selects_rows: bool  # the graph drafts only for the rows in ef.DRAFT_ROWS (engine-drafted modes built since)
     draft_probs_vocab: int = 0  # V of the graph's ef.DRAFT_PROBS input [B,W,V] (0: the graph has none)
+    # LongRoPE: a sequence longer than this rotates with the long factors (the graph's ef.ROPE_LONG); None: no switch
+    rope_switch: int | None = None
 
     @classmethod
     def read(cls, manifest: dict, graph: dict, min_rows: int) -> Layout:
@@ -61,6 +63,7 @@ class Layout:
             per_position_uniforms=(manifest.get("sampling") or {}).get("uniforms") == ef.UNIFORMS_PER_POSITION,
             selects_rows=any(i["name"] == ef.DRAFT_ROWS for i in graph["io"]["inputs"]),
             draft_probs_vocab=model["vocab_size"] if any(i["name"] == ef.DRAFT_PROBS for i in inputs) else 0,
+            rope_switch=manifest["limits"].get(ef.ROPE_SWITCH) if _takes(inputs, ef.ROPE_LONG) else None,
         )
 
     @property
@@ -70,6 +73,14 @@ class Layout:
     @property
     def shared_kv(self) -> bool:
         return self.kv_cache == ef.KV_SHARED
+
+    def long_rope(self, length: int) -> bool:
+        """Whether a sequence of `length` tokens rotates with LongRoPE's long factors (all its positions)."""
+        return self.rope_switch is not None and length > self.rope_switch
+
+
+def _takes(inputs: list[dict], name: str) -> bool:
+    return any(i["name"] == name for i in inputs)
 
 
 def _state(spec: dict, kv_dtype) -> StateLayout:

@@ -144,6 +144,7 @@ SCHEMA: dict[str, Any] = {
         "max_seq_len": integer(2),
         "max_batch_size": integer(1, optional=True),
         "max_new_tokens_per_step": integer(1),
+        ef.ROPE_SWITCH: integer(1, optional=True),
     },
     "sampling": mapping(optional=True, nullable=True),
     "tree": {

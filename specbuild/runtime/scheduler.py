@@ -80,7 +80,9 @@ class Handle:
         self.done = threading.Event()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._prefilled = 0  # prompt tokens in the staging slot
+        self._prefill_ids: list[int] = request.ids  # what the staging slot prefills: the prompt (or see _recompute)
         self._staging: Batch | None = None
+        self._staged_s = 0.0  # engine seconds of the staging slot counted in prefill_engine_s
         self._cancelled = False
 
     @property
@@ -312,6 +314,7 @@ class Scheduler:
             try:
                 drafter = self.engine.new_drafter(request.ids, request.sampling, request.draft_options)
                 handle.sequence = Sequence(self.layout, request.sampling, drafter)
+                handle.sequence.long_rope = self.layout.long_rope(len(request.ids))
                 handle._staging = Batch(
                     self.layout, self.engine.backend, 1, initial_capacity(self.layout, len(request.ids))
                 )
@@ -324,7 +327,7 @@ class Scheduler:
     def _prefill_chunk(self, handle: Handle, budget: int) -> int:
         """The next chunk (at most `budget` tokens) of a request's prompt in its staging slot; after the last one the
         request joins the batch. Returns the tokens prefilled."""
-        ids = handle.request.ids
+        ids = handle._prefill_ids
         start = handle._prefilled
         end = min(len(ids), start + budget) if self.chunked else len(ids)
         staging = handle._staging
@@ -334,7 +337,8 @@ class Scheduler:
             self._admitting.remove(handle)
             handle._finish("error", exc)
             return end - start
-        handle.prefill_engine_s = staging.engine_s
+        handle.prefill_engine_s += staging.engine_s - handle._staged_s
+        handle._staged_s = staging.engine_s
         handle._prefilled = end
         if end < len(ids):
             return end - start  # a chunk: its accepted token is not the request's (the prompt goes on)
@@ -349,6 +353,13 @@ class Scheduler:
         return end - start
 
     def _decode(self) -> None:
+        switch = self.layout.rope_switch
+        if switch is not None:  # the next token's position is LongRoPE's switch: the caches are recomputed
+            for seq, n in list(zip(self.batch.sequences, self.batch.lengths())):
+                if not seq.long_rope and n >= switch:
+                    self._recompute(self._running[id(seq)])
+            if not self.batch.sequences:
+                return
         batch = self.batch
         sequences = list(batch.sequences)
         handles = [self._running[id(s)] for s in sequences]
@@ -361,6 +372,9 @@ class Scheduler:
                 self._leave(handle)
                 handle._finish()
             return
+        # a sequence below LongRoPE's switch verifies no position past it (_recompute took those at the switch)
+        switch = self.layout.rope_switch
+        rooms = [room if switch is None or s.long_rope else min(room, switch - n) for s, n in zip(sequences, lengths)]
         proposals = []
         budget = self._draft_budget(sequences)
         for handle, seq in zip(handles, sequences):
@@ -373,7 +387,7 @@ class Scheduler:
                 handle._finish("error", exc)
         if len(proposals) < len(handles):
             return  # the batch changed: the next step proposes again
-        fitting = [p if p.size <= room else p.root_only() for p in proposals]
+        fitting = [p if p.size <= r else p.root_only() for p, r in zip(proposals, rooms)]
         shapes = [Shape.of(p) for p in fitting]
         draft = self.speculation.drafts(shapes)  # this call drafts the next trees
         tokens = self.speculation.plan(shapes) if draft else 1
@@ -395,6 +409,23 @@ class Scheduler:
             if handle.stop_reason is not None:
                 self._leave(handle)
                 handle._finish()
+
+    def _recompute(self, handle: Handle) -> None:
+        """LongRoPE: a sequence whose next position is the switch leaves the batch and prefills all its tokens again
+        in a staging slot, every position rotated with the long factors (what transformers' Phi-3 does when its
+        sequence grows past original_max_position_embeddings: it drops the cache and recomputes it); that prefill's
+        token is the sequence's next, then it rejoins the batch (_prefill_chunk). Once per request."""
+        seq = handle.sequence
+        self.batch.remove(seq)
+        del self._running[id(seq)]
+        seq.long_rope = True
+        handle._prefill_ids = [*handle.request.ids, *handle.output_ids]
+        handle._prefilled = handle._staged_s = 0
+        handle._staging = Batch(
+            self.layout, self.engine.backend, 1, initial_capacity(self.layout, len(handle._prefill_ids))
+        )
+        handle._staging.add(seq)
+        self._admitting.append(handle)
 
     def _draft_budget(self, sequences) -> int | None:
         """Tokens per row worth drafting this step for drafters that pay per draft (a draft model): the tokens the

@@ -40,7 +40,10 @@ class Session:
         return self.length + size <= self.layout.max_seq_len
 
     def prefill(self, ids: list[int], window: int = 1) -> StepResult:
-        """Run the prompt (its last `window` positions get logits); the first token is accepted from it."""
+        """Run the prompt (its last `window` positions get logits); the first token is accepted from it. A prompt
+        longer than LongRoPE's switch rotates with the long factors (a session's later calls keep the prompt's
+        factors: the scheduler is what recomputes a sequence that grows past the switch)."""
+        self.sequence.long_rope = self.layout.long_rope(len(ids))
         return self.batch.run([Call.prompt(ids, window)])[0]
 
     def step(self) -> StepResult | None:

@@ -7,8 +7,8 @@ import pytest
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.convert import convert_checkpoint
-from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine
+from specbuild.runtime.scheduler import Request, Scheduler
 from tests.conftest import ARCH_SHAPES, ORT_ONLY, check_none_engine, fast_first, full, hf_greedy, quiet, tiny_hf_model
 from tests.plugins.distribution_check import check_sampled_distribution, exact_distribution
 from tests.plugins.eagle_fixtures import write_eagle3_head
@@ -51,26 +51,28 @@ def test_none_engine_equals_transformers(tmp_path, shape, seed):
     check_none_engine(model, ckpt, tmp_path / "engine", PROMPTS, 64)
 
 
-@full("a Phi-3 engine run to its last position: the fast tier builds one Qwen3 engine per test here")
-def test_longrope_engines_stop_where_transformers_recomputes_the_cache(tmp_path):
-    """Past original_max_position_embeddings transformers' Phi-3 re-rotates every cached key with the long factors;
-    a build that would reach it is refused in one line, and one that stops there serves every position exactly."""
+@full("a Phi-3 engine across LongRoPE's switch, batched: the fast tier's Phi-3 engines cross it alone")
+def test_longrope_engines_recompute_the_cache_where_transformers_does(tmp_path):
+    """Past original_max_position_embeddings transformers' Phi-3 rotates every position with the long factors, its
+    cache recomputed once; an engine gives its greedy ids from prompts below, at and past the switch, alone and in
+    one batch whose prompts are prefilled in chunks (rows on either side of the switch in the same calls)."""
     shape = "phi3_longrope"
     model = tiny_hf_model(shape, eos_token_id=None)
     model.save_pretrained(tmp_path / "hf")
     ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", progress=False)
-    original = ARCH_SHAPES[shape][2]["original_max_position_embeddings"]
-    assert Checkpoint.load(ckpt).model.exact_positions()[0] == original
-    with pytest.raises(SpecbuildError, match=f"between 2 and {original}: LongRoPE") as info:
-        build_engine(ckpt, tmp_path / "too-long", BuildOptions(max_seq_len=original + 1), log=quiet)
-    assert "\n" not in str(info.value) and not (tmp_path / "too-long").exists()
-    engine = Engine(build_engine(ckpt, tmp_path / "engine", BuildOptions(backends=ORT_ONLY), log=quiet), threads=1)
-    assert engine.max_seq_len == original  # the default stops there too
-    prompt = [1, 5, 9, 3, 7, 11, 4, 8, 10, 6]
-    result = engine.generate(input_ids=prompt, max_new_tokens=original)
-    # the last token comes from position original - 1's logits: transformers made it with the short factors too
-    assert result.stop_reason == "max_seq_len" and len(prompt) + len(result.output_ids) == original + 1
-    assert result.output_ids == hf_greedy(model, prompt, len(result.output_ids))
+    switch = ARCH_SHAPES[shape][2]["original_max_position_embeddings"]
+    options = BuildOptions(backends=ORT_ONLY, max_seq_len=3 * switch, speculative_mode="ngram", num_draft_tokens=3)
+    engine = Engine(build_engine(ckpt, tmp_path / "engine", options, log=quiet), threads=1)
+    assert engine.layout.rope_switch == switch
+    prompts = [[1 + i % 80 for i in range(n)] for n in (7, switch - 1, switch, switch + 1, 2 * switch)]
+    want = [hf_greedy(model, p, switch) for p in prompts]
+    for prompt, ids in zip(prompts, want):
+        assert engine.generate(input_ids=prompt, max_new_tokens=switch).output_ids == ids, len(prompt)
+    scheduler = Scheduler(engine, prefill_chunk=switch // 3, speculation="always")
+    handles = [scheduler.submit(Request(p, max_new_tokens=switch)) for p in prompts]
+    scheduler.run_until_idle()
+    assert [h.output_ids for h in handles] == want
+    assert max(n for h in handles for n in h.accepted_per_step) > 1  # drafts were verified on both sides
 
 
 def _mode_engine(tmp_path, shape: str, mode: str, vocab: int = 12, seed: int = 1):

@@ -142,14 +142,21 @@ LONGROPES = [
 
 @pytest.mark.parametrize("extra", LONGROPES, ids=[",".join(e) or "own" for e in LONGROPES])
 def test_longrope_and_partial_rotary_equal_transformers(extra):
-    """The short-factor frequencies over the rotary dims and the attention factor, as Phi3RotaryEmbedding has them."""
+    """The short- and long-factor frequencies over the rotary dims, the attention factor and the switch length, as
+    Phi3RotaryEmbedding has them."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     raw = _phi3({}, extra)
-    model = transformers.Phi3ForCausalLM(transformers.Phi3Config.from_dict(raw))
+    config = transformers.Phi3Config.from_dict(raw)
+    model = transformers.Phi3ForCausalLM(config)
     ours = ModelConfig.from_hf(raw)
-    assert ours.rotary_dim == 16 and ours.exact_positions()[0] == raw["original_max_position_embeddings"]
+    original = raw["original_max_position_embeddings"]
+    assert ours.rotary_dim == 16 and ours.rope_switch() == original
     inv, scale = ours.rope_frequencies()
     assert torch.equal(inv.to(torch.float32), model.model.rotary_emb.original_inv_freq)
     assert scale == pytest.approx(model.model.rotary_emb.attention_scaling, rel=1e-12)
+    long, _ = ROPE_INIT_FUNCTIONS["longrope"](config, None, seq_len=original + 1)  # what transformers switches to
+    assert not torch.equal(long, inv) and torch.equal(ours.long_rope_frequencies().to(torch.float32), long)
 
 
 def test_partial_rotary_that_onnx_runtime_cannot_rotate_is_refused_at_build(tmp_path):
