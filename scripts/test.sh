@@ -6,7 +6,8 @@
 #              precision, Triton, packaging, training; under 40 minutes on 2 cores.
 # Sets up the venv ($VENV, default .venv) first; with --full also the Triton venv ($VENV-triton: PyTriton pins
 # numpy < 2; without it the tests against a real Triton server skip, saying why). pytest runs on 2 workers (tests
-# sharing a built engine stay on one worker: xdist groups). Other arguments go to pytest.
+# sharing a built engine stay on one worker: xdist groups) and lists its 25 slowest tests. Other arguments go to
+# pytest.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -24,4 +25,4 @@ if [ ${#TIER[@]} -gt 0 ]; then
         echo "warning: the Triton venv $VENV-triton could not be set up: the tests against a real Triton server skip" >&2
     fi
 fi
-exec "$VENV/bin/python" -m pytest -q -n 2 --dist loadgroup "${TIER[@]}" tests "$@"
+exec "$VENV/bin/python" -m pytest -q -n 2 --dist loadgroup --durations=25 "${TIER[@]}" tests "$@"

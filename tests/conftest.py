@@ -375,6 +375,10 @@ ARCH_SHAPES: dict[str, tuple[str, str, dict]] = {
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             },
             hidden_activation="gelu",
+            # logit soft-capping (no Gemma 3 release sets it), small enough to change sampling; attention's is set
+            # but transformers' Gemma 3 never applies it (config_fields)
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=4.0,
             tie_word_embeddings=False,  # a peaked lm_head of its own
             bos_token_id=2,
             eos_token_id=1,

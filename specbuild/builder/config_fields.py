@@ -86,14 +86,12 @@ FIELDS: dict[str, Field] = {
         HONOURED, "gemma3 (legacy key): without layer_types, every pattern-th layer is global (default 6)"
     ),
     "final_logit_softcapping": Field(
-        REFUSED,
-        "gemma3: null honoured (every Gemma 3 release); soft-capped logits refused",
-        _refuse_unless(lambda v: v is None, "logit soft-capping is not implemented"),
+        HONOURED, "gemma3: logits -> cap * tanh(logits / cap) in the step graph (null: none, every Gemma 3 release)"
     ),
     "attn_logit_softcapping": Field(
-        REFUSED,
-        "gemma3: null honoured (every Gemma 3 release); soft-capped attention refused",
-        _refuse_unless(lambda v: v is None, "attention soft-capping is not implemented"),
+        NO_EFFECT,
+        "gemma3: transformers' Gemma3Attention keeps it but never passes it to its attention (Gemma 2's did); "
+        "its scores are not capped, nor are the engine's",
     ),
     "use_bidirectional_attention": Field(
         REFUSED,

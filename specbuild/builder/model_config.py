@@ -59,6 +59,7 @@ class ModelConfig:
     sandwich_norms: bool = False  # Gemma: attention, MLP outputs normed too (post_attention, pre-/post_feedforward)
     embedding_scale: float | None = None  # Gemma: embeddings times sqrt(hidden_size), in the model's dtype
     attention_scale: float | None = None  # attention score scale; None: head_dim ** -0.5
+    final_logit_softcapping: float | None = None  # Gemma: logits -> cap * tanh(logits / cap)
     sliding_rope_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3's local base); None: rope_theta
     rope_theta: float = DEFAULT_ROPE_THETA
     rope_scaling: dict | None = None  # {"rope_type": linear|llama3|dynamic|yarn|longrope, ...}; None = default RoPE
@@ -161,6 +162,7 @@ class ModelConfig:
             sandwich_norms=gemma,
             embedding_scale=hidden**0.5 if gemma else None,
             attention_scale=read.float("query_pre_attn_scalar", default=0, positive=True) ** -0.5 if gemma else None,
+            final_logit_softcapping=read.optional_float("final_logit_softcapping") if gemma else None,
             sliding_rope_theta=sliding_theta,
             rope_theta=theta,
             rope_scaling=rope_scaling,
@@ -392,6 +394,10 @@ class _Reader:
         if positive and value <= 0:
             raise self._bad(key, "a positive number")
         return float(value)
+
+    def optional_float(self, key: str) -> float | None:
+        """A positive number, or None where the key is absent or null."""
+        return None if self.hf.get(key) is None else self.float(key, default=0, positive=True)
 
     def bool(self, key: str, default: bool) -> bool:
         value = self.hf.get(key, default)

@@ -125,7 +125,7 @@ class Attention(nn.Module):
             out = out + torch.matmul(p, v.unsqueeze(2))
         return out.reshape(b, self.num_heads, t, d).transpose(1, 2).reshape(b, t, self.num_heads * d)
 
-    def kernel_scale(self) -> dict:
+    def kernel_attributes(self) -> dict:
         """GroupQueryAttention's `scale` attribute where the scale is not its default 1 / sqrt(head_dim)."""
         return {"scale": float(self.scale)} if self.custom_scale else {}
 
@@ -323,6 +323,13 @@ class LlamaNetwork(nn.Module):
     def tie_output(self) -> None:
         """Tied embeddings read by the lm_head itself (TiedOutput): a float graph stores the [V,H] matrix once."""
         self.lm_head = TiedOutput(self.embed_tokens)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's logits of hidden states x [..., H] after the final norm: the lm_head, soft-capped where the
+        config says (Gemma's final_logit_softcapping)."""
+        logits = self.lm_head(x)
+        cap = self.cfg.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def output_weight(self) -> torch.Tensor:
         """The lm_head weight [V,H] with its values (builder/lazy_network.py's networks read it from the checkpoint):

@@ -133,7 +133,7 @@ def group_query_attention(attn, qkv, k_buf, v_buf, past_length, position_ids, bi
         out, present_k, present_v = torch.onnx.ops.symbolic_multi_out(
             f"{MSFT}::GroupQueryAttention",
             [qkv, None, None, k_buf, v_buf, seqlens_k, total, cos, sin, position_ids, bias] + [None] * 5 + [query_lens],
-            dict(num_heads=attn.num_heads, kv_num_heads=attn.num_kv_heads, do_rotary=1, **attn.kernel_scale()),
+            dict(num_heads=attn.num_heads, kv_num_heads=attn.num_kv_heads, do_rotary=1, **attn.kernel_attributes()),
             dtypes=(qkv.dtype, k_buf.dtype, v_buf.dtype),
             shapes=((b, t, attn.num_heads * attn.head_dim), k_buf.shape, v_buf.shape),
             version=1,

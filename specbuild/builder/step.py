@@ -129,10 +129,10 @@ class StepModule(nn.Module):
         off = t - w
         window = hidden.narrow(1, off, w)
         if min_rows is None:
-            logits = self.net.lm_head(window)
+            logits = self.net.logits(window)
         else:
             rows = torch.arange(torch.sym_max(w, min_rows.shape[0])).clamp(max=w - 1)
-            logits = self.net.lm_head(window.index_select(1, rows)).narrow(1, 0, w)
+            logits = self.net.logits(window.index_select(1, rows)).narrow(1, 0, w)
         if self.root_only:
             acc_tokens, num_acc, acc_nodes_w, last_w = accept_root(logits, temperature, top_k, top_p, rand_accept)
         else:

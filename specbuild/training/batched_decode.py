@@ -36,7 +36,12 @@ def _layers(model):
 
 
 def _check_supported(config, capacity: int) -> None:
-    """Sliding windows are not masked here: a model with one decodes only sequences the window covers whole."""
+    """Sliding windows are not masked here: a model with one decodes only sequences the window covers whole. Nor are
+    logits soft-capped (no Gemma 3 release sets final_logit_softcapping): such a model is refused."""
+    if getattr(config, "final_logit_softcapping", None) is not None:
+        raise ValueError(
+            f"batched decoding has no logit soft-capping: final_logit_softcapping is {config.final_logit_softcapping}"
+        )
     window = getattr(config, "sliding_window", None)
     slides = config.model_type in ("mistral", "gemma3_text") or getattr(config, "use_sliding_window", True)
     if window is not None and slides and capacity > window:

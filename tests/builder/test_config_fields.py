@@ -335,8 +335,7 @@ def test_tied_config_with_a_distinct_lm_head_is_refused(tmp_path, tiny_hf_models
 
 
 GEMMA3_REFUSED = [
-    (dict(final_logit_softcapping=30.0), "final_logit_softcapping 30.0"),
-    (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping 50.0"),
+    (dict(final_logit_softcapping=-30.0), "final_logit_softcapping -30.0 is not a positive number"),
     (dict(use_bidirectional_attention=True), "use_bidirectional_attention true"),
     (dict(hidden_activation="relu"), "hidden_activation 'relu'"),
     (
@@ -392,3 +391,15 @@ def test_gemma3_defaults_follow_transformers():
     assert ours.attention_scale == hf.query_pre_attn_scalar**-0.5 and ours.hidden_act == "gelu_tanh"
     assert (ours.rope_theta, ours.sliding_rope_theta) == (1_000_000.0, 10_000.0)
     assert ours.eos_token_ids == [1] and ours.bos_token_id == 2
+
+
+def test_gemma3_attention_softcapping_has_no_effect_in_transformers():
+    """config_fields says NO_EFFECT for Gemma 3's attn_logit_softcapping because transformers' Gemma3Attention never
+    applies it: were a transformers release to start, this fails and the engine must cap its scores too."""
+    from tests.conftest import tiny_hf_model
+
+    ids = torch.tensor([[2, 5, 9, 13, 7, 22, 3, 30, 11]])
+    with torch.no_grad():
+        logits = [tiny_hf_model("gemma3_untied", attn_logit_softcapping=cap)(ids).logits for cap in (None, 0.3)]
+    assert torch.equal(*logits)
+    assert config_fields.FIELDS["attn_logit_softcapping"].handling == config_fields.NO_EFFECT
