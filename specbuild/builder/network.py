@@ -420,8 +420,7 @@ class LlamaNetwork(nn.Module):
         """The ONNX Runtime form of forward(): kv_buffers = [k_0, v_0, k_1, ...] each [B,Hkv,C,D], written in place.
 
         causal_chain: the caller only ever feeds tokens at positions past..past+T-1 with a causal tree_mask (plain
-        decoding, chain drafts), so attention takes the kernel's own causal mask (no bias; unless a layer has a
-        sliding window).
+        decoding, chain drafts), so attention takes the kernel's own causal mask and sliding window (no bias).
         attention_pad: attention attends at least attention_pad + 1 rows (copies of the last token after it).
         min_rows: a tensor whose length M pads the whole call to at least M rows (step padding; see ort_kernels).
         The buffers need room for the pad rows after the tokens.
@@ -434,8 +433,8 @@ class LlamaNetwork(nn.Module):
         capacity = kv_buffers[0].shape[2]
         dtype = self.norm.weight.dtype  # not the embedding: a streamed network would read it
         windows = {self.cfg.layer_window(i) for i in range(len(self.layers))}
-        if causal_chain and windows == {None}:
-            biases = {None: None}
+        if causal_chain:  # the kernel's own causal mask, its sliding window the local_window_size attribute
+            biases = dict.fromkeys(windows)
             # the kernel's own positions, unless a flagged row reads the long factors' rows of the tables
             position_ids = None if long_rope is None else past_length.view(-1, 1) + torch.arange(tokens).view(1, -1)
         else:
@@ -471,6 +470,7 @@ class LlamaNetwork(nn.Module):
                 biases[self.cfg.layer_window(i)],
                 *self.rotary(i),
                 rows=attended,
+                window=self.cfg.layer_window(i) if causal_chain else None,
             )
             presents += [k, v]
             h, x = skip_rms_norm(layer.mlp_norm, layer.attention_output(attn.o_proj(heads)), x)

@@ -13,7 +13,7 @@ The operators' contracts (ONNX Runtime contrib ops, com.microsoft domain, versio
 position; `seqlens_k` = past + T - 1. A graph whose new tokens always form a causal chain at positions
 past..past+T-1 (plain decoding: prefill, then one token per step) passes neither `position_ids` nor `attention_bias`:
 the kernel's own causal mask and positions are the same thing, without the ~25 mask nodes and the bias reads
-(measured 0.2 ms of a 7 ms int4 step).
+(measured 0.2 ms of a 7 ms int4 step); a sliding window there is the kernel's `local_window_size` attribute.
 
 Row padding. ONNX Runtime's CPU kernels may compute a lone row with other code than a row of a multi-row call
 (MLAS's one-row kernels against its multi-row ones), so the same token's outputs differ in the last bits between a
@@ -110,18 +110,20 @@ def padded_rows(tokens, count, past_length, position_ids, biases: dict):
     return rows, position_ids, biases
 
 
-def group_query_attention(attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos, sin, rows=None):
+def group_query_attention(attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos, sin, rows=None, window=None):
     """attn: the layer's network.Attention (head counts); qkv [B,T,(Hq+2Hkv)D]; k_buf/v_buf [B,Hkv,C,D].
     bias None: the T new tokens are a causal chain at positions past..past+T-1 (rotated there too when position_ids
     is None; position_ids are the rotary tables' rows, see LlamaNetwork.rotary_positions). rows: the attended
-    rows of a padded call, from padded_rows (which also pads position_ids and bias); C >= past + len(rows).
+    rows of a padded call, from padded_rows (which also pads position_ids and bias); C >= past + len(rows). window:
+    a causal chain's sliding window (bias None), the kernel's `local_window_size`: keys j > i - window, as
+    transformers' sliding window (the sliding-window and architecture tests compare them).
 
     Returns (out [B,T,Hq*D] before o_proj, present_k, present_v): the buffers with the T new rotated keys and values
     written at [past, past + T) (and a pad row's after them)."""
     if rows is not None:
         tokens = qkv.shape[1]
         out, present_k, present_v = group_query_attention(
-            attn, qkv.index_select(1, rows), k_buf, v_buf, past_length, position_ids, bias, cos, sin
+            attn, qkv.index_select(1, rows), k_buf, v_buf, past_length, position_ids, bias, cos, sin, window=window
         )
         return out.narrow(1, 0, tokens), present_k, present_v
     b, t, _ = qkv.shape
@@ -133,21 +135,27 @@ def group_query_attention(attn, qkv, k_buf, v_buf, past_length, position_ids, bi
         out, present_k, present_v = torch.onnx.ops.symbolic_multi_out(
             f"{MSFT}::GroupQueryAttention",
             [qkv, None, None, k_buf, v_buf, seqlens_k, total, cos, sin, position_ids, bias] + [None] * 5 + [query_lens],
-            dict(num_heads=attn.num_heads, kv_num_heads=attn.num_kv_heads, do_rotary=1, **attn.kernel_attributes()),
+            dict(
+                num_heads=attn.num_heads,
+                kv_num_heads=attn.num_kv_heads,
+                do_rotary=1,
+                **attn.kernel_attributes(),
+                **({"local_window_size": int(window)} if window is not None else {}),
+            ),
             dtypes=(qkv.dtype, k_buf.dtype, v_buf.dtype),
             shapes=((b, t, attn.num_heads * attn.head_dim), k_buf.shape, v_buf.shape),
             version=1,
         )
         return out, present_k, present_v
-    return _gqa_reference(attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos, sin)
+    return _gqa_reference(attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos, sin, window)
 
 
-def _gqa_reference(attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos, sin):
+def _gqa_reference(attn, qkv, k_buf, v_buf, past_length, position_ids, bias, cos, sin, window=None):
     b, t, _ = qkv.shape
     if bias is None:  # a causal chain after the cache (rotated at position_ids where given: the long rows' offset)
         chain_ids = past_length.view(b, 1) + torch.arange(t).view(1, t)
         chain = torch.tril(torch.ones((b, t, t), dtype=torch.bool))
-        bias = attention_bias(chain, chain_ids, past_length, k_buf.shape[2], None, qkv.dtype)
+        bias = attention_bias(chain, chain_ids, past_length, k_buf.shape[2], window, qkv.dtype)
         position_ids = chain_ids if position_ids is None else position_ids
     d, hq, hkv = attn.head_dim, attn.num_heads, attn.num_kv_heads
     q, k, v = torch.split(qkv, [hq * d, hkv * d, hkv * d], dim=-1)
