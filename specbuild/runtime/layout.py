@@ -61,8 +61,8 @@ class Layout:
             states=tuple(_state(spec, kv_dtype) for spec in manifest.get("states") or []),
             max_batch_size=int(manifest["limits"].get("max_batch_size", 1)),
             per_position_uniforms=(manifest.get("sampling") or {}).get("uniforms") == ef.UNIFORMS_PER_POSITION,
-            selects_rows=any(i["name"] == ef.DRAFT_ROWS for i in graph["io"]["inputs"]),
-            draft_probs_vocab=model["vocab_size"] if any(i["name"] == ef.DRAFT_PROBS for i in inputs) else 0,
+            selects_rows=_takes(inputs, ef.DRAFT_ROWS),
+            draft_probs_vocab=model["vocab_size"] if _takes(inputs, ef.DRAFT_PROBS) else 0,
             rope_switch=manifest["limits"].get(ef.ROPE_SWITCH) if _takes(inputs, ef.ROPE_LONG) else None,
         )
 

@@ -325,8 +325,9 @@ class Scheduler:
             self._admitting.append(handle)
 
     def _prefill_chunk(self, handle: Handle, budget: int) -> int:
-        """The next chunk (at most `budget` tokens) of a request's prompt in its staging slot; after the last one the
-        request joins the batch. Returns the tokens prefilled."""
+        """The next chunk (at most `budget` tokens) of a request's prompt (or, recomputed at LongRoPE's switch, of all
+        its tokens: _recompute) in its staging slot; after the last one the request joins the batch. Returns the
+        tokens prefilled."""
         ids = handle._prefill_ids
         start = handle._prefilled
         end = min(len(ids), start + budget) if self.chunked else len(ids)
