@@ -10,7 +10,7 @@ import pytest
 from specbuild.builder.build import build_engine
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.builder.options import BuildOptions
-from tests.conftest import ALL_SHAPES, ORT_ONLY, full, quiet, tiny_hf_model
+from tests.conftest import ARCH_SHAPES, ORT_ONLY, SLIDING_SHAPES, TINY_SHAPES, full, quiet, tiny_hf_model
 from tests.plugins.eagle_fixtures import write_eagle3_head
 from tests.plugins.medusa_helpers import write_medusa_heads
 from tests.plugins.redrafter_fixtures import write_redrafter
@@ -35,9 +35,15 @@ def write_checkpoint(shape: str, seed: int, root):
     return convert_checkpoint(root / "hf", root / "ckpt", heads=heads, progress=False)
 
 
-@full("three modes on 5 shapes x 3 seeds: 45 builds")
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("shape", list(ALL_SHAPES))
+# the Llama, Mistral and Qwen2 shapes on every seed; each later architecture on one (tests/builder/
+# test_architectures.py builds its none engine on three seeds and every mode on another)
+CASES = [(shape, seed) for shape in {**TINY_SHAPES, **SLIDING_SHAPES} for seed in SEEDS] + [
+    (shape, SEEDS[0]) for shape in ARCH_SHAPES
+]
+
+
+@full("three modes on 5 shapes x 3 seeds and 6 more architectures: 63 builds")
+@pytest.mark.parametrize("shape,seed", CASES)
 def test_drafting_modes_build_without_a_refusal(shape, seed, tmp_path):
     ckpt = write_checkpoint(shape, seed, tmp_path)
     for mode in DRAFTING_IN_GRAPH:
