@@ -137,5 +137,7 @@ def _compile_tensorrt_plan(plan: BuildPlan, plugin, directory: Path, log) -> Non
         directory / ef.ENGINE_ONNX,
         directory / ef.ENGINE_PLAN,
         fp16=plan.options.fp16_plan,
-        profiles=optimization_profiles(plan.model, plugin, plan.max_seq_len, plan.options.max_batch_size),
+        profiles=optimization_profiles(
+            plan.model, plugin, plan.max_seq_len, plan.options.max_batch_size, long_rope=plan.rope_switch is not None
+        ),
     )

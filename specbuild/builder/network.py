@@ -125,7 +125,7 @@ class Attention(nn.Module):
             out = out + torch.matmul(p, v.unsqueeze(2))
         return out.reshape(b, self.num_heads, t, d).transpose(1, 2).reshape(b, t, self.num_heads * d)
 
-    def kernel_attributes(self) -> dict:
+    def kernel_scale(self) -> dict:
         """GroupQueryAttention's `scale` attribute where the scale is not its default 1 / sqrt(head_dim)."""
         return {"scale": float(self.scale)} if self.custom_scale else {}
 

@@ -139,7 +139,7 @@ def group_query_attention(attn, qkv, k_buf, v_buf, past_length, position_ids, bi
                 num_heads=attn.num_heads,
                 kv_num_heads=attn.num_kv_heads,
                 do_rotary=1,
-                **attn.kernel_attributes(),
+                **attn.kernel_scale(),
                 **({"local_window_size": int(window)} if window is not None else {}),
             ),
             dtypes=(qkv.dtype, k_buf.dtype, v_buf.dtype),

@@ -80,9 +80,10 @@ def build_tensorrt_plan(
     return plan_path
 
 
-def optimization_profiles(cfg, plugin, max_seq_len: int, max_batch_size: int = 1) -> dict:
+def optimization_profiles(cfg, plugin, max_seq_len: int, max_batch_size: int = 1, long_rope: bool = False) -> dict:
     """min/opt/max shapes per dynamic input of the portable graph for the TensorRT optimization profile: 1 to
-    max_batch_size sequences (opt: one full step of min(4, max_batch_size) sequences)."""
+    max_batch_size sequences (opt: one full step of min(4, max_batch_size) sequences). long_rope: the graph takes
+    ef.ROPE_LONG (BuildPlan.rope_switch)."""
     n = plugin.max_new_tokens_per_step()
     b = max_batch_size
     o = min(4, b)
@@ -90,8 +91,7 @@ def optimization_profiles(cfg, plugin, max_seq_len: int, max_batch_size: int = 1
     h, d = cfg.num_kv_heads, cfg.head_dim
     depth = max(1, plugin.tree().depth + 1 if plugin.tree() is not None else n)
     per_sequence = {name: ((1,), (o,), (b,)) for name in (ef.PAST_LENGTH, ef.TEMPERATURE, ef.TOP_K, ef.TOP_P)}
-    switch = cfg.rope_switch()
-    if switch is not None and max_seq_len > switch:  # LongRoPE past its switch: a flag per row
+    if long_rope:  # LongRoPE past its switch: a flag per row
         per_sequence[ef.ROPE_LONG] = ((1,), (o,), (b,))
     if plugin.selects_rows:  # from no row drafted (plain calls) to every row
         per_sequence[ef.DRAFT_ROWS] = ((0,), (o,), (b,))
