@@ -35,13 +35,17 @@ def at_most(x, hi: int):
     return torch.where(x > hi, torch.full_like(x, hi), x)
 
 
-def branch(pred, true_fn, false_fn, operands):
+def branch(pred, true_fn, false_fn, operands, module=None):
     """`torch.cond` (an ONNX If once exported) without its torch.compile detour.
 
     torch.cond hands every call to dynamo, which re-traces the branch functions before export traces them again:
     ~0.7 s per If, and the acceptance graphs nest up to five (the bulk of a small model's export time). The branch
     functions here take every tensor they read as an operand, so the export's tracer can take them directly (the
-    cond operator itself); eagerly the predicate is a concrete tensor and one branch simply runs."""
+    cond operator itself); eagerly the predicate is a concrete tensor and one branch simply runs.
+
+    module: the branches also read this module's parameters and buffers (a network run inside a branch): under
+    export they become operands of the operator too (each storage once: tied weights stay one), swapped into the
+    module while a branch is traced, so that its nodes keep their module paths (builder/quantize.mode_nodes)."""
     if not torch.compiler.is_exporting():
         return true_fn(*operands) if bool(pred) else false_fn(*operands)
     try:
@@ -51,17 +55,50 @@ def branch(pred, true_fn, false_fn, operands):
         return torch.cond(pred, true_fn, false_fn, tuple(operands))
 
     structure = []
+    operands = _owned(operands)
+    names, weights = _unaliased(module) if module is not None else ([], [])
 
-    def flat(fn):  # the operator returns a flat tuple of tensors
+    def flat(fn):  # the operator returns a flat tuple of tensors, each its own (cond's no-aliasing rule)
         def run(*args):
-            leaves, spec = _pytree.tree_flatten(fn(*args))
+            own, given = args[: len(operands)], args[len(operands) :]
+            if module is None:
+                out = fn(*own)
+            else:
+                from torch.nn.utils.stateless import _reparametrize_module
+
+                with _reparametrize_module(module, dict(zip(names, given)), tie_weights=True):
+                    out = fn(*own)
+            leaves, spec = _pytree.tree_flatten(out)
             structure.append(spec)
-            return tuple(leaves)
+            return tuple(leaf.clone() for leaf in leaves)
 
         return run
 
-    leaves = cond_op(pred, flat(true_fn), flat(false_fn), tuple(operands))
+    leaves = cond_op(pred, flat(true_fn), flat(false_fn), (*operands, *weights))
     return _pytree.tree_unflatten(list(leaves), structure[0])
+
+
+def _owned(operands) -> tuple:
+    """The operands, each tensor as its own copy: an operand of the cond operator must be no view of another tensor
+    (a view's symbolic stride has no ONNX form) and alias no other operand (the copies are Identity nodes, which the
+    exporter's optimizer removes)."""
+    return tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in operands)
+
+
+def _unaliased(module) -> tuple[list[str], list[torch.Tensor]]:
+    """(names, tensors) of the module's parameters and buffers, one per storage (tied weights: the first name; a
+    weight that is a view of another's storage is left as it is, and a branch must not read it)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    names, tensors, seen = [], [], set()
+    for name, tensor in [*module.named_parameters(remove_duplicate=False), *module.named_buffers()]:
+        key = StorageWeakRef(tensor.untyped_storage())
+        if key in seen:  # tied, or a view of a packed weight (gate/up of gate_up_proj): the branches read the first
+            continue
+        seen.add(key)
+        names.append(name)
+        tensors.append(tensor)
+    return names, tensors
 
 
 def top_token(logits):

@@ -8,11 +8,14 @@ example inputs, the dynamic shapes and the I/O names from the same parts without
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
+from torch.utils import _pytree
 
 from specbuild import engine_format as ef
-from specbuild.builder.acceptance import accept, accept_root, accept_with_draft_probs
+from specbuild.builder.acceptance import accept, accept_root, accept_with_draft_probs, branch
 from specbuild.errors import SpecbuildError
 from specbuild.modes.base import DraftContext, ModePlugin
 
@@ -166,14 +169,35 @@ class StepModule(nn.Module):
             draft_rows=draft_rows,
             logits=logits,
         )
-        drafted = self.plugin.draft(ctx)
+        drafted = self.draft(ctx)
+        logits_out = [logits] if self.output_logits else []
+        return (acc_tokens, num_acc, acc_nodes, *kv_out, *drafted, *logits_out)
+
+    def draft(self, ctx: DraftContext) -> list:
+        """The mode's draft outputs and states (draft_output_names order). A graph that drafts per row runs the
+        drafting behind one If on the number of draft rows: a call that drafts for none (plain decoding under load)
+        costs what the `none` graph costs, the mode's skipped_draft() giving its outputs."""
+        if ctx.draft_rows is None:
+            return self._declared(self.plugin.draft(ctx))
+        fields = {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx) if f.name != "net"}
+        leaves, spec = _pytree.tree_flatten(fields)
+
+        def on(fn):
+            def run(*args):
+                return self._declared(fn(dataclasses.replace(ctx, **_pytree.tree_unflatten(list(args), spec))))
+
+            return run
+
+        drafting = torch.ones_like(ctx.draft_rows).sum() > 0
+        return branch(drafting, on(self.plugin.draft), on(self.plugin.skipped_draft), leaves, module=self)
+
+    def _declared(self, drafted: dict) -> list:
         if set(drafted) != set(self.draft_output_names):
             raise SpecbuildError(
                 f"the {self.plugin.name} plugin drafted {sorted(drafted)} but declares "
                 f"{sorted(self.draft_output_names)} (draft_outputs() and state_specs())"
             )
-        logits_out = [logits] if self.output_logits else []
-        return (acc_tokens, num_acc, acc_nodes, *kv_out, *(drafted[n] for n in self.draft_output_names), *logits_out)
+        return [drafted[n] for n in self.draft_output_names]
 
 
 class FusedStepModule(StepModule):

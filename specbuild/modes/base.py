@@ -14,6 +14,8 @@ from specbuild.errors import SpecbuildError
 from specbuild.modes.spec import TYPICAL_ACCEPTANCE
 from specbuild.tree import Tree
 
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "int64": torch.int64, "bool": torch.bool}
+
 
 @dataclasses.dataclass
 class StateSpec:
@@ -162,6 +164,27 @@ class ModePlugin(nn.Module):
     def draft(self, ctx: DraftContext) -> dict[str, torch.Tensor]:
         """Return at least `next_input_ids` [B,N]: the root (bonus) token then the draft nodes."""
         return {ef.NEXT_INPUT_IDS: ctx.bonus.unsqueeze(1)}
+
+    def skipped_draft(self, ctx: DraftContext) -> dict[str, torch.Tensor]:
+        """What draft() returns for a call that drafts for no row (`selects_rows` graphs; the step graph runs one or
+        the other behind an If on the number of draft rows): the draft outputs with no rows, each growing state's new
+        rows (one per new token) at its `fill`, every other state passed through. A mode whose growing state must
+        say which positions the drafting saw (EAGLE's draft KV) keeps a flag state of its own for that."""
+        b, t = ctx.input_ids.shape
+        w = ctx.logits.shape[1] if ctx.logits is not None else 1
+        sizes = {"B": 0, "W": w}
+        out = {}
+        for spec in self.draft_outputs():
+            shape = [sizes[d] if isinstance(d, str) else d for d in spec.shape]
+            out[spec.name] = torch.zeros(shape, dtype=_TORCH_DTYPES[spec.dtype])
+        for spec in self.state_specs():
+            if spec.grow_axis is None:
+                out[spec.output_name] = ctx.states[spec.name].clone()
+                continue
+            shape = [{"B": b}.get(d, d) if isinstance(d, str) else d for d in spec.shape]
+            shape[spec.grow_axis] = t
+            out[spec.output_name] = torch.full(shape, spec.fill, dtype=_TORCH_DTYPES[spec.dtype])
+        return out
 
     def manifest(self) -> dict[str, Any]:
         return {}
