@@ -74,6 +74,8 @@ def example_inputs(
         shape = [{"B": batch, "C": capacity}.get(d, d) if isinstance(d, str) else d for d in spec.shape]
         if spec.dtype == "int64":
             states.append(torch.zeros(shape, dtype=torch.int64))
+        elif spec.dtype == "bool":  # flags: mostly set, some not (EAGLE's draft_valid: positions a call skipped)
+            states.append(torch.rand(shape, generator=g) < 0.75)
         else:
             states.append((torch.randn(shape, generator=g) * 0.5).to(TORCH_DTYPES[spec.dtype]))
     temperatures = torch.full((batch,), temperature, dtype=torch.float32)

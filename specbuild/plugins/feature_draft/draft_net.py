@@ -153,8 +153,17 @@ def _gather_rows(x, idx):
     return x.gather(1, flat)
 
 
-def commit_pass(draft: DraftNet, ctx, draft_kv):
-    """Draft over all T new nodes. Returns (h [B,T,H], new draft kv [Ld,2,B,Hkv,T,D])."""
+def _cached(past_length, valid, n: int):
+    """[B,n,C] the draft-cache positions n nodes attend to: below past_length and held (`valid` [B,C], the
+    draft_valid state: False where a call skipped the draft network)."""
+    b, cap = valid.shape
+    below = torch.arange(cap, device=valid.device).view(1, 1, cap) < past_length.view(b, 1, 1)
+    return (below & valid.unsqueeze(1)).expand(b, n, cap)
+
+
+def commit_pass(draft: DraftNet, ctx, draft_kv, valid):
+    """Draft over all T new nodes (valid [B,C]: the positions the draft cache holds). Returns (h [B,T,H], new draft
+    kv [Ld,2,B,Hkv,T,D])."""
     input_ids, acc_nodes, acc_tokens = ctx.input_ids, ctx.accepted_nodes, ctx.accepted_tokens
     b, t = input_ids.shape
     shifted = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)
@@ -163,10 +172,7 @@ def commit_pass(draft: DraftNet, ctx, draft_kv):
     from_accepted = (hit.to(torch.int64) * acc_tokens.unsqueeze(1)).sum(-1)
     next_tokens = torch.where(hit.to(torch.int64).sum(-1) > 0, from_accepted, shifted)
     feats = draft.features(ctx)
-    cap = draft_kv.shape[4]
-    past = (torch.arange(cap, device=input_ids.device).view(1, 1, cap) < ctx.past_length.view(b, 1, 1)).expand(
-        b, t, cap
-    )
+    past = _cached(ctx.past_length, valid, t)
     tree_mask = ctx.tree_mask
     mem_k = [[draft_kv[i, 0]] for i in range(draft.num_layers)]
     mem_v = [[draft_kv[i, 1]] for i in range(draft.num_layers)]
@@ -175,21 +181,20 @@ def commit_pass(draft: DraftNet, ctx, draft_kv):
     return h, new_kv
 
 
-def _expansion_memories(draft, ctx, draft_kv, new_kv, n):
-    """Memories every expansion node sees: the draft cache and the accepted path's new draft KV.
+def _expansion_memories(draft, ctx, draft_kv, valid, new_kv, n):
+    """Memories every expansion node sees: the draft cache (where `valid`) and the accepted path's new draft KV.
 
     Returns (mem_k, mem_v, masks) with masks [B,n,M] for n nodes."""
     b = ctx.input_ids.shape[0]
-    cap = draft_kv.shape[4]
     t = ctx.input_ids.shape[1]
-    past = (torch.arange(cap).view(1, 1, cap) < ctx.past_length.view(b, 1, 1)).expand(b, n, cap)
+    past = _cached(ctx.past_length, valid, n)
     on_path = ctx.tree_mask.gather(1, ctx.last_node.view(b, 1, 1).expand(b, 1, t)).expand(b, n, t)
     mem_k = [[draft_kv[i, 0], new_kv[i, 0]] for i in range(draft.num_layers)]
     mem_v = [[draft_kv[i, 1], new_kv[i, 1]] for i in range(draft.num_layers)]
     return mem_k, mem_v, [past, on_path]
 
 
-def expand_dynamic(draft: DraftNet, ctx, h_all, draft_kv, new_kv, top_k: int, depth: int, total_tokens: int):
+def expand_dynamic(draft: DraftNet, ctx, h_all, draft_kv, valid, new_kv, top_k: int, depth: int, total_tokens: int):
     """EAGLE-2: returns next_input_ids [B,N], next_tree_mask [B,N,N], next_position_offsets [B,N],
     next_paths [B,N,depth+1] (one path per node; prefixes of longer paths are harmless)."""
     net = ctx.net
@@ -208,7 +213,7 @@ def expand_dynamic(draft: DraftNet, ctx, h_all, draft_kv, new_kv, top_k: int, de
     frontier_tokens, frontier_scores = ids, scores
     frontier_feat = h_root.expand(b, k, hsize)
     frontier_anc = cand_anc[0]
-    mem_k, mem_v, mem_mask = _expansion_memories(draft, ctx, draft_kv, new_kv, k)
+    mem_k, mem_v, mem_mask = _expansion_memories(draft, ctx, draft_kv, valid, new_kv, k)
     exp_idx: list = []
     offset = k
     for it in range(depth - 1):
@@ -268,7 +273,7 @@ def expand_dynamic(draft: DraftNet, ctx, h_all, draft_kv, new_kv, top_k: int, de
     }
 
 
-def expand_static(draft: DraftNet, ctx, h_all, draft_kv, new_kv, tree):
+def expand_static(draft: DraftNet, ctx, h_all, draft_kv, valid, new_kv, tree):
     """EAGLE-1 static choices: each node's children are the top-ranked tokens of the draft run on that node."""
     net = ctx.net
     b, _, hsize = h_all.shape
@@ -278,7 +283,7 @@ def expand_static(draft: DraftNet, ctx, h_all, draft_kv, new_kv, tree):
     node_h = {0: h_root[:, 0]}
     tokens = {}
     ancestors = tree.ancestor_mask
-    mem_k, mem_v, path_masks = _expansion_memories(draft, ctx, draft_kv, new_kv, 1)
+    mem_k, mem_v, path_masks = _expansion_memories(draft, ctx, draft_kv, valid, new_kv, 1)
     exp_nodes: list[int] = []
     for d in range(1, tree.depth + 1):
         level = [i for i in range(tree.size) if depths[i] == d]

@@ -7,6 +7,8 @@ at the accepted nodes like the base cache); expansion happens inside the graph a
 
 from __future__ import annotations
 
+import torch
+
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
 from specbuild.modes.base import DraftContext, ModePlugin, OutputSpec, StateSpec
@@ -18,6 +20,9 @@ PUBLISHED_DEFAULTS = {"eagle_top_k": 10, "eagle_depth": 5, "eagle_total_tokens":
 # The graph unrolls one draft pass per level: published trees use depth 5-8; export time grows with depth.
 MAX_DEPTH = 16
 DRAFT_KV = "draft_kv"  # the draft network's KV cache, a state that grows with the base cache
+# [B,C] whether the draft KV holds each position: a call that drafts for no row skips the draft network (its draft
+# KV rows stay zeros, flagged False), and drafting resumes over the positions it saw
+DRAFT_VALID = "draft_valid"
 
 
 class FeatureDraftPlugin(ModePlugin):
@@ -126,21 +131,24 @@ class FeatureDraftPlugin(ModePlugin):
                 "float32",
                 0.0,
                 grow_axis=4,
-            )
+            ),
+            StateSpec(DRAFT_VALID, ("B", "C"), "bool", 0, grow_axis=1),
         ]
 
     def draft(self, ctx: DraftContext) -> dict:
-        draft_kv = ctx.states[DRAFT_KV]
-        h_all, new_kv = commit_pass(self.drafter, ctx, draft_kv)  # every row: its draft KV stays in step
+        draft_kv, valid = ctx.states[DRAFT_KV], ctx.states[DRAFT_VALID]
+        h_all, new_kv = commit_pass(self.drafter, ctx, draft_kv, valid)  # every row: its draft KV stays in step
         rows = ctx.drafting()
         h_rows, kv_rows, new_rows = ctx.select_rows(h_all), ctx.select_rows(draft_kv, 2), ctx.select_rows(new_kv, 2)
+        valid_rows = ctx.select_rows(valid)
         if self._tree is not None:
-            out = expand_static(self.drafter, rows, h_rows, kv_rows, new_rows, self._tree)
+            out = expand_static(self.drafter, rows, h_rows, kv_rows, valid_rows, new_rows, self._tree)
         else:
             out = expand_dynamic(
-                self.drafter, rows, h_rows, kv_rows, new_rows, self.top_k, self.depth, self.total_tokens
+                self.drafter, rows, h_rows, kv_rows, valid_rows, new_rows, self.top_k, self.depth, self.total_tokens
             )
         out[ef.NEW_STATE_PREFIX + DRAFT_KV] = new_kv
+        out[ef.NEW_STATE_PREFIX + DRAFT_VALID] = torch.ones(ctx.input_ids.shape, dtype=torch.bool)
         return out
 
     def manifest(self) -> dict:

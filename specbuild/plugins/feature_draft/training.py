@@ -470,8 +470,10 @@ def simulate_tau(draft, net, seqs: list[dict], top_k: int, depth: int, total_tok
                 last_node=torch.tensor([0]),
                 bonus=bt["token"][:, a],
             )
+            cached = kv[..., :a, :]
+            held = torch.ones(1, a, dtype=torch.bool)  # the draft cache holds every earlier position
             out = expand_dynamic(
-                draft, ctx, h[:, a : a + 1], kv[..., :a, :], kv[..., a : a + 1, :], top_k, depth, total_tokens
+                draft, ctx, h[:, a : a + 1], cached, held, kv[..., a : a + 1, :], top_k, depth, total_tokens
             )
             ids, paths = out[ef.NEXT_INPUT_IDS][0].tolist(), out[ef.NEXT_PATHS][0].tolist()
             best = 0
