@@ -175,7 +175,14 @@ def float_bytes(tensors, plan: BuildPlan) -> int:
 def _quantizer(plan: BuildPlan, heads: str | None, fused_gather: bool, counts: dict):
     """The pass that quantizes a graph's weights (--weights int4/int8, --head-weights), or None; it records the
     matmuls it quantized in `counts`."""
-    from specbuild.builder.quantize import ACCURACY_FP32, ACCURACY_INT8, mode_nodes, quantize_base, quantize_heads
+    from specbuild.builder.quantize import (
+        ACCURACY_FP32,
+        ACCURACY_INT8,
+        mode_nodes,
+        name_nodes_uniquely,
+        quantize_base,
+        quantize_heads,
+    )
 
     if plan.quantized_bits is None and not heads:
         return None
@@ -183,6 +190,7 @@ def _quantizer(plan: BuildPlan, heads: str | None, fused_gather: bool, counts: d
     level = ACCURACY_INT8 if plan.options.int8_activations else ACCURACY_FP32
 
     def quantize(model) -> None:
+        name_nodes_uniquely(model)  # the passes select nodes by name, those of If branches too
         own = mode_nodes(model)  # before the opset conversion
         if plan.quantized_bits is not None:
             counts["base"] = quantize_base(model, plan.quantized_bits, block, level, fused_gather)

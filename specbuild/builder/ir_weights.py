@@ -74,12 +74,10 @@ def _reader(weight: Callable[[str], torch.Tensor], name: str, perm: list[int] | 
 
 def _fold_transpose(graph: ir.Graph, value: ir.Value, reader) -> None:
     """A weight read only by Transposes of one permutation (a layer the graph applies several times has one per
-    use) becomes the transposed weight (made by reader(perm) when written) under the first Transpose's output
-    name, read where each of them was."""
-    nodes = list(dict.fromkeys(use.node for use in value.uses()))
-    if not nodes or any(
-        node.op_type != "Transpose" or node.domain not in ("", "ai.onnx") or node.graph is not graph for node in nodes
-    ):
+    use, in the main graph or in an If branch) becomes the transposed weight (made by reader(perm) when written)
+    under the first Transpose's output name, read where each of them was."""
+    nodes = list(dict.fromkeys(use.node for use in value.uses()))  # in the main graph or an If branch
+    if not nodes or any(node.op_type != "Transpose" or node.domain not in ("", "ai.onnx") for node in nodes):
         return
     perms = {tuple(node.attributes["perm"].as_ints()) for node in nodes}
     if len(perms) != 1:
@@ -92,7 +90,7 @@ def _fold_transpose(graph: ir.Graph, value: ir.Value, reader) -> None:
     folded.const_value = ir.LazyTensor(reader(perm), dtype=lazy.dtype, shape=shape, name=name)
     for node in nodes:
         node.outputs[0].replace_all_uses_with(folded, replace_graph_outputs=True)
-        graph.remove(node, safe=True)
+        node.graph.remove(node, safe=True)
     graph.initializers.pop(value.name)
     folded.name = name
     graph.register_initializer(folded)

@@ -50,15 +50,46 @@ PLUGIN_ATTRIBUTE = "plugin"  # the step module's attribute holding the mode's mo
 ONNX_DOMAINS = ("", "ai.onnx")
 
 
-def mode_nodes(model: ir.Model) -> set[str]:
-    """The nodes of the mode's own modules (heads, draft layers): their weights stay float (see above).
+EXPORT_ROOT = "_export_root."  # the prefix of module paths inside an If branch (the step's drafting, step.draft)
 
-    The exporter records each node's module path in its `namespace` metadata, `<step>/<attribute>.<...>: <type>/...`;
-    the mode's modules sit under the step module's `plugin` attribute (PLUGIN_ATTRIBUTE)."""
+
+def nodes(model: ir.Model) -> list[ir.Node]:
+    """Every node of the model, those of If branches (subgraphs) included."""
+    return list(ir.traversal.RecursiveGraphIterator(model.graph))
+
+
+def name_nodes_uniquely(model: ir.Model) -> None:
+    """Give each node a name no other node of the model has (a branch's nodes may repeat the main graph's): the
+    quantizer selects nodes by name."""
+    seen: set[str] = set()
+    for node in nodes(model):
+        name, n = node.name or "node", 1
+        while name in seen:
+            name, n = f"{node.name}_{n}", n + 1
+        node.name = name
+        seen.add(name)
+
+
+def _module_path(namespace: str) -> str:
+    """The module path of the first module a node's `namespace` metadata names (the exporter records
+    `<step>/<path>: <type>/.../<op>: <aten op>` in the main graph, `<path>: <type>/.../<op>: <aten op>` with paths
+    under `_export_root.` in an If branch); "" when the node is outside every submodule."""
+    for scope in namespace.split("/")[:-1]:  # the last part is the aten op
+        path = scope.split(":")[0].strip()
+        if path:
+            return path.removeprefix(EXPORT_ROOT)
+    return ""
+
+
+def mode_nodes(model: ir.Model) -> set[str]:
+    """The nodes of the mode's own modules (heads, draft layers), in the main graph or an If branch: their weights
+    stay float (see above). Call name_nodes_uniquely first.
+
+    The exporter records each node's module path in its `namespace` metadata (_module_path); the mode's modules sit
+    under the step module's `plugin` attribute (PLUGIN_ATTRIBUTE)."""
     out = set()
-    for node in model.graph:
-        scope = node.metadata_props.get("namespace", "").split("/")
-        if len(scope) > 1 and scope[1].split(":")[0].split(".")[0] == PLUGIN_ATTRIBUTE:
+    for node in nodes(model):
+        if _module_path(node.metadata_props.get("namespace", "")).split(".")[0] == PLUGIN_ATTRIBUTE:
             out.add(node.name)
     return out
 
@@ -148,9 +179,10 @@ def quantize_matmuls(model: ir.Model, bits: int, block_size: int, accuracy_level
     graph = model.graph
     quantize = _block_quantizer(bits, block_size, accuracy_level, qdq)
     done: dict[str, tuple[ir.Value, ir.Value]] = {}
-    dequantized: dict[str, ir.Value] = {}  # QDQ: one DequantizeLinear per weight, read by each of its MatMuls
+    # QDQ: one DequantizeLinear per weight and graph (an If branch reads its own), read by each of its MatMuls there
+    dequantized: dict[tuple[str, int], ir.Value] = {}
     sources, count = [], 0
-    for node in list(graph):
+    for node in nodes(model):
         if node.op_type != "MatMul" or node.domain not in ONNX_DOMAINS or not select(node):
             continue
         weight = _weight(node, 1)
@@ -162,20 +194,21 @@ def quantize_matmuls(model: ir.Model, bits: int, block_size: int, accuracy_level
             sources.append(weight)
         data, scales = done[weight.name]
         if qdq:
-            if weight.name not in dequantized:
+            key = (weight.name, id(node.graph))
+            if key not in dequantized:
                 dq = ir.Node("", "DequantizeLinear", [data, scales], [ir.AttrInt64("axis", 0),
                              ir.AttrInt64("block_size", block_size)], name=f"{node.name}_DQ_Q{bits}")  # fmt: skip
-                dq.outputs[0].name = f"{data.name}_output"
-                graph.insert_before(node, dq)
-                dequantized[weight.name] = dq.outputs[0]
-            node.replace_input_with(1, dequantized[weight.name])
+                dq.outputs[0].name = f"{data.name}_output" + ("" if node.graph is graph else f"_{node.name}")
+                node.graph.insert_before(node, dq)
+                dequantized[key] = dq.outputs[0]
+            node.replace_input_with(1, dequantized[key])
         else:
             attributes = [ir.AttrInt64(key, value) for key, value in
                           (("K", k), ("N", n), ("bits", bits), ("block_size", block_size))]  # fmt: skip
             if accuracy_level:
                 attributes.append(ir.AttrInt64("accuracy_level", accuracy_level))
             new = ir.Node(MSFT, "MatMulNBits", [node.inputs[0], data, scales], attributes, name=f"{node.name}_Q{bits}")
-            _replace_node(graph, node, [new])
+            _replace_node(node.graph, node, [new])
         count += 1
     _drop_unread(graph, sources)
     if count and not qdq:
@@ -256,8 +289,9 @@ def quantize_embedding(model: ir.Model, block_size: int, fused: bool) -> int:
     Runtime graph) or one DequantizeLinear -> Gather (the portable graph)."""
     graph = model.graph
     done: dict[str, tuple] = {}
+    dequantized: dict[tuple[str, int], ir.Value] = {}  # portable: one DequantizeLinear per table and graph
     tables = []
-    for node in list(graph):
+    for node in nodes(model):
         if node.op_type != "Gather" or node.domain not in ONNX_DOMAINS:
             continue
         table = _weight(node, 0)
@@ -265,25 +299,24 @@ def quantize_embedding(model: ir.Model, block_size: int, fused: bool) -> int:
         if table is None or axis != 0 or table.const_value.dtype != ir.DataType.FLOAT or table.const_value.shape[1] % 2:
             continue
         if table.name not in done:
-            data, scales = _quantized_table(graph, table, block_size)
-            dequantized = None
-            if not fused:  # one DequantizeLinear for the table (TensorRT folds it into the weights)
-                dq = ir.Node("", "DequantizeLinear", [data, scales], [ir.AttrInt64("axis", 1),
-                             ir.AttrInt64("block_size", block_size)], name=f"{table.name}_dequantize")  # fmt: skip
-                dq.outputs[0].name = f"{table.name}_dequantized"
-                graph.insert_before(next(iter(graph)), dq)
-                dequantized = dq.outputs[0]
-            done[table.name] = (data, scales, dequantized)
+            done[table.name] = _quantized_table(graph, table, block_size)
             tables.append(table)
-        data, scales, dequantized = done[table.name]
+        data, scales = done[table.name]
         if fused:
             attributes = [ir.AttrInt64("bits", 4), ir.AttrInt64("block_size", block_size),
                           ir.AttrInt64("gather_axis", 0), ir.AttrInt64("quantize_axis", 1)]  # fmt: skip
             new = ir.Node(MSFT, "GatherBlockQuantized", [data, node.inputs[1], scales], attributes,
                           name=f"{node.name}_quantized")  # fmt: skip
-            _replace_node(graph, node, [new])
-        else:
-            node.replace_input_with(0, dequantized)
+            _replace_node(node.graph, node, [new])
+            continue
+        key = (table.name, id(node.graph))
+        if key not in dequantized:  # one DequantizeLinear for the table (TensorRT folds it into the weights)
+            dq = ir.Node("", "DequantizeLinear", [data, scales], [ir.AttrInt64("axis", 1),
+                         ir.AttrInt64("block_size", block_size)], name=f"{table.name}_dequantize")  # fmt: skip
+            dq.outputs[0].name = f"{table.name}_dequantized" + ("" if node.graph is graph else f"_{node.name}")
+            node.graph.insert_before(next(iter(node.graph)), dq)
+            dequantized[key] = dq.outputs[0]
+        node.replace_input_with(0, dequantized[key])
     _drop_unread(graph, tables)
     if fused and done:
         model.opset_imports.setdefault(MSFT, 1)
@@ -325,18 +358,19 @@ def quantize_heads(model: ir.Model, names: set[str], bits: int, block_size: int)
     `bits`-bit blocks and int8 activations (accuracy level 4; the draft's calls have a few rows, where level 1 would
     dequantize the weights). The heads only propose drafts: their roundings never change an accepted token. Returns
     how many matmuls were quantized (the target's stay as they are)."""
-    _gemms_to_matmuls(model.graph, names)
+    _gemms_to_matmuls(model, names)
     count = quantize_matmuls(model, bits, block_size, ACCURACY_INT8, False, lambda n: n.name in names)
     _drop_unread(model.graph, list(model.graph.initializers.values()))  # the float weights the quantized replaced
     return count
 
 
-def _gemms_to_matmuls(graph: ir.Graph, readers: set[str]) -> None:
+def _gemms_to_matmuls(model: ir.Model, readers: set[str]) -> None:
     """Gemm(A, constant B) among `readers` (alpha 1, A not transposed) -> MatMul(A, B or its transposed copy) and
     Add(C) where it has one, under the Gemm's name (the quantizer takes MatMul only). A weight the target also reads
     (Medusa's heads share the base lm_head) gets a copy of its own; the target keeps the float one."""
+    graph = model.graph
     transposed: dict[str, ir.Value] = {}
-    for node in list(graph):
+    for node in nodes(model):
         attrs = {k: a.value for k, a in node.attributes.items()}
         weight = _weight(node, 1) if node.op_type == "Gemm" else None
         bias = node.inputs[2] if len(node.inputs) > 2 else None
@@ -356,7 +390,7 @@ def _gemms_to_matmuls(graph: ir.Graph, readers: set[str]) -> None:
         new = [matmul]
         if bias is not None:
             new.append(ir.Node("", "Add", [matmul.outputs[0], bias], name=f"{node.name}.bias"))
-        _replace_node(graph, node, new)
+        _replace_node(node.graph, node, new)
 
 
 def _transposed(graph: ir.Graph, weight: ir.Value) -> ir.Value:
