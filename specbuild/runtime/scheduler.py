@@ -216,6 +216,9 @@ class Scheduler:
         self.speculation = Speculation(
             resolve_policy(speculation or engine.speculation), engine.cost_curve, layout.selects_rows
         )
+        # whether the last decode step drafted (a graph that can skip its drafting prefills without it while the
+        # running rows decode plainly: a prompt's drafting is what a loaded step would not pay for)
+        self._drafting = self.speculation.policy != "off"
         self._waiting: collections.deque[Handle] = collections.deque()
         self._admitting: list[Handle] = []  # being prefilled, in arrival order (each holds a slot)
         self._running: dict[int, Handle] = {}  # id(sequence) -> handle
@@ -333,7 +336,7 @@ class Scheduler:
         end = min(len(ids), start + budget) if self.chunked else len(ids)
         staging = handle._staging
         try:
-            result = staging.run([Call.prompt(ids[start:end])])[0]
+            result = staging.run([Call.prompt(ids[start:end])], self._drafting)[0]
         except Exception as exc:  # noqa: BLE001
             self._admitting.remove(handle)
             handle._finish("error", exc)
@@ -391,6 +394,7 @@ class Scheduler:
         fitting = [p if p.size <= r else p.root_only() for p, r in zip(proposals, rooms)]
         shapes = [Shape.of(p) for p in fitting]
         draft = self.speculation.drafts(shapes)  # this call drafts the next trees
+        self._drafting = draft
         tokens = self.speculation.plan(shapes) if draft else 1
         calls = [Call.tree(_verified_part(p, tokens)) for p in fitting]
         self.speculation.count(tokens, [c.size for c in calls])

@@ -143,18 +143,58 @@ def test_chains_cut_short_give_the_batch_one_output(mode_engines, monkeypatch):
 )
 def test_calls_that_draft_nothing_give_the_batch_one_output(mode_engines, mode, monkeypatch):
     """Engine-drafted modes: calls whose graph drafts no next tree (ef.DRAFT_ROWS empty: plain decoding under load)
-    between calls that draft change no token, greedy or sampled; the draft network's state stays in step."""
-    calls = iter(range(10**6))
-    monkeypatch.setattr(Speculation, "drafts", lambda self, shapes: next(calls) % 3 != 1)
+    between calls that draft change no token, greedy or sampled, and so do prompts prefilled without drafting (while
+    the running rows decode plainly) beside prompts prefilled with it."""
+    draws = np.random.default_rng(1)  # a third of the calls plain, at no fixed period (prefills meet both kinds)
+    monkeypatch.setattr(Speculation, "drafts", lambda self, shapes: bool(draws.random() >= 1 / 3))
+    prefills = []  # whether each prompt chunk was prefilled with the drafting
+    chunk = Scheduler._prefill_chunk
+
+    def spy(self, handle, budget):
+        prefills.append(self._drafting)
+        return chunk(self, handle, budget)
+
     engine = Engine(mode_engines[mode, "fp32"], threads=1)
     assert engine.layout.selects_rows
     for temperature in (0.0, 0.9):
         want = _alone(engine, temperature)
+        monkeypatch.setattr(Scheduler, "_prefill_chunk", spy)
         scheduler, handles = _batched(engine, temperature, speculation="always")  # calls that draft verify all
+        monkeypatch.setattr(Scheduler, "_prefill_chunk", chunk)
         assert [h.output_ids for h in handles] == want, temperature
         assert 0 < scheduler.speculation.plain_steps < scheduler.steps
+        assert True in prefills and False in prefills
         if temperature == 0.0:
             assert max(n for h in handles for n in h.accepted_per_step) > 1  # drafts were accepted
+
+
+@pytest.mark.parametrize(
+    "mode", fast_first(["eagle3", "eagle"], "EAGLE-1/2's draft net: the fast tier checks EAGLE-3's")
+)
+def test_plain_calls_leave_no_draft_cache_and_drafting_reads_what_there_is(mode_engines, mode, monkeypatch):
+    """A call that drafts for no row skips the draft network (one If in the graph): the positions it commits hold no
+    draft KV and are flagged so in the draft_valid state; drafting calls commit theirs, held; drafting later over
+    such gaps changes no token."""
+    engine = Engine(mode_engines[mode, "fp32"], threads=1)
+    ids, n = PROMPTS[3], 40
+    want = engine.generate(input_ids=ids, max_new_tokens=n).output_ids
+    pattern = iter([False, False, False, True, True, False, True] + [True] * 200)  # decode calls that draft
+    monkeypatch.setattr(Speculation, "drafts", lambda self, shapes: next(pattern))
+    scheduler = Scheduler(engine, max_batch_size=1, speculation="always")
+    handle = scheduler.submit(Request(ids, max_new_tokens=n))
+    while len(handle.accepted_per_step) < 7:
+        scheduler.step()
+    valid = scheduler.batch.states.arrays["draft_valid"]
+    kv = scheduler.batch.states.arrays["draft_kv"]  # [Ld,2,B,Hkv,C,D]
+    drafted = [False, False, False, True, True, False, True]
+    expected = [True] * len(ids) + [d for d, k in zip(drafted, handle.accepted_per_step) for _ in range(k)]
+    assert valid.lengths[0] == len(expected)
+    assert valid.data[0, : len(expected)].tolist() == expected
+    missing = ~np.array(expected)
+    assert not kv.data[:, :, 0, :, : len(expected)][:, :, :, missing].any()  # nothing was written there
+    assert kv.data[:, :, 0, :, : len(expected)][:, :, :, ~missing].any()
+    scheduler.run_until_idle()
+    assert handle.output_ids == want
 
 
 def test_requests_beyond_the_slots_wait_and_cancelled_ones_free_their_slot(mode_engines):
