@@ -10,6 +10,9 @@ blocks along H): GatherBlockQuantized in the ONNX Runtime graph, DequantizeLinea
 int8: MatMulNBits with 8-bit blocks in the ONNX Runtime graph only (QDQ INT8 blocks are not in TensorRT's parser
 matrix): `--weights int8` builds the onnxruntime graph alone.
 
+The passes reach every node, those of If branches included (the mode's drafting runs in one, builder/step.py): a
+branch reads the main graph's initializers by name and gets its own DequantizeLinear of a weight it reads.
+
 The graph is an onnx_ir model whose weights are made as it is written (builder/ir_weights.py) or read from its data
 file: each quantized weight is a lazy value computed from its float weight when the graph is written, so a model's
 float weights are never in memory together. The numerics, layouts and names are ONNX Runtime's own quantizer's
