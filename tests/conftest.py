@@ -557,6 +557,17 @@ def quiet(*_args, **_kwargs):
     pass
 
 
+def graph_nodes(graph) -> list:
+    """Every node of an onnx GraphProto, those of its If branches included (an engine-drafted mode drafts in one)."""
+    out = []
+    for node in graph.node:
+        out.append(node)
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                out += graph_nodes(sub)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_engines(tiny_checkpoints, tmp_path_factory) -> dict[str, Path]:
     """TINY_SHAPES name -> `none` engine built with --output-logits."""

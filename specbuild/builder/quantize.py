@@ -390,6 +390,7 @@ def _gemms_to_matmuls(model: ir.Model, readers: set[str]) -> None:
                 transposed[weight.name] = _transposed(graph, weight)
             weight = transposed[weight.name]
         matmul = ir.Node("", "MatMul", [node.inputs[0], weight], name=node.name)
+        matmul.outputs[0].name = f"{node.name}.matmul"  # named: an unnamed value of an If branch may take an outer name
         new = [matmul]
         if bias is not None:
             new.append(ir.Node("", "Add", [matmul.outputs[0], bias], name=f"{node.name}.bias"))

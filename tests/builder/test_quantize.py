@@ -18,7 +18,7 @@ from specbuild.builder.weights_file import WEIGHTS_FILE
 from specbuild.errors import SpecbuildError
 from specbuild.inspect import describe, render
 from specbuild.runtime.engine import Engine
-from tests.conftest import full, quiet
+from tests.conftest import full, graph_nodes, quiet
 from tests.plugins.eagle_fixtures import write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
 
@@ -108,7 +108,9 @@ def test_int4_keeps_heads_and_draft_layers_float(int4_engines):
             assert graph["opset"] == 21 == {o.domain: o.version for o in model.opset_import}[""]
             init = model.graph.initializer
             floats = {i.name for i in init if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2}
-            float_matmuls = [n for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in floats]
+            float_matmuls = [
+                n for n in graph_nodes(model.graph) if n.op_type in ("MatMul", "Gemm") and n.input[1] in floats
+            ]
             assert len(float_matmuls) >= at_least, (mode, graph["file"])
             assert "DequantizeLinear" in {n.op_type for n in model.graph.node}  # the base network's matmuls are int4
 
@@ -215,7 +217,7 @@ def test_head_weights_quantize_the_heads_alone_and_keep_the_output(toy, tmp_path
         q = graph["head_quantization"]
         assert (q["bits"], q["accuracy_level"]) == (ef.BLOCKWISE_BITS[heads], ef.ACCURACY_INT8)
         fused = onnx.load(str(engine_dir / ef.ENGINE_ORT_ONNX), load_external_data=False)
-        blocks = [n for n in fused.graph.node if n.op_type == "MatMulNBits"]
+        blocks = [n for n in graph_nodes(fused.graph) if n.op_type == "MatMulNBits"]
         levels = [next(a.i for a in n.attribute if a.name == "accuracy_level") for n in blocks]
         assert len(blocks) == q["matmuls"] >= at_least and set(levels) == {ef.ACCURACY_INT8}
         floats = {i.name for i in fused.graph.initializer if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2}
