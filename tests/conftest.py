@@ -568,6 +568,22 @@ def graph_nodes(graph) -> list:
     return out
 
 
+def assert_drafting_behind_an_if(onnx_path: Path) -> None:
+    """A graph that takes draft_rows drafts behind one If (a call that drafts for no row skips it): each of its draft
+    outputs (next tree, new states) comes out of the same If node."""
+    import onnx
+
+    from specbuild import engine_format as ef
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    assert ef.DRAFT_ROWS in [i.name for i in graph.input], onnx_path
+    made_by = {out: node for node in graph.node for out in node.output}
+    drafted = [o.name for o in graph.output if o.name.startswith(("next_", ef.NEW_STATE_PREFIX))]
+    assert drafted, onnx_path
+    makers = {made_by[name].name for name in drafted}
+    assert len(makers) == 1 and made_by[drafted[0]].op_type == "If", (onnx_path, makers)
+
+
 @pytest.fixture(scope="session")
 def tiny_engines(tiny_checkpoints, tmp_path_factory) -> dict[str, Path]:
     """TINY_SHAPES name -> `none` engine built with --output-logits."""

@@ -45,7 +45,11 @@ def branch(pred, true_fn, false_fn, operands, module=None):
 
     module: the branches also read this module's parameters and buffers (a network run inside a branch): under
     export they become operands of the operator too (each storage once: tied weights stay one), swapped into the
-    module while a branch is traced, so that its nodes keep their module paths (builder/quantize.mode_nodes)."""
+    module while a branch is traced, so that its nodes keep their module paths (builder/quantize.mode_nodes).
+
+    A branch must not make a tensor from Python data (torch.tensor(...), or float() of one): under export that is a
+    constant the exporter's functionalization of the branch cannot take ("Attempting to use FunctionalTensor on its
+    own"). Make such tensors before the graph is traced and read them as the module's buffers (operands then)."""
     if not torch.compiler.is_exporting():
         return true_fn(*operands) if bool(pred) else false_fn(*operands)
     try:

@@ -161,21 +161,13 @@ def export_step(step: StepModule, onnx_path: Path, weight=None, transform=None, 
     inputs, outputs = io_names(step)
     for logger in ("torch.onnx", "onnx_ir", "onnxscript"):  # their passes log every initializer at INFO
         logging.getLogger(logger).setLevel(logging.ERROR)
-    while True:
-        try:
-            program = _export(step, args, inputs, outputs, weight)
-            break
-        except SpecbuildError:
-            raise
-        except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            if step.selects_rows and step.skip_drafting:
-                # the exporter could not take the drafting's If (seen: EAGLE's static trees, Gemma's EAGLE-3):
-                # the graph drafts in every call, as before the If (plain calls then cost the drafting)
-                (log or print)(f"the drafting If did not export ({first[:120]}): plain calls run the drafting")
-                step.skip_drafting = False
-                continue
-            raise SpecbuildError(f"ONNX export of the {step.plugin.name} step graph failed: {first[:300]}") from exc
+    try:
+        program = _export(step, args, inputs, outputs, weight)
+    except SpecbuildError:
+        raise
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecbuildError(f"ONNX export of the {step.plugin.name} step graph failed: {first[:300]}") from exc
     if transform is not None:
         transform(program.model)
     ir_weights.save(program.model, onnx_path, f"writing {onnx_path.name}", log=log)

@@ -232,10 +232,17 @@ class ScaledEmbedding(nn.Embedding):
     def __init__(self, vocab: int, hidden: int, scale: float):
         super().__init__(vocab, hidden)
         self.scale = scale
+        # the factor as each floating dtype holds it, made here (on the CPU: a skeleton is built on "meta"): a
+        # tensor made from Python data while a graph is traced is a constant, which the exporter cannot take inside
+        # an If branch (the drafting reads the embedding)
+        self._rounded = {
+            dtype: float(torch.tensor(scale, dtype=torch.float32, device="cpu").to(dtype))
+            for dtype in (torch.float32, torch.float16, torch.bfloat16)
+        }
 
     def forward(self, input_ids):
         x = super().forward(input_ids)
-        return x * float(torch.tensor(self.scale, dtype=torch.float32).to(x.dtype))
+        return x * self._rounded[x.dtype]
 
 
 class TiedOutput(nn.Module):

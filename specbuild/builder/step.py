@@ -45,8 +45,6 @@ class StepModule(nn.Module):
         self.draft_output_names = [o.name for o in plugin.draft_outputs()] + plugin.state_output_names()
         self.selects_rows = plugin.selects_rows  # an ef.DRAFT_ROWS input, last
         self.draft_probs = plugin.draft_probabilities  # an ef.DRAFT_PROBS input, before draft_rows
-        # the drafting behind an If on draft_rows (draft()); export turns it off where the exporter cannot take it
-        self.skip_drafting = True
         # a mode that never drafts verifies a lone root: the acceptance block reduces to drawing the next token
         self.root_only = plugin.max_new_tokens_per_step() == 1 and typical is None
 
@@ -179,7 +177,7 @@ class StepModule(nn.Module):
         """The mode's draft outputs and states (draft_output_names order). A graph that drafts per row runs the
         drafting behind one If on the number of draft rows: a call that drafts for none (plain decoding under load)
         costs what the `none` graph costs, the mode's skipped_draft() giving its outputs."""
-        if ctx.draft_rows is None or not self.skip_drafting:
+        if ctx.draft_rows is None:
             return self._declared(self.plugin.draft(ctx))
         fields = {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx) if f.name != "net"}
         leaves, spec = _pytree.tree_flatten(fields)

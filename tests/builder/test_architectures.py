@@ -9,7 +9,17 @@ from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.runtime.engine import Engine
 from specbuild.runtime.scheduler import Request, Scheduler
-from tests.conftest import ARCH_SHAPES, ORT_ONLY, check_none_engine, fast_first, full, hf_greedy, quiet, tiny_hf_model
+from tests.conftest import (
+    ARCH_SHAPES,
+    ORT_ONLY,
+    assert_drafting_behind_an_if,
+    check_none_engine,
+    fast_first,
+    full,
+    hf_greedy,
+    quiet,
+    tiny_hf_model,
+)
 from tests.plugins.distribution_check import check_sampled_distribution, exact_distribution
 from tests.plugins.eagle_fixtures import write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
@@ -98,6 +108,8 @@ def _mode_engine(tmp_path, shape: str, mode: str, vocab: int = 12, seed: int = 1
 )
 def test_speculative_engine_equals_transformers(tmp_path, shape, mode):
     model, engine = _mode_engine(tmp_path, shape, mode)
+    if mode in ("eagle3", "medusa"):  # engine-drafted: plain calls skip the drafting (Gemma's scaled embedding too)
+        assert_drafting_behind_an_if(engine.path / engine.graph["file"])
     steps = []
     for prompt in PROMPTS:
         result = engine.generate(input_ids=prompt, max_new_tokens=40)

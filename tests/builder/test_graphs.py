@@ -12,7 +12,7 @@ from specbuild.builder.convert import convert_checkpoint
 from specbuild.builder.trt_compat import lint_onnx_for_tensorrt
 from specbuild.builder.weights_file import WEIGHTS_FILE
 from specbuild.runtime.engine import Engine
-from tests.conftest import full, hf_greedy, quiet
+from tests.conftest import assert_drafting_behind_an_if, full, hf_greedy, quiet
 from tests.plugins.eagle_fixtures import write_eagle1_head, write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
 from tests.plugins.redrafter_fixtures import write_redrafter
@@ -63,6 +63,9 @@ def test_both_graphs_equal_transformers(toy, tmp_path, mode):
             assert list(node.output[1:3]) == ["", ""]
     portable = onnx.load(str(engine_dir / ef.ENGINE_ONNX), load_external_data=False)
     assert lint_onnx_for_tensorrt(portable) == []
+    if mode in ("eagle", "eagle3", "medusa", "redrafter"):  # engine-drafted: plain calls skip the drafting
+        for name in (ef.ENGINE_ORT_ONNX, ef.ENGINE_ONNX):
+            assert_drafting_behind_an_if(engine_dir / name)
     steps = []
     for graph in (ef.BACKEND_ONNXRUNTIME, ef.BACKEND_TENSORRT):  # the portable graph through ONNX Runtime
         engine = Engine(engine_dir, threads=1, graph=graph)

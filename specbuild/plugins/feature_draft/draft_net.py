@@ -273,20 +273,41 @@ def expand_dynamic(draft: DraftNet, ctx, h_all, draft_kv, valid, new_kv, top_k: 
     }
 
 
-def expand_static(draft: DraftNet, ctx, h_all, draft_kv, valid, new_kv, tree):
-    """EAGLE-1 static choices: each node's children are the top-ranked tokens of the draft run on that node."""
+def static_levels(tree):
+    """For each depth d of a static tree: (d, the nodes at d, those the draft runs on (not leaves), the nodes it ran
+    on at the depths above, in that order)."""
+    ran: list[int] = []
+    for d in range(1, tree.depth + 1):
+        level = [i for i in range(tree.size) if tree.depths[i] == d]
+        run_nodes = [i for i in level if not tree.is_leaf[i]]
+        yield d, level, run_nodes, list(ran)
+        ran += run_nodes
+
+
+def static_relations(tree) -> dict[int, torch.Tensor]:
+    """{depth: [n, m] bool}: whether each node the draft runs on at that depth descends from each node it ran on
+    above (the expansion's attention among its own nodes). Made once, outside the traced graph: the plugin keeps
+    them as buffers, since a tensor made from Python data inside the drafting's If does not export."""
+    ancestors = tree.ancestor_mask
+    return {
+        d: torch.tensor([[bool(ancestors[i, j]) for j in ran] for i in run_nodes], dtype=torch.bool)
+        for d, _, run_nodes, ran in static_levels(tree)
+        if run_nodes and ran
+    }
+
+
+def expand_static(draft: DraftNet, ctx, h_all, draft_kv, valid, new_kv, tree, relations: dict):
+    """EAGLE-1 static choices: each node's children are the top-ranked tokens of the draft run on that node.
+    relations: static_relations(tree), as the module holds them."""
     net = ctx.net
     b, _, hsize = h_all.shape
     h_root = h_all.gather(1, ctx.last_node.view(b, 1, 1).expand(b, 1, hsize))
     root_pos = ctx.position_ids.gather(1, ctx.last_node.view(b, 1)) + 1
-    parents, depths, ranks = tree.parents, tree.depths, tree.ranks
+    parents, ranks = tree.parents, tree.ranks
     node_h = {0: h_root[:, 0]}
     tokens = {}
-    ancestors = tree.ancestor_mask
     mem_k, mem_v, path_masks = _expansion_memories(draft, ctx, draft_kv, valid, new_kv, 1)
-    exp_nodes: list[int] = []
-    for d in range(1, tree.depth + 1):
-        level = [i for i in range(tree.size) if depths[i] == d]
+    for d, level, run_nodes, ran in static_levels(tree):
         by_parent: dict[int, list[int]] = {}
         for i in level:
             by_parent.setdefault(int(parents[i]), []).append(i)
@@ -295,14 +316,12 @@ def expand_static(draft: DraftNet, ctx, h_all, draft_kv, valid, new_kv, tree):
             ids = torch.topk(draft.logprobs(node_h[p], net), kmax, dim=-1).indices  # [B,kmax]
             for i in kids:
                 tokens[i] = draft.to_target(ids[:, int(ranks[i])])
-        run_nodes = [i for i in level if not tree.is_leaf[i]]
         if not run_nodes:
             continue
         n = len(run_nodes)
         masks = [m.expand(b, n, m.shape[2]) for m in path_masks]
-        if exp_nodes:
-            rel = torch.tensor([[bool(ancestors[i, j]) for j in exp_nodes] for i in run_nodes])
-            masks.append(rel.unsqueeze(0).expand(b, n, len(exp_nodes)))
+        if ran:
+            masks.append(relations[d].unsqueeze(0).expand(b, n, len(ran)))
         tok = torch.stack([tokens[i] for i in run_nodes], dim=1)
         feats = torch.stack([node_h[int(parents[i])] for i in run_nodes], dim=1)
         positions = (root_pos + d - 1).expand(b, n)
@@ -313,7 +332,6 @@ def expand_static(draft: DraftNet, ctx, h_all, draft_kv, valid, new_kv, tree):
             mem_v[li] = mem_v[li] + [vs[li]]
         for j, i in enumerate(run_nodes):
             node_h[i] = h[:, j]
-        exp_nodes += run_nodes
     drafts = [tokens[i] for i in range(1, tree.size)]
     next_ids = torch.stack([ctx.bonus] + drafts, dim=1) if drafts else ctx.bonus.unsqueeze(1)
     return {ef.NEXT_INPUT_IDS: next_ids}

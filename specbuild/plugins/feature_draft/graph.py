@@ -12,7 +12,7 @@ import torch
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
 from specbuild.modes.base import DraftContext, ModePlugin, OutputSpec, StateSpec
-from specbuild.plugins.feature_draft.draft_net import commit_pass, expand_dynamic, expand_static
+from specbuild.plugins.feature_draft.draft_net import commit_pass, expand_dynamic, expand_static, static_relations
 from specbuild.tree import MAX_TOP_K, MAX_TREE_SIZE, Tree, parse_tree
 
 # EAGLE-2 published defaults (EaModel evaluation scripts): total_token 60, depth 5, top_k 10
@@ -91,6 +91,10 @@ class FeatureDraftPlugin(ModePlugin):
         self._tree = settings["tree"]
         if self._tree is not None:
             self.expansion = {"type": "static", "tree_size": self._tree.size}
+            relations = static_relations(self._tree)  # buffers: read inside the drafting's If (draft_net)
+            self._relation_depths = list(relations)
+            for depth, relation in relations.items():
+                self.register_buffer(f"static_relation_{depth}", relation, persistent=False)
         else:
             self.top_k, self.depth, self.total_tokens = settings["top_k"], settings["depth"], settings["total_tokens"]
             self.expansion = {
@@ -142,7 +146,8 @@ class FeatureDraftPlugin(ModePlugin):
         h_rows, kv_rows, new_rows = ctx.select_rows(h_all), ctx.select_rows(draft_kv, 2), ctx.select_rows(new_kv, 2)
         valid_rows = ctx.select_rows(valid)
         if self._tree is not None:
-            out = expand_static(self.drafter, rows, h_rows, kv_rows, valid_rows, new_rows, self._tree)
+            relations = {d: getattr(self, f"static_relation_{d}") for d in self._relation_depths}
+            out = expand_static(self.drafter, rows, h_rows, kv_rows, valid_rows, new_rows, self._tree, relations)
         else:
             out = expand_dynamic(
                 self.drafter, rows, h_rows, kv_rows, valid_rows, new_rows, self.top_k, self.depth, self.total_tokens
