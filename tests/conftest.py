@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from specbuild.builder.trace_cache import CACHE_ENV as TRACE_CACHE_ENV
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # one thread per xdist worker: two workers on two cores, no oversubscription (ORT reads SPECBUILD_THREADS)
     os.environ.setdefault("SPECBUILD_THREADS", "1")
@@ -46,6 +48,18 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", f"{FULL}(reason): in the full tier only (scripts/test.sh --full); says why")
+    # one trace cache for the run (builder/trace_cache.py): the builds of a structure after its first, in any worker
+    # or CLI subprocess, skip torch.export (tests/builder/test_trace_cache.py proves them byte-identical)
+    if not hasattr(config, "workerinput") and TRACE_CACHE_ENV not in os.environ:
+        config._trace_cache_dir = tempfile.mkdtemp(prefix="specbuild-trace-cache-")
+        os.environ[TRACE_CACHE_ENV] = config._trace_cache_dir
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_trace_cache_dir", None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop(TRACE_CACHE_ENV, None)
 
 
 def full(reason: str):

@@ -162,37 +162,55 @@ def export_step(step: StepModule, onnx_path: Path, weight=None, transform=None, 
     for logger in ("torch.onnx", "onnx_ir", "onnxscript"):  # their passes log every initializer at INFO
         logging.getLogger(logger).setLevel(logging.ERROR)
     try:
-        program = _export(step, args, inputs, outputs, weight)
+        model = _export(step, args, inputs, outputs, weight, log)
     except SpecbuildError:
         raise
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecbuildError(f"ONNX export of the {step.plugin.name} step graph failed: {first[:300]}") from exc
     if transform is not None:
-        transform(program.model)
-    ir_weights.save(program.model, onnx_path, f"writing {onnx_path.name}", log=log)
+        transform(model)
+    ir_weights.save(model, onnx_path, f"writing {onnx_path.name}", log=log)
     return inputs, outputs
 
 
-def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weight):
-    from specbuild.builder import ir_weights
+def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weight, log=None):
+    """The exported, optimized onnx_ir model of `step`, its fake weights lazy; its trace taken from trace_cache when
+    a module of the same structure was exported before."""
+    import onnxscript.optimizer
+    import onnxscript.rewriter.onnx_fusions
 
+    from specbuild.builder import ir_weights, trace_cache
+
+    dynamic = _dynamic_shapes(step)
+    try:
+        key = trace_cache.fingerprint(step, args, (OPSET, inputs, outputs, repr(dynamic)))
+    except trace_cache.Uncacheable:
+        key = None
+    model = trace_cache.take(key, step) if key is not None else None
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            step,
-            args,
-            dynamo=True,
-            opset_version=OPSET,
-            input_names=inputs,
-            output_names=outputs,
-            dynamic_shapes=_dynamic_shapes(step),
-            verbose=False,
-            optimize=False,  # once the fake parameters have their (lazy) values: below
-        )
-        ir_weights.make_lazy(program.model, weight)
-        program.optimize()
-    return program
+        if model is None:
+            model = torch.onnx.export(
+                step,
+                args,
+                dynamo=True,
+                opset_version=OPSET,
+                input_names=inputs,
+                output_names=outputs,
+                dynamic_shapes=dynamic,
+                verbose=False,
+                optimize=False,  # once the fake parameters have their (lazy) values: below
+            ).model
+            if key is not None:  # and taken back: the same model a later build of this structure gets
+                trace_cache.keep(key, model, step)
+                model = trace_cache.take(key, step) or model
+        elif log is not None:
+            log("reusing the exported graph of an earlier build of this structure (other weights: trace cache)")
+        ir_weights.make_lazy(model, weight)
+        onnxscript.optimizer.optimize_ir(model)  # what the exporter's optimize() runs
+        onnxscript.rewriter.onnx_fusions.fuse(model)
+    return model
 
 
 def drop_unused_norm_statistics(onnx_path: Path) -> None:

@@ -67,6 +67,9 @@ def layer_parameters(layer: nn.Module) -> list[str]:
 class LazyNetwork(LlamaNetwork):
     """LlamaNetwork whose weights are not held (see the module): it knows where to read them."""
 
+    # where the weights come from, never what a step graph's trace reads (builder/trace_cache.py)
+    untraced_attributes = ("tensors", "_held", "_hold_left")
+
     def __init__(self, cfg: ModelConfig, tensors: Mapping, dtype: str):
         super().__init__(cfg)
         self.tensors, self.weight_dtype = tensors, TORCH_DTYPES[dtype]

@@ -125,7 +125,10 @@ def build(
     overwrite,
     **mode_settings,
 ):
-    """Build an engine directory (ONNX step graph with drafting and acceptance) from a canonical checkpoint."""
+    """Build an engine directory (ONNX step graph with drafting and acceptance) from a canonical checkpoint.
+
+    With $SPECBUILD_TRACE_CACHE set to a directory, exported graphs are kept there without their weights, and a
+    later build of the same structure (other weights) reuses them."""
     from specbuild.fsutil import provisional_commits
 
     for option in mode_options().values():
