@@ -47,6 +47,7 @@ def fingerprint(step: torch.nn.Module, args, extra: tuple) -> str:
     digest = hashlib.sha256(_sources().encode())
     digest.update(_canon(extra).encode())
     digest.update(_canon([_tensor_spec(a) if isinstance(a, torch.Tensor) else a for a in _flat(args)]).encode())
+    paths = {id(module): name for name, module in step.named_modules()}  # a module an attribute refers to: by its path
     for name, module in step.named_modules(remove_duplicate=False):
         digest.update(f"{name}:{type(module).__module__}.{type(module).__qualname__}".encode())
         untraced = _MODULE_STATE | set(getattr(type(module), "untraced_attributes", ()))
@@ -57,7 +58,7 @@ def fingerprint(step: torch.nn.Module, args, extra: tuple) -> str:
                 if value:
                     raise Uncacheable(f"{name}.{key}: hooks")
                 continue
-            digest.update(f"{key}={_canon(value)}".encode())
+            digest.update(f"{key}={_canon(value, paths)}".encode())
         for kind, tensors in (("p", module._parameters), ("b", module._buffers)):
             for key, tensor in tensors.items():
                 digest.update(f"{kind}:{key}:{None if tensor is None else _tensor_spec(tensor)}".encode())
@@ -150,18 +151,24 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _canon(value) -> str:
-    """A text that is equal for equal values of the types a step module's attributes hold; Uncacheable otherwise."""
+def _canon(value, paths: dict[int, str] | None = None) -> str:
+    """A text that is equal for equal values of the types a step module's attributes hold (a module of the step
+    module, in `paths`, by its path); Uncacheable otherwise."""
+    canon = functools.partial(_canon, paths=paths)
+    if isinstance(value, torch.nn.Module):
+        if paths is None or id(value) not in paths:
+            raise Uncacheable(f"an attribute holding a module of type {type(value).__qualname__} outside the step")
+        return f"module:{paths[id(value)]}"
     if value is None or isinstance(value, (bool, int, float, str, bytes, np.generic)):
         return f"{type(value).__name__}:{value!r}"
     if isinstance(value, (torch.dtype, torch.device, enum.Enum)):
         return f"{type(value).__name__}:{value}"
     if isinstance(value, (tuple, list)):
-        return f"{type(value).__name__}[{','.join(_canon(v) for v in value)}]"
+        return f"{type(value).__name__}[{','.join(canon(v) for v in value)}]"
     if isinstance(value, (set, frozenset)):
-        return f"set[{','.join(sorted(_canon(v) for v in value))}]"
+        return f"set[{','.join(sorted(canon(v) for v in value))}]"
     if isinstance(value, dict):
-        return f"dict[{','.join(sorted(f'{_canon(k)}:{_canon(v)}' for k, v in value.items()))}]"
+        return f"dict[{','.join(sorted(f'{canon(k)}:{canon(v)}' for k, v in value.items()))}]"
     if isinstance(value, np.ndarray):
         return f"ndarray:{value.dtype}:{value.shape}:{_digest(np.ascontiguousarray(value).tobytes())}"
     if isinstance(value, torch.Tensor):  # a plain tensor attribute: a constant the trace may bake in
@@ -173,8 +180,8 @@ def _canon(value) -> str:
     if isinstance(value, (types.FunctionType, types.BuiltinFunctionType)) and "<" not in value.__qualname__:
         return f"function:{value.__module__}.{value.__qualname__}"  # a module's function (not a closure)
     if isinstance(value, functools.partial):
-        return f"partial({_canon(value.func)},{_canon(value.args)},{_canon(value.keywords)})"
+        return f"partial({canon(value.func)},{canon(value.args)},{canon(value.keywords)})"
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = ",".join(f"{f.name}={_canon(getattr(value, f.name))}" for f in dataclasses.fields(value))
+        fields = ",".join(f"{f.name}={canon(getattr(value, f.name))}" for f in dataclasses.fields(value))
         return f"{type(value).__qualname__}({fields})"
     raise Uncacheable(f"an attribute of type {type(value).__qualname__}")

@@ -209,6 +209,9 @@ class HostDraftedPlugin(ModePlugin):
     """A mode whose runtime drafter proposes each call's tokens and tree (inputs of the step graph, no static tree):
     its settings are what check_options resolved, with at most settings["tokens_per_step"] tokens a call."""
 
+    # the checkpoint is read for the manifest and companion engines, never by the traced step (builder/trace_cache.py)
+    untraced_attributes = ("checkpoint",)
+
     def __init__(self, checkpoint, net, settings):
         super().__init__()
         self.checkpoint = checkpoint

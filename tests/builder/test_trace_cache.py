@@ -99,6 +99,9 @@ def test_the_fingerprint_follows_attributes_and_refuses_what_it_cannot_hash():
     assert trace_cache.fingerprint(constant, args, ()) != trace_cache.fingerprint(
         Step(2, torch.tensor([1, 3])), args, ()
     )
-    for value in (object(), lambda x: x):
+    listed = Step(2, [1, 2])
+    listed.layers = [listed.lin]  # a list of its own modules (EAGLE-3's draft layers): by their paths
+    assert trace_cache.fingerprint(listed, args, ()) == trace_cache.fingerprint(listed, args, ())
+    for value in (object(), lambda x: x, [torch.nn.Linear(2, 2)]):  # a module outside the step: not hashed
         with pytest.raises(trace_cache.Uncacheable):
             trace_cache.fingerprint(Step(2, value), args, ())

@@ -23,6 +23,8 @@ class RedrafterPlugin(ModePlugin):
     name = "redrafter"
     head_key = HEAD_KEY
     selects_rows = True
+    # the head's config, for the manifest: the drafter built from it holds what the trace reads (builder/trace_cache.py)
+    untraced_attributes = ("cfg",)
 
     def draft_outputs(self) -> list[OutputSpec]:
         n, beams, depth = self.max_new_tokens_per_step(), self.num_beams, self.draft_len + 1
