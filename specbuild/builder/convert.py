@@ -24,13 +24,13 @@ from specbuild.builder.tokenizer_io import (
     read_chat_template,
     validate_tokenizer,
 )
+from specbuild.builder.torch_dtypes import FLOAT_DTYPES
 from specbuild.builder.weights_io import LazyTensors, open_hf_weights, spec_of
 from specbuild.errors import SpecbuildError
 from specbuild.fsutil import atomic_output_dir, prepare_output_dir
 
 log = logging.getLogger(__name__)
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 AUTO = "auto"  # --dtype: the base weights' own dtype
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 # Medusa-2 full models keep their heads beside the base weights; `--medusa-dir` on the same directory reads them.
@@ -51,7 +51,7 @@ def convert_checkpoint(
 ) -> Path:
     """Convert the HF model in `model_dir` (and each head directory in `heads`, mode -> dir) into `output_dir`."""
     model_dir, output_dir = Path(model_dir), Path(output_dir)
-    if dtype != AUTO and dtype not in TORCH_DTYPES:
+    if dtype != AUTO and dtype not in FLOAT_DTYPES:
         raise SpecbuildError(f"unsupported dtype {dtype!r}; choose one of {AUTO}, {', '.join(DTYPES)}")
     if not model_dir.is_dir():
         raise SpecbuildError(f"{model_dir}: model directory does not exist")
@@ -77,7 +77,7 @@ def convert_checkpoint(
         raw = unfuse(model, open_hf_weights(model_dir), str(model_dir))
         names = validate_base_tensors(model, raw, source=str(model_dir))
         dtype = checkpoint_dtype(dtype, raw, names)
-        out_dtype = TORCH_DTYPES[dtype]
+        out_dtype = FLOAT_DTYPES[dtype]
         tensors = raw.subset(names).cast(
             lambda name: out_dtype if raw.specs[name][1].is_floating_point else raw.specs[name][1],
             lambda tensor, name: _cast(tensor, out_dtype, name, model_dir),
@@ -101,7 +101,7 @@ def checkpoint_dtype(requested: str, tensors: LazyTensors, names: list[str]) -> 
     if requested != AUTO:
         return requested
     found = {tensors.specs[name][1] for name in names} - {torch.float64}
-    by_torch = {v: k for k, v in TORCH_DTYPES.items()}
+    by_torch = {v: k for k, v in FLOAT_DTYPES.items()}
     return by_torch[found.pop()] if len(found) == 1 and next(iter(found)) in by_torch else "float32"
 
 

@@ -16,6 +16,7 @@ import torch
 
 from specbuild import engine_format as ef
 from specbuild.builder.step import HEAD_INPUTS, SAMPLING_INPUTS, StepModule
+from specbuild.builder.torch_dtypes import TORCH_DTYPES
 from specbuild.errors import SpecbuildError
 
 OPSET = 18
@@ -25,13 +26,6 @@ NUMPY_DTYPES = {
     "bfloat16": np.float32,
     "int64": np.int64,
     "bool": np.bool_,
-}
-TORCH_DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "bool": torch.bool,
 }
 
 

@@ -110,7 +110,7 @@ class GraphKind:
         import tempfile
 
         from specbuild.builder import lazy_network
-        from specbuild.builder.network import TORCH_DTYPES
+        from specbuild.builder.torch_dtypes import TORCH_DTYPES
         from specbuild.builder.weights_io import LazyTensors
 
         layers = TRUNCATED_LAYERS

@@ -23,7 +23,8 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from specbuild.builder.model_config import ModelConfig
-from specbuild.builder.network import TORCH_DTYPES, LlamaNetwork, norm_offset
+from specbuild.builder.network import LlamaNetwork, norm_offset
+from specbuild.builder.torch_dtypes import TORCH_DTYPES
 
 # the packed projections of a decoder layer and the checkpoint tensors they stack (network.py: pack_qkv,
 # pack_gate_up); the unpacked modules stay in the layer, unused by its forward

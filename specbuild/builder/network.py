@@ -15,8 +15,7 @@ from torch import nn
 
 from specbuild.builder.layers import RMSNorm, apply_rope, stacked_linear
 from specbuild.builder.model_config import ModelConfig
-
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+from specbuild.builder.torch_dtypes import TORCH_DTYPES
 
 
 class NormOffset(Mapping):

@@ -10,11 +10,10 @@ from torch import nn
 
 from specbuild import engine_format as ef
 from specbuild.builder.checkpoint import build_weights, defaults_for_weights
+from specbuild.builder.torch_dtypes import TORCH_DTYPES
 from specbuild.errors import SpecbuildError
 from specbuild.modes.spec import TYPICAL_ACCEPTANCE
 from specbuild.tree import Tree
-
-_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "int64": torch.int64, "bool": torch.bool}
 
 
 @dataclasses.dataclass
@@ -176,14 +175,14 @@ class ModePlugin(nn.Module):
         out = {}
         for spec in self.draft_outputs():
             shape = [sizes[d] if isinstance(d, str) else d for d in spec.shape]
-            out[spec.name] = torch.zeros(shape, dtype=_TORCH_DTYPES[spec.dtype])
+            out[spec.name] = torch.zeros(shape, dtype=TORCH_DTYPES[spec.dtype])
         for spec in self.state_specs():
             if spec.grow_axis is None:
                 out[spec.output_name] = ctx.states[spec.name].clone()
                 continue
             shape = [{"B": b}.get(d, d) if isinstance(d, str) else d for d in spec.shape]
             shape[spec.grow_axis] = t
-            out[spec.output_name] = torch.full(shape, spec.fill, dtype=_TORCH_DTYPES[spec.dtype])
+            out[spec.output_name] = torch.full(shape, spec.fill, dtype=TORCH_DTYPES[spec.dtype])
         return out
 
     def manifest(self) -> dict[str, Any]:

@@ -36,9 +36,12 @@ def write_checkpoint(shape: str, seed: int, root):
 
 
 # the Llama, Mistral and Qwen2 shapes on every seed; each later architecture on one (tests/builder/
-# test_architectures.py builds its none engine on three seeds and every mode on another)
-CASES = [(shape, seed) for shape in {**TINY_SHAPES, **SLIDING_SHAPES} for seed in SEEDS] + [
-    (shape, SEEDS[0]) for shape in ARCH_SHAPES
+# test_architectures.py builds its none engine on three seeds and every mode on another). Seed-major: a shape's later
+# seeds come after every first build, so xdist's workers find its traces in the run's trace cache instead of
+# exporting the same structure side by side
+SHAPES = [*TINY_SHAPES, *SLIDING_SHAPES]
+CASES = [(shape, SEEDS[0]) for shape in [*SHAPES, *ARCH_SHAPES]] + [
+    (shape, seed) for seed in SEEDS[1:] for shape in SHAPES
 ]
 
 
