@@ -252,7 +252,10 @@ class TiedOutput(nn.Module):
 
     def __init__(self, embedding: nn.Embedding):
         super().__init__()
-        self.read = lambda: embedding.weight  # not a submodule: the embedding is the network's
+        object.__setattr__(self, "embedding", embedding)  # not a submodule: the embedding is the network's
+
+    def read(self) -> torch.Tensor:
+        return self.embedding.weight
 
     @property
     def weight(self) -> torch.Tensor:
