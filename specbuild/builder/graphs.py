@@ -110,7 +110,7 @@ class GraphKind:
         import tempfile
 
         from specbuild.builder import lazy_network
-        from specbuild.builder.torch_dtypes import TORCH_DTYPES
+        from specbuild.builder.torch_dtypes import FLOAT_DTYPES
         from specbuild.builder.weights_io import LazyTensors
 
         layers = TRUNCATED_LAYERS
@@ -126,7 +126,7 @@ class GraphKind:
         if ckpt.model.tie_word_embeddings:  # a float graph: its tied lm_head stored once, as a float engine's is
             net.tie_output()
             reference.tie_output()
-        plugin = plan.plugin_cls(ckpt, net, plan.settings).to(TORCH_DTYPES[plan.engine_dtype]).eval()
+        plugin = plan.plugin_cls(ckpt, net, plan.settings).to(FLOAT_DTYPES[plan.engine_dtype]).eval()
         plugin.capture_layers = tuple(min(int(i), layers) for i in plugin.capture_layers)
         truncated = dataclasses.replace(plan, checkpoint=ckpt)
         step, check = (self.module(truncated, n, plugin, False).eval() for n in (net, reference))

@@ -24,7 +24,7 @@ from torch.nn.utils import parametrize
 
 from specbuild.builder.model_config import ModelConfig
 from specbuild.builder.network import LlamaNetwork, norm_offset
-from specbuild.builder.torch_dtypes import TORCH_DTYPES
+from specbuild.builder.torch_dtypes import FLOAT_DTYPES
 
 # the packed projections of a decoder layer and the checkpoint tensors they stack (network.py: pack_qkv,
 # pack_gate_up); the unpacked modules stay in the layer, unused by its forward
@@ -73,7 +73,7 @@ class LazyNetwork(LlamaNetwork):
 
     def __init__(self, cfg: ModelConfig, tensors: Mapping, dtype: str):
         super().__init__(cfg)
-        self.tensors, self.weight_dtype = tensors, TORCH_DTYPES[dtype]
+        self.tensors, self.weight_dtype = tensors, FLOAT_DTYPES[dtype]
         self._held: dict[str, torch.Tensor] | None = None  # weights kept while holding() (the tied ones once)
         self._hold_left = 0
 
@@ -116,7 +116,7 @@ class LazyNetwork(LlamaNetwork):
 
 def _base(cfg: ModelConfig, tensors: Mapping, dtype: str) -> LazyNetwork:
     """The network with meta (no memory) weights, packed, and its real final norm and rotary frequencies."""
-    torch_dtype = TORCH_DTYPES[dtype]
+    torch_dtype = FLOAT_DTYPES[dtype]
     tensors = norm_offset(cfg, tensors)
     with torch.device("meta"):
         net = LazyNetwork(cfg, tensors, dtype).to(torch_dtype)

@@ -15,7 +15,7 @@ from torch import nn
 
 from specbuild.builder.layers import RMSNorm, apply_rope, stacked_linear
 from specbuild.builder.model_config import ModelConfig
-from specbuild.builder.torch_dtypes import TORCH_DTYPES
+from specbuild.builder.torch_dtypes import FLOAT_DTYPES
 
 
 class NormOffset(Mapping):
@@ -323,7 +323,7 @@ class LlamaNetwork(nn.Module):
         if cfg.tie_word_embeddings:
             state["lm_head.weight"] = state["embed_tokens.weight"]
         net.load_state_dict(state, strict=True)
-        net = net.to(TORCH_DTYPES[dtype]).eval()
+        net = net.to(FLOAT_DTYPES[dtype]).eval()
         for layer in net.layers:
             layer.self_attn.pack_qkv()
             layer.mlp.pack_gate_up()
