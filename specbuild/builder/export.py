@@ -174,7 +174,7 @@ def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weigh
     import onnxscript.optimizer
     import onnxscript.rewriter.onnx_fusions
 
-    from specbuild.builder import ir_weights, trace_cache
+    from specbuild.builder import cond_export, ir_weights, trace_cache
 
     dynamic = _dynamic_shapes(step)
     try:
@@ -185,17 +185,18 @@ def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weigh
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         if model is None:
-            model = torch.onnx.export(
-                step,
-                args,
-                dynamo=True,
-                opset_version=OPSET,
-                input_names=inputs,
-                output_names=outputs,
-                dynamic_shapes=dynamic,
-                verbose=False,
-                optimize=False,  # once the fake parameters have their (lazy) values: below
-            ).model
+            with cond_export.lean_cond_passes():  # the Ifs' branches checked in the first pass only
+                model = torch.onnx.export(
+                    step,
+                    args,
+                    dynamo=True,
+                    opset_version=OPSET,
+                    input_names=inputs,
+                    output_names=outputs,
+                    dynamic_shapes=dynamic,
+                    verbose=False,
+                    optimize=False,  # once the fake parameters have their (lazy) values: below
+                ).model
             if key is not None:  # and taken back: the same model a later build of this structure gets
                 trace_cache.keep(key, model, step)
                 model = trace_cache.take(key, step) or model
