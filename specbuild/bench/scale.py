@@ -92,7 +92,7 @@ def run(args, log=print) -> dict:
         kind = GENAI_PRECISIONS.get(precision)
         if args.genai and kind and kind not in report["genai_builds"]:
             gout = work / f"genai-{kind}"
-            cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(gout), "-p",
+            cmd = [sys.executable, "-m", "specbuild.bench.genai_builder", "-i", str(hf), "-o", str(gout), "-p",
                    kind, "-e", "cpu", "-c", str(work / "genai-cache")]  # fmt: skip
             report["genai_builds"][kind] = {**measured(cmd, log), "engine_gb": dir_gb(gout)}
             if report["genai_builds"][kind]["rc"] == 0:
