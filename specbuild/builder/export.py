@@ -185,7 +185,7 @@ def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weigh
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         if model is None:
-            with cond_export.lean_cond_passes():  # the Ifs' branches checked in the first pass only
+            with cond_export.lean_cond_passes():  # an If's branches: checked from their graphs where these show it
                 model = torch.onnx.export(
                     step,
                     args,
