@@ -60,10 +60,6 @@ def plainly_functional(graph_module, cond) -> bool:
     return False
 
 
-def _graph_branches(*branches) -> bool:
-    return all(isinstance(b, torch.fx.GraphModule) for b in branches)
-
-
 @contextlib.contextmanager
 def lean_cond_passes():
     """While active, a cond whose branch graphs are plainly functional gets no schema traced and no tracing check."""
@@ -79,7 +75,7 @@ def lean_cond_passes():
         return
 
     def plain(*branches) -> bool:
-        return _graph_branches(*branches) and all(plainly_functional(b, cond_op) for b in branches)
+        return all(isinstance(b, torch.fx.GraphModule) and plainly_functional(b, cond_op) for b in branches)
 
     def gen_schema(pred, true_fn, false_fn, operands):
         return _NOT_MUTABLE if plain(true_fn, false_fn) else schema(pred, true_fn, false_fn, operands)

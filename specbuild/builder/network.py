@@ -254,15 +254,12 @@ class TiedOutput(nn.Module):
         super().__init__()
         object.__setattr__(self, "embedding", embedding)  # not a submodule: the embedding is the network's
 
-    def read(self) -> torch.Tensor:
-        return self.embedding.weight
-
     @property
     def weight(self) -> torch.Tensor:
-        return self.read()
+        return self.embedding.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V] (no rows: [0, V])
-        weight = self.read()
+        weight = self.weight
         return nn.functional.linear(x.reshape(-1, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
 
 
