@@ -174,7 +174,7 @@ def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weigh
     import onnxscript.optimizer
     import onnxscript.rewriter.onnx_fusions
 
-    from specbuild.builder import cond_export, ir_weights, trace_cache
+    from specbuild.builder import cond_export, ir_weights, lean_prepare, trace_cache
 
     dynamic = _dynamic_shapes(step)
     try:
@@ -185,7 +185,9 @@ def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weigh
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         if model is None:
-            with cond_export.lean_cond_passes():  # an If's branches: checked from their graphs where these show it
+            # an If's branches checked from their graphs, and the program decomposed without a second trace, where
+            # these show what torch's own passes would find
+            with cond_export.lean_cond_passes(), lean_prepare.lean_decomposition():
                 model = torch.onnx.export(
                     step,
                     args,

@@ -202,7 +202,8 @@ def expand_dynamic(draft: DraftNet, ctx, h_all, draft_kv, valid, new_kv, top_k: 
     hsize = h_all.shape[2]
     k, n_sel = top_k, total_tokens - 1
     n_cand = k + (depth - 1) * k * k
-    eye = torch.eye(n_cand, dtype=h_all.dtype, device=h_all.device)
+    cand = torch.arange(n_cand, device=h_all.device)
+    eye = (cand.unsqueeze(-1) == cand).to(h_all.dtype)  # [n_cand,n_cand] identity (eye's decomposition, traced once)
     h_root = h_all.gather(1, ctx.last_node.view(b, 1, 1).expand(b, 1, hsize))  # [B,1,H]
     root_pos = ctx.position_ids.gather(1, ctx.last_node.view(b, 1)) + 1  # [B,1]
     logp = draft.logprobs(h_root, net).squeeze(1)  # [B,Vd]
@@ -221,7 +222,7 @@ def expand_dynamic(draft: DraftNet, ctx, h_all, draft_kv, valid, new_kv, top_k: 
         if exp_idx:
             prev = torch.cat(exp_idx, dim=1)  # [B,M] candidate index of each expansion memory entry
             masks.append(frontier_anc.gather(2, prev.unsqueeze(1).expand(b, k, prev.shape[1])) > 0)
-        self_mask = torch.eye(k, dtype=torch.bool).unsqueeze(0).expand(b, k, k)
+        self_mask = (torch.arange(k).unsqueeze(-1) == torch.arange(k)).unsqueeze(0).expand(b, k, k)
         positions = (root_pos + it).expand(b, k)
         h_f, ks, vs = draft.run(
             draft.to_target(frontier_tokens), frontier_feat, positions, net, mem_k, mem_v, masks, self_mask
@@ -325,7 +326,7 @@ def expand_static(draft: DraftNet, ctx, h_all, draft_kv, valid, new_kv, tree, re
         tok = torch.stack([tokens[i] for i in run_nodes], dim=1)
         feats = torch.stack([node_h[int(parents[i])] for i in run_nodes], dim=1)
         positions = (root_pos + d - 1).expand(b, n)
-        self_mask = torch.eye(n, dtype=torch.bool).unsqueeze(0).expand(b, n, n)
+        self_mask = (torch.arange(n).unsqueeze(-1) == torch.arange(n)).unsqueeze(0).expand(b, n, n)
         h, ks, vs = draft.run(tok, feats, positions, net, mem_k, mem_v, masks, self_mask)
         for li in range(draft.num_layers):
             mem_k[li] = mem_k[li] + [ks[li]]

@@ -123,7 +123,7 @@ def beams_to_tree(beams: torch.Tensor) -> dict[str, torch.Tensor]:
     onehot = (paths.unsqueeze(-1) == slots).float()  # [B,M,L+1,N]
     reach = torch.cumsum(onehot, dim=2)  # [B,M,j,N]: nodes on beam i at columns <= j
     ancestors = torch.matmul(onehot.transpose(2, 3), reach).sum(1) > 0  # [B,N,N]
-    eye = torch.eye(n, dtype=torch.bool, device=beams.device).unsqueeze(0)
+    eye = (slots.view(n, 1) == slots.view(1, n)).unsqueeze(0)  # [1,N,N] identity
     mask = ancestors | eye
     offsets = mask.to(torch.int64).sum(-1) - 1
     tokens = (onehot * beams.float().unsqueeze(-1)).amax(dim=(1, 2)).to(torch.int64)  # [B,N] (0 for padding)

@@ -1,0 +1,115 @@
+"""The ONNX exporter's second trace, skipped when its only work is renaming a few operators.
+
+torch.onnx.export takes torch.export's program (the training IR) and traces all of it again to decompose it to the
+operators ONNX implements (`ExportedProgram.run_decompositions`, with fake tensors and symbolic shapes: about half of
+an export). For specbuild's step graphs the program already holds only operators the exporter has ONNX functions for,
+but for a few that decompose one to one: `a & b` and `a | b` (bitwise_and, bitwise_or), `1 - x` (a Sub of the scalar
+and x), `x.to(dtype)` (a copy to that dtype; x itself where it has that dtype already and is not an output). The
+assertions torch.export leaves are dropped by the exporter either way.
+
+`lean_decomposition()` makes that decomposition without the trace for the time of one export, where the program
+shows it can: every call is an ATen op ONNX implements and that writes to nothing, one of the renamings above, an
+assertion, a cond, a tuple element or arithmetic on sizes. Anything else (an op without an ONNX function, an in-place
+op, another higher-order op, an argument the renamings do not cover) leaves the program to torch's own
+decomposition. The graph differs from the traced one only where an op the trace would have decomposed has an ONNX
+function of its own (a narrow: a Slice whose end is an Add, where the trace wrote the end as a size expression);
+what it computes is the same (tests/builder/test_lean_prepare.py, and every build's validation against torch).
+A torch without the private function this replaces exports as it is (only slower).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+
+import torch
+
+_ATEN = torch.ops.aten
+_RENAMED = {_ATEN.__and__.Tensor: _ATEN.bitwise_and.Tensor, _ATEN.__or__.Tensor: _ATEN.bitwise_or.Tensor}
+_ASSERTIONS = {
+    _ATEN._assert_scalar.default,
+    _ATEN._assert_tensor_metadata.default,
+    _ATEN.sym_constrain_range_for_size.default,
+}
+# arithmetic on symbolic sizes (as Python's operator module's): no tensor in or out
+_SYMBOLIC = {getattr(torch, f"sym_{n}", None) for n in ("not", "sum", "max", "min", "float", "int", "ite")} - {None}
+
+
+def decomposed_in_place(program, implemented: set) -> bool:
+    """Decompose `program` (an ExportedProgram, every graph of it) in place where it holds only operators in
+    `implemented` and the one-to-one renamings; return False, having changed nothing, where it holds anything else."""
+    graphs = [m for m in program.graph_module.modules() if isinstance(m, torch.fx.GraphModule)]
+    nodes = [n for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+    if not all(_covered(n, implemented) for n in nodes):
+        return False
+    for node in nodes:
+        _rename(node)
+    for gm in graphs:
+        gm.recompile()
+    return True
+
+
+def _covered(node, implemented: set) -> bool:
+    target = node.target
+    if target in _RENAMED or target in _ASSERTIONS:
+        return True
+    if target is _ATEN.rsub.Scalar:
+        return len(node.args) == 2 and node.kwargs.get("alpha", 1) == 1
+    if target is _ATEN.to.dtype:  # (x, dtype): no copy=, memory_format= or non_blocking= to keep
+        return len(node.args) == 2 and not node.kwargs and isinstance(node.args[0].meta.get("val"), torch.Tensor)
+    if isinstance(target, torch._ops.OpOverload):
+        return target in implemented and not target._schema.is_mutable
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return target is torch.ops.higher_order.cond
+    return (
+        target is operator.getitem
+        or target in _SYMBOLIC
+        or getattr(target, "__module__", None)
+        in (
+            "_operator",
+            "math",
+        )
+    )
+
+
+def _rename(node) -> None:
+    """One node as torch's decomposition writes it (its value, meta['val'], is the same)."""
+    target = node.target
+    if target in _RENAMED:
+        node.target = _RENAMED[target]
+    elif target is _ATEN.rsub.Scalar:  # rsub(x, s) = s - x
+        x, scalar = node.args
+        node.target, node.args = _ATEN.sub.Tensor, (scalar, x)
+    elif target is _ATEN.to.dtype:
+        x, dtype = node.args
+        if x.meta["val"].dtype == dtype and all(user.op != "output" for user in node.users):  # x itself
+            node.replace_all_uses_with(x)
+            node.graph.erase_node(node)
+        else:  # a copy (to its own dtype where the program's signature names the node as an output)
+            node.target, node.args, node.kwargs = _ATEN._to_copy.default, (x,), {"dtype": dtype}
+
+
+@contextlib.contextmanager
+def lean_decomposition():
+    """For the time of one export: the exporter's decomposition made in place where decomposed_in_place can, its
+    own trace otherwise."""
+    try:
+        from torch.onnx._internal.exporter import _decomp, _fx_passes
+    except ImportError:
+        yield
+        return
+    original = getattr(_fx_passes, "decompose_with_registry", None)
+    if original is None:
+        yield
+        return
+
+    def decompose(program, registry):
+        if decomposed_in_place(program, set(_decomp.get_onnx_implemented_overloads(registry))):
+            return program
+        return original(program, registry)
+
+    _fx_passes.decompose_with_registry = decompose
+    try:
+        yield
+    finally:
+        _fx_passes.decompose_with_registry = original
