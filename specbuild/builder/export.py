@@ -187,7 +187,7 @@ def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weigh
         if model is None:
             # an If's branches checked from their graphs, and the program decomposed without a second trace, where
             # these show what torch's own passes would find
-            with cond_export.lean_cond_passes(), lean_prepare.lean_decomposition():
+            with cond_export.lean_cond_passes(), lean_prepare.lean_preparation():
                 model = torch.onnx.export(
                     step,
                     args,

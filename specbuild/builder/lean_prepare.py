@@ -89,27 +89,58 @@ def _rename(node) -> None:
             node.target, node.args, node.kwargs = _ATEN._to_copy.default, (x,), {"dtype": dtype}
 
 
+def promoted_in_place(graph_module) -> None:
+    """The exporter's type promotion pass (explicit casts where an op's inputs differ in dtype) over every graph of
+    `graph_module`, each node's value taken from the program (meta["val"]) instead of being computed again, but where
+    the pass changed the node (it computes that one, as the pass does)."""
+    from torch.onnx._internal.fx import passes
+    from torch.onnx._internal.fx.passes import type_promotion
+
+    class KnownValues(type_promotion._TypePromotionInterpreter):
+        def run_node(self, node):
+            self.changed = False
+            with self._set_current_node(node):
+                if rule := type_promotion.get_type_promotion_rule(node, self.type_promotion_table):
+                    self._maybe_promote_node(node, rule)
+            value = node.meta.get("val")
+            if node.op == "call_function" and not self.changed and value is not None:
+                return value
+            return torch.fx.Interpreter.run_node(self, node)
+
+        def _rerun_node_after_type_promotion(self, node, expected_out_dtype):
+            self.changed = True
+            return super()._rerun_node_after_type_promotion(node, expected_out_dtype)
+
+    for module in graph_module.modules():
+        transform = passes.InsertTypePromotion(module)
+        transform.interpreter = KnownValues(module, transform.interpreter.type_promotion_table)
+        transform.run()
+
+
 @contextlib.contextmanager
-def lean_decomposition():
-    """For the time of one export: the exporter's decomposition made in place where decomposed_in_place can, its
-    own trace otherwise."""
+def lean_preparation():
+    """For the time of one export: the exporter's decomposition made in place where decomposed_in_place can (its own
+    trace otherwise), and its type promotion pass run with the values the program holds (promoted_in_place)."""
     try:
         from torch.onnx._internal.exporter import _decomp, _fx_passes
     except ImportError:
         yield
         return
-    original = getattr(_fx_passes, "decompose_with_registry", None)
-    if original is None:
+    names = ("decompose_with_registry", "insert_type_promotion_nodes")
+    originals = {name: getattr(_fx_passes, name, None) for name in names}
+    if None in originals.values():
         yield
         return
 
     def decompose(program, registry):
         if decomposed_in_place(program, set(_decomp.get_onnx_implemented_overloads(registry))):
             return program
-        return original(program, registry)
+        return originals["decompose_with_registry"](program, registry)
 
     _fx_passes.decompose_with_registry = decompose
+    _fx_passes.insert_type_promotion_nodes = promoted_in_place
     try:
         yield
     finally:
-        _fx_passes.decompose_with_registry = original
+        for name, function in originals.items():
+            setattr(_fx_passes, name, function)

@@ -1,5 +1,6 @@
-"""lean_decomposition: a program of operators ONNX implements and one-to-one renamings is decomposed without torch's
-second trace, to a graph that computes the same; any other program goes to torch's own decomposition."""
+"""lean_preparation: a program of operators ONNX implements and one-to-one renamings is decomposed without torch's
+second trace, to a graph that computes the same; any other program goes to torch's own decomposition. Type promotion
+from the program's values inserts the casts torch's pass inserts."""
 
 import warnings
 
@@ -10,7 +11,7 @@ import torch
 from torch.onnx._internal.exporter import _decomp, _fx_passes, _registration
 
 from specbuild.builder.acceptance import branch
-from specbuild.builder.lean_prepare import decomposed_in_place, lean_decomposition
+from specbuild.builder.lean_prepare import decomposed_in_place, lean_preparation, promoted_in_place
 
 
 class Renamed(torch.nn.Module):
@@ -23,6 +24,16 @@ class Renamed(torch.nn.Module):
         head = x.narrow(1, 0, n - 1).to(torch.float32)
         z = branch(m.any(), lambda y: y + 1.0, lambda y: y - 1.0, (y,))
         return both, z, head
+
+
+class Promoted(torch.nn.Module):
+    """Ops whose inputs differ in dtype (the type promotion pass casts them), in the program and in an If."""
+
+    def forward(self, x, m):
+        counts = m.to(torch.int64).sum(-1, keepdim=True)  # int64
+        y = x * counts + m.shape[1]  # float * int64 + size
+        z = branch(m.any(), lambda y, c: y / c, lambda y, c: y - c, (y, counts))
+        return torch.where(m, z, counts), counts + 0.5
 
 
 class Identity(torch.nn.Module):
@@ -79,14 +90,14 @@ def test_anything_else_is_left_to_torch(module):
     assert str(program.graph_module.graph) == before
 
 
-@pytest.mark.parametrize("module, expect_lean", [(Renamed(), True), (Identity(), False)])
+@pytest.mark.parametrize("module, expect_lean", [(Renamed(), True), (Identity(), False), (Promoted(), True)])
 def test_exported_graph_computes_what_torch_does(module, expect_lean, monkeypatch):
     traced = []
     original = _fx_passes.decompose_with_registry
     monkeypatch.setattr(_fx_passes, "decompose_with_registry", lambda p, r: traced.append(1) or original(p, r))
-    args = _args() if isinstance(module, Renamed) else (torch.randn(3, 5),)
+    args = (torch.randn(3, 5),) if isinstance(module, Identity) else _args()
     dims = torch.export.Dim("n", min=3, max=64)
-    with warnings.catch_warnings(), torch.no_grad(), lean_decomposition():
+    with warnings.catch_warnings(), torch.no_grad(), lean_preparation():
         warnings.simplefilter("ignore")
         onnx_program = torch.onnx.export(
             module, args, dynamo=True, verbose=False,
@@ -101,3 +112,14 @@ def test_exported_graph_computes_what_torch_does(module, expect_lean, monkeypatc
         want = module(*feed)
         for g_out, w_out in zip(got, want if isinstance(want, tuple) else (want,)):
             np.testing.assert_array_equal(g_out, w_out.numpy())
+
+
+def test_type_promotion_from_the_programs_values_inserts_the_same_casts():
+    graphs = []
+    for promote in (_fx_passes.insert_type_promotion_nodes, promoted_in_place):
+        program = _program(Promoted(), _args())
+        assert decomposed_in_place(program, _implemented())
+        promote(program.graph_module)
+        graphs.append([str(m.graph) for m in program.graph_module.modules()])
+    assert graphs[0] == graphs[1]
+    assert "convert_element_type" in graphs[1][0]  # casts inserted (the test covers the pass's work)
