@@ -1,20 +1,27 @@
-"""The ONNX exporter's second trace, skipped when its only work is renaming a few operators.
+"""The ONNX exporter's preparation of a program (decomposition, type promotion) made from what the traced program
+already shows, instead of tracing it again.
 
 torch.onnx.export takes torch.export's program (the training IR) and traces all of it again to decompose it to the
 operators ONNX implements (`ExportedProgram.run_decompositions`, with fake tensors and symbolic shapes: about half of
-an export). For specbuild's step graphs the program already holds only operators the exporter has ONNX functions for,
-but for a few that decompose one to one: `a & b` and `a | b` (bitwise_and, bitwise_or), `1 - x` (a Sub of the scalar
-and x), `x.to(dtype)` (a copy to that dtype; x itself where it has that dtype already and is not an output). The
-assertions torch.export leaves are dropped by the exporter either way.
+an export), then interprets it once more, node by node, to insert casts where an op's inputs differ in dtype.
 
-`lean_decomposition()` makes that decomposition without the trace for the time of one export, where the program
-shows it can: every call is an ATen op ONNX implements and that writes to nothing, one of the renamings above, an
-assertion, a cond, a tuple element or arithmetic on sizes. Anything else (an op without an ONNX function, an in-place
-op, another higher-order op, an argument the renamings do not cover) leaves the program to torch's own
-decomposition. The graph differs from the traced one only where an op the trace would have decomposed has an ONNX
-function of its own (a narrow: a Slice whose end is an Add, where the trace wrote the end as a size expression);
-what it computes is the same (tests/builder/test_lean_prepare.py, and every build's validation against torch).
-A torch without the private function this replaces exports as it is (only slower).
+Decomposition: for specbuild's step graphs the program already holds only operators the exporter has ONNX functions
+for, but for a few that decompose one to one: `a & b` and `a | b` (bitwise_and, bitwise_or), `1 - x` (a Sub of the
+scalar and x), `x.to(dtype)` (a copy to that dtype; x itself where it has that dtype already and is not an output).
+The assertions torch.export leaves are dropped by the exporter either way. `decomposed_in_place` makes those
+renamings where the program shows it can: every call is an ATen op ONNX implements and that writes to nothing, one
+of the renamings, an assertion, a cond, a tuple element or arithmetic on sizes. Anything else (an op without an ONNX
+function, an in-place op, another higher-order op, an argument the renamings do not cover) leaves the program to
+torch's own decomposition. The graph differs from the traced one only where an op the trace would have decomposed
+has an ONNX function of its own (a narrow: a Slice whose end is an Add, where the trace wrote the end as a size
+expression); what it computes is the same (tests/builder/test_lean_prepare.py, and every build's validation against
+torch).
+
+Type promotion: `promoted_in_place` runs torch's own pass, but takes each node's value from the program where the
+pass leaves the node as it was (the same casts: tested).
+
+`lean_preparation()` puts both in place of torch's for the time of one export; a torch without the private functions
+they replace exports as it is (only slower).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ _ASSERTIONS = {
 }
 # arithmetic on symbolic sizes (as Python's operator module's): no tensor in or out
 _SYMBOLIC = {getattr(torch, f"sym_{n}", None) for n in ("not", "sum", "max", "min", "float", "int", "ite")} - {None}
+_SIZE_MODULES = ("_operator", "math")
 
 
 def decomposed_in_place(program, implemented: set) -> bool:
@@ -61,15 +69,7 @@ def _covered(node, implemented: set) -> bool:
         return target in implemented and not target._schema.is_mutable
     if isinstance(target, torch._ops.HigherOrderOperator):
         return target is torch.ops.higher_order.cond
-    return (
-        target is operator.getitem
-        or target in _SYMBOLIC
-        or getattr(target, "__module__", None)
-        in (
-            "_operator",
-            "math",
-        )
-    )
+    return target is operator.getitem or target in _SYMBOLIC or getattr(target, "__module__", None) in _SIZE_MODULES
 
 
 def _rename(node) -> None:
@@ -123,12 +123,14 @@ def lean_preparation():
     trace otherwise), and its type promotion pass run with the values the program holds (promoted_in_place)."""
     try:
         from torch.onnx._internal.exporter import _decomp, _fx_passes
+        from torch.onnx._internal.fx.passes import type_promotion
     except ImportError:
         yield
         return
     names = ("decompose_with_registry", "insert_type_promotion_nodes")
     originals = {name: getattr(_fx_passes, name, None) for name in names}
-    if None in originals.values():
+    used = [getattr(type_promotion, n, None) for n in ("_TypePromotionInterpreter", "get_type_promotion_rule")]
+    if None in [*originals.values(), *used]:
         yield
         return
 
