@@ -30,6 +30,11 @@ KV_SHARED = "shared"
 WEIGHTS = ("fp32", "fp16", "int8", "int4")
 BLOCKWISE_WEIGHTS = ("int8", "int4")  # MatMulNBits blocks in the ONNX Runtime graph
 BLOCKWISE_BITS = {"int8": 8, "int4": 4}  # bits per weight of each
+# graphs[].kv_cache_dtype: the KV cache's element type in the fused graph (int8: scaled per layer, builder/kv_int8.py;
+# float: the engine's dtype, also where the field is absent)
+GRAPH_KV_CACHE_DTYPE = "kv_cache_dtype"
+KV_CACHE_FLOAT, KV_CACHE_INT8 = "float", "int8"
+KV_CACHE_DTYPES = (KV_CACHE_FLOAT, KV_CACHE_INT8)
 # --head-weights: the heads' own matmuls stay float, or become blockwise (int8 activations) in the onnxruntime graph
 FLOAT_HEADS = "float"
 HEAD_WEIGHTS = (FLOAT_HEADS, *BLOCKWISE_WEIGHTS)

@@ -121,6 +121,11 @@ def _role_memory(path: Path, man: dict) -> dict[str, dict]:
     return out
 
 
+# what describe_engine shows of each engine.yaml graph entry (and its io)
+GRAPH_FIELDS = ("role", "backend", "file", "kv_cache", "kv_cache_dtype", "weights", "head_quantization",
+                "kv_quantization", "validation")  # fmt: skip
+
+
 def describe_engine(path: Path, verify: bool = False) -> dict[str, Any]:
     from specbuild.runtime import exactness
     from specbuild.runtime.backends.base import resolve_threads
@@ -155,11 +160,7 @@ def describe_engine(path: Path, verify: bool = False) -> dict[str, Any]:
         "tree": tree_info,
         "mode": man.get("mode") or {},
         "states": man.get("states") or [],
-        "graphs": [
-            {k: g.get(k) for k in ("role", "backend", "file", "kv_cache", "weights", "head_quantization", "validation")}
-            | {"io": g.get("io")}
-            for g in man["graphs"]
-        ],
+        "graphs": [{k: g.get(k) for k in GRAPH_FIELDS} | {"io": g.get("io")} for g in man["graphs"]],
         "files": files,
         "checksums": checksums,
         "verified": sorted(verified) if verified is not None else None,
@@ -245,7 +246,7 @@ def render(info: dict[str, Any], console=None) -> None:
             (
                 "graphs",
                 "; ".join(
-                    f"{g['role']} {g['backend']}: {g['file']} ({g['weights']}{_heads(g)}, {g['kv_cache']} KV, "
+                    f"{g['role']} {g['backend']}: {g['file']} ({g['weights']}{_heads(g)}, {g['kv_cache']}{_kv(g)} KV, "
                     f"{_size(info['files'].get(g['file'], 0))})"
                     for g in info["graphs"]
                 ),
@@ -298,6 +299,11 @@ def render(info: dict[str, Any], console=None) -> None:
         for name, h in info["heads"].items():
             heads.add_row(name, str(h.get("tensors", "?")), _size(h.get("bytes", 0)), escape(json.dumps(h["config"])))
         console.print(heads)
+
+
+def _kv(graph: dict) -> str:
+    """ " int8" for a graph whose KV cache is in 8 bits (--kv-cache int8), else nothing."""
+    return " int8" if graph.get("kv_cache_dtype") == "int8" else ""
 
 
 def _heads(graph: dict) -> str:

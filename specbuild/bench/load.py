@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from specbuild.bench.sequential import engine_precision
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.scheduler import Request, Scheduler
 
@@ -393,20 +394,16 @@ def median_round(runs: list[tuple[dict, list]]) -> tuple[dict, list]:
     return row, outs
 
 
-def _precision(engine) -> tuple:
-    weights = engine.manifest.get("weights", {})
-    return weights.get("precision"), weights.get("activations", "float")
-
-
 def compare_rows(results: dict[str, dict], outputs: dict, engines: list, labels: list[str]) -> None:
     """Per row: outputs equal to the first `none` engine's at the lowest concurrency (and to the own-precision
     `none` engine's), speed-up over the own-precision `none` engine at the same C (peers: over the first `none`),
     scaling over the same row at the lowest C, tokens/s against the first peer at the same C, and for `none`
     engines the cost curve's ceiling and the share of it achieved."""
     plain = [_is_plain(e) for e in engines]
+    precision = [engine_precision(e) for e in engines]
     own_none = {
-        label: next((labels[i] for i, e in enumerate(engines) if plain[i] and _precision(e) == _precision(eng)), None)
-        for label, eng in zip(labels, engines)
+        label: next((labels[i] for i in range(len(engines)) if plain[i] and precision[i] == mine), None)
+        for label, mine in zip(labels, precision)
     }
     baseline = next((lab for lab, p in zip(labels, plain) if p), None)
     lowest = min(int(c) for c in results)
@@ -496,7 +493,7 @@ def run_load_benchmark(
                 "label": label,
                 "path": str(e.path),
                 "mode": e.manifest["speculative_mode"],
-                "precision": list(_precision(e)),
+                "precision": list(engine_precision(e)),
                 "max_batch_size": e.layout.max_batch_size,
                 "kv_mib_per_slot": kv_mib_per_slot(e.layout),
                 "lossless": e.lossless,

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
 from specbuild.host_memory import available_bytes
 from specbuild.modes.registry import get_mode
@@ -323,6 +324,13 @@ def _label(path: Path, mode: str, used: set[str]) -> str:
     return label
 
 
+def engine_precision(engine) -> tuple:
+    """(weights, activations, KV cache) of an engine: engines that differ in any give other tokens."""
+    weights = engine.manifest.get("weights", {})
+    kv_cache = weights.get(ef.GRAPH_KV_CACHE_DTYPE, ef.KV_CACHE_FLOAT)
+    return weights.get("precision"), weights.get("activations", "float"), kv_cache
+
+
 def load_engines(engine_dirs, max_new_tokens: int, threads: int | None, allow_lossy: bool) -> tuple[list, list[str]]:
     """The engines to benchmark and their row labels, after the checks every benchmark makes."""
     from specbuild.runtime.engine import Engine
@@ -398,11 +406,8 @@ def run_benchmark(
     prompts = {name: load_prompt_set(name, num_prompts) for name in prompt_sets}
     plain = [get_mode(e.manifest["speculative_mode"]).baseline for e in engines]
     base_idx = next((i for i, e in enumerate(engines) if plain[i]), None)
-    # an engine's reference is the none engine of the same weights and activations (int8 activations change output)
-    precision = [
-        (e.manifest.get("weights", {}).get("precision"), e.manifest.get("weights", {}).get("activations", "float"))
-        for e in engines
-    ]
+    # an engine's reference is the none engine of the same precision (int8 activations or cache change output)
+    precision = [engine_precision(e) for e in engines]
     own_none = [next((i for i in range(len(engines)) if plain[i] and precision[i] == p), None) for p in precision]
     codec = engines[0].codec
     peers: list = []

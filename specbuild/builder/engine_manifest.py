@@ -38,7 +38,7 @@ def engine_fields(plan: BuildPlan, plugin, graphs: list[dict], directory: Path) 
         "lossy_reason": lossy,
         # int8 activations: exact only where the kernels are row-invariant (with padding), checked at every load
         "lossless_condition": "row-invariant kernels on the running CPU, probed at load"
-        if plan.options.int8_activations and lossy is None
+        if (plan.options.int8_activations or plan.options.kv_cache == ef.KV_CACHE_INT8) and lossy is None
         else None,
         "typical_acceptance": list(plan.typical) if plan.typical else None,
         # sampled acceptance draws the token at sequence position q from the request's uniform number q, so a seeded
@@ -72,6 +72,8 @@ def engine_fields(plan: BuildPlan, plugin, graphs: list[dict], directory: Path) 
         "weights": {
             "precision": plan.weights,
             "activations": "int8" if plan.options.int8_activations else "float",
+            # int8: the onnxruntime graph's KV cache in 8 bits (builder/kv_int8.py)
+            ef.GRAPH_KV_CACHE_DTYPE: plan.options.kv_cache,
             # heads and draft layers: the engine's float dtype unless --head-weights or the heads' recorded choice
             # quantizes them (onnxruntime graph only: plan.resolve_head_weights)
             "mode_weights": plan.head_weights or plan.engine_dtype,
@@ -105,5 +107,11 @@ def lossy_reason(plan: BuildPlan, chain_drafts: bool) -> str | None:
             "decoding, attention sums them in another order, and the int8 roundings that follow can change greedy "
             "output against the none engine of the same --weights (chain drafts, e.g. ngram with one candidate, "
             "stay exact)"
+        )
+    if plan.options.kv_cache == ef.KV_CACHE_INT8 and not chain_drafts:
+        return (
+            "an int8 KV cache with branching trees: attention sums a tree node's keys in another order than one-token "
+            "decoding does, and the 8-bit roundings of the keys and values that follow can change greedy output "
+            "against the none engine of the same --kv-cache (chain drafts, e.g. ngram with one candidate, stay exact)"
         )
     return None

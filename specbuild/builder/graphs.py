@@ -39,6 +39,10 @@ class GraphKind:
     def after_export(self, onnx_path: Path) -> None:
         """Clean-up of the exported file that this kind needs."""
 
+    def kv_quantizer(self, plan: BuildPlan, reference, log):
+        """(transform, engine.yaml entry) that gives the graph a quantized KV cache (--kv-cache), or (None, None)."""
+        return None, None
+
     def layout_entry(self, plan: BuildPlan) -> dict:
         """This kind's fields of the engine.yaml graph entry."""
         return {}
@@ -61,7 +65,9 @@ class GraphKind:
         heads = plan.head_weights if backends == [ef.BACKEND_ONNXRUNTIME] else None
         small = float_weight_bytes(plan) <= SMALL_GRAPH_BYTES
         whole = small or plan.quantized_bits is None  # a float graph of any size is checked call by call itself
-        logits = plan.options.output_logits or plan.quantized_bits is not None  # the quantized check reads them
+        quantize_kv, kv_entry = self.kv_quantizer(plan, reference, log)
+        # the quantized checks read them
+        logits = plan.options.output_logits or plan.quantized_bits is not None or quantize_kv is not None
         step = self.module(plan, net, plugin, logits).eval()
         check = step if reference is net else self.module(plan, reference, plugin, logits).eval()
         counts: dict[str, int] = {}
@@ -79,6 +85,8 @@ class GraphKind:
             diff = self.validate_truncated(plan, directory)
             export.export_step(step, path, weight=weight, transform=quantize, log=log)
             self.after_export(path)
+        if quantize_kv is not None:
+            quantize_kv(path)
         what = "graph" if whole else f"graph's first {TRUNCATED_LAYERS} layers"
         ties = f", {diff['near_ties']} call(s) with a choice at a near-tie" if diff["near_ties"] else ""
         log(f"{name} {what} validated against torch: max abs diff {diff['max_abs_diff']:.3g} (bound "
@@ -88,6 +96,9 @@ class GraphKind:
             entry["validation"]["layers"] = TRUNCATED_LAYERS
         if plan.quantized_bits is not None:
             entry["quantization"] = quantize_step_graph(check, path, plan, name, log)
+        if quantize_kv is not None:
+            entry[ef.GRAPH_KV_CACHE_DTYPE] = ef.KV_CACHE_INT8
+            entry["kv_quantization"] = {**kv_entry, **kv_cache_check(check, path, plan, entry.get("quantization"), log)}
         if heads:
             entry["head_quantization"] = _head_entry(heads, plan.options.weights_block_size, counts["heads"], log)
         export.lint_graph(path, tensorrt=ef.BACKEND_TENSORRT in backends)
@@ -200,6 +211,26 @@ def _quantizer(plan: BuildPlan, heads: str | None, fused_gather: bool, counts: d
     return quantize
 
 
+def kv_cache_check(check, path: Path, plan: BuildPlan, quantization: dict | None, log) -> dict:
+    """How far the int8-cache graph at `path` is from the float torch step on a sample text (the weights'
+    quantization check measured both where the weights are quantized too; its logits output is then gone)."""
+    from specbuild.builder.export import compare_quantized, drop_output
+    from specbuild.builder.quantize import ACCURACY_FP32, sample_prompt
+
+    if quantization is not None:
+        measured = {k: quantization[k] for k in ("max_logit_error", "mean_logit_error", "top1_agreement", "positions")}
+        return {**measured, "measured_with": f"{plan.weights} weights"}
+    measured = compare_quantized(check, path, sample_prompt(plan.checkpoint), accuracy_level=ACCURACY_FP32)
+    log(
+        f"KV cache int8 graph against torch's float cache: top-1 agreement {measured['top1_agreement']:.1%} over "
+        f"{measured['positions']} positions, logit error max {measured['max_logit_error']:.3f} mean "
+        f"{measured['mean_logit_error']:.4f} (relative)"
+    )
+    if not plan.options.output_logits:
+        drop_output(path, ef.LOGITS)
+    return measured
+
+
 def rewrite_graph(path: Path, transform, log) -> None:
     """Apply `transform` to the graph at `path` (its weights read from its data file as they are written) and write
     it back: staged beside it, swapped in, data files nothing reads any more removed."""
@@ -270,6 +301,11 @@ class FusedGraph(GraphKind):
 
     def after_export(self, onnx_path):
         export.drop_unused_norm_statistics(onnx_path)
+
+    def kv_quantizer(self, plan, reference, log):
+        from specbuild.builder import kv_int8
+
+        return kv_int8.kv_quantizer(plan, reference, log)
 
     def layout_entry(self, plan):
         return {"attention_pad_rows": plan.pad_rows} if plan.pad_rows else {}

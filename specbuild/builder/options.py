@@ -35,6 +35,7 @@ class _BuildOptions:
     weights: str | None = None  # fp32, fp16, int8, int4 (default: fp16 for a float16 checkpoint, else fp32)
     weights_block_size: int = 32  # int4/int8: weights per quantization block along K
     int8_activations: bool = False  # int4/int8: quantize activations to int8 too (faster; calls padded, ort_kernels)
+    kv_cache: str = ef.KV_CACHE_FLOAT  # int8: the onnxruntime graph's KV cache in 8 bits (builder/kv_int8.py)
     # int8/int4: the mode's own matmuls (heads, draft layers) in the onnxruntime graph; float: keep them float;
     # None: the heads' recorded default (plan.resolve_head_weights)
     head_weights: str | None = None
@@ -138,6 +139,13 @@ class _BuildOptions:
             fail("weights_block_size", "a power of two between 16 and 256")
         if self.int8_activations and self.weights not in ef.BLOCKWISE_WEIGHTS:
             raise SpecbuildError(f"{source}--int8-activations applies to --weights int4 or int8")
+        if self.kv_cache not in ef.KV_CACHE_DTYPES:
+            fail("kv_cache", f"one of {', '.join(ef.KV_CACHE_DTYPES)}")
+        if self.kv_cache == ef.KV_CACHE_INT8 and self.backends != (ef.BACKEND_ONNXRUNTIME,):
+            raise SpecbuildError(
+                f"{source}--kv-cache int8 is ONNX Runtime's GroupQueryAttention reading an 8-bit cache (the portable "
+                "graph's attention keeps a float one): pass --backends onnxruntime"
+            )
         if self.head_weights is not None and self.head_weights not in ef.HEAD_WEIGHTS:
             fail("head_weights", f"one of {', '.join(ef.HEAD_WEIGHTS)}")
         if self.head_weights in ef.BLOCKWISE_WEIGHTS and ef.BACKEND_ONNXRUNTIME not in self.backends:

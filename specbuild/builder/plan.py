@@ -132,6 +132,11 @@ def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
     dtype = engine_dtype(weights)
     unfused = fused_kernels_unsupported(ckpt.model, dtype)
     head_weights, head_source = resolve_head_weights(options, plugin_cls, ckpt, unfused)
+    if options.kv_cache == ef.KV_CACHE_INT8 and unfused:
+        raise SpecbuildError(
+            f"--kv-cache int8: this model's onnxruntime graph is the portable one ({unfused}), whose attention keeps "
+            "a float cache"
+        )
     _check_memory(ckpt, weights, options.weights_block_size)
     return BuildPlan(
         options=options,
@@ -148,7 +153,8 @@ def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
         # int8 activations turn last-bit row differences into other tokens (ort_kernels: row padding): attention is
         # padded to >= 2 rows (it needs it on every CPU measured), and the graph takes a min_rows input with which
         # the runtime pads whole calls where the probe finds other kernels need it (runtime/row_invariance.py)
-        pad_rows=1 if options.int8_activations else 0,
+        # an int8 KV cache turns them into other cached bits (a rounding at a half step): padded the same way
+        pad_rows=1 if options.int8_activations or options.kv_cache == ef.KV_CACHE_INT8 else 0,
         unfused=unfused,
         head_weights=head_weights,
         head_weights_source=head_source,

@@ -9,7 +9,7 @@ import numpy as np
 
 from specbuild import engine_format as ef
 
-NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "bool": np.bool_}
+NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "bool": np.bool_, "int8": np.int8}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +47,8 @@ class Layout:
     def read(cls, manifest: dict, graph: dict, min_rows: int) -> Layout:
         """From a validated engine.yaml, the graph entry the backend runs and the padding exactness decided."""
         model, inputs = manifest["model"], graph["io"]["inputs"]
-        kv_dtype = NUMPY_DTYPES["float16" if manifest["dtype"] == "float16" else "float32"]
+        float_dtype = NUMPY_DTYPES["float16" if manifest["dtype"] == "float16" else "float32"]
+        kv_dtype = kv_cache_dtype(graph) or float_dtype
         return cls(
             kv_cache=graph["kv_cache"],
             num_layers=model["num_layers"],
@@ -58,7 +59,7 @@ class Layout:
             step_tokens=int(manifest["limits"]["max_new_tokens_per_step"]),
             min_rows=min_rows,
             scratch_rows=max(int(graph.get("attention_pad_rows", 0)), min_rows - 1),
-            states=tuple(_state(spec, kv_dtype) for spec in manifest.get("states") or []),
+            states=tuple(_state(spec, float_dtype) for spec in manifest.get("states") or []),
             max_batch_size=int(manifest["limits"].get("max_batch_size", 1)),
             per_position_uniforms=(manifest.get("sampling") or {}).get("uniforms") == ef.UNIFORMS_PER_POSITION,
             selects_rows=_takes(inputs, ef.DRAFT_ROWS),
@@ -83,9 +84,16 @@ def _takes(inputs: list[dict], name: str) -> bool:
     return any(i["name"] == name for i in inputs)
 
 
-def _state(spec: dict, kv_dtype) -> StateLayout:
+def kv_cache_dtype(graph: dict):
+    """The numpy dtype of a graph's KV cache where it is not the engine's float dtype (graphs[].kv_cache_dtype), or
+    None."""
+    name = graph.get(ef.GRAPH_KV_CACHE_DTYPE, ef.KV_CACHE_FLOAT)
+    return None if name == ef.KV_CACHE_FLOAT else NUMPY_DTYPES[name]
+
+
+def _state(spec: dict, float_dtype) -> StateLayout:
     dtype = NUMPY_DTYPES[spec["dtype"]]
-    if spec["dtype"] == "float32" and kv_dtype == np.float16:
+    if spec["dtype"] == "float32" and float_dtype == np.float16:
         dtype = np.float16  # float states follow the engine's dtype
     shape = tuple(1 if d == "B" else (0 if d == "C" else d) for d in spec["shape"])
     batch_axis = spec["shape"].index("B") if "B" in spec["shape"] else 0
@@ -98,7 +106,9 @@ def kv_memory(manifest: dict) -> dict[str, int]:
     sequences holds."""
     model, limits = manifest["model"], manifest["limits"]
     itemsize = 2 if manifest["dtype"] == "float16" else 4
-    per_position = model["num_layers"] * 2 * model["num_kv_heads"] * model["head_dim"] * itemsize
+    kv_dtypes = [kv_cache_dtype(g) for g in manifest["graphs"] if g["role"] == ef.ROLE_TARGET]
+    kv_itemsize = max((itemsize if d is None else np.dtype(d).itemsize for d in kv_dtypes), default=itemsize)
+    per_position = model["num_layers"] * 2 * model["num_kv_heads"] * model["head_dim"] * kv_itemsize
     for spec in manifest.get("states") or []:
         if spec.get("grow_axis") is not None:
             size = int(np.prod([d for d in spec["shape"] if not isinstance(d, str)]))

@@ -176,6 +176,7 @@ SCHEMA: dict[str, Any] = {
             "kv_cache": one_of((ef.KV_STACKED, ef.KV_SHARED)),
             "weights": one_of(ef.WEIGHTS),
             "attention_pad_rows": integer(0, optional=True),
+            ef.GRAPH_KV_CACHE_DTYPE: one_of(ef.KV_CACHE_DTYPES, optional=True),
             "quantization": Fields(  # quantized graphs: MatMulNBits' activations, as the build validated them
                 {"accuracy_level": ACCURACY_LEVEL},
                 optional=True,

@@ -247,10 +247,12 @@ class _Collector:
         head_dim = dims[3].dim_value if len(dims) == 4 else 0
         heads, kv_heads = int(attrs["num_heads"]), int(attrs["kv_num_heads"])
         window = int(attrs.get("local_window_size", -1))
+        int8 = past is not None and past.type.tensor_type.elem_type == tp.INT8  # builder/kv_int8.py
         name = f"GroupQueryAttention {heads}/{kv_heads} heads x {head_dim}" + "".join(
             label for index, label in ((9, " positions"), (10, " bias")) if index in used
-        ) + (f" window {window}" if window > 0 else "")  # fmt: skip
-        supported = {0, 3, 4, 5, 6, 7, 8, 9, 10, 16}  # packed qkv, caches, lengths, rotary tables, positions, bias
+        ) + (f" window {window}" if window > 0 else "") + (" int8 cache" if int8 else "")  # fmt: skip
+        # packed qkv, caches, lengths, rotary tables, positions, bias, an int8 cache's scales
+        supported = {0, 3, 4, 5, 6, 7, 8, 9, 10, 16} | ({12, 13} if int8 else set())
         if not head_dim or not set(used) <= supported or not {0, 3, 4, 5, 6, 7, 8} <= set(used):
             name += f" (inputs {used}: not probed)"
             self.kernels[name] = Kernel(name, [], [], [], {}, lambda rows, past: {}, attention=True)
@@ -265,10 +267,14 @@ class _Collector:
             h.make_tensor(p + "cos", tp.FLOAT, list(angles.shape), np.cos(angles).tobytes(), raw=True),
             h.make_tensor(p + "sin", tp.FLOAT, list(angles.shape), np.sin(angles).tobytes(), raw=True),
         ]
-        slots = {0: "qkv", 3: "pk", 4: "pv", 5: "sk", 6: "tot", 7: "cos", 8: "sin", 9: "pos", 10: "bias", 16: "ql"}
+        slots = {0: "qkv", 3: "pk", 4: "pv", 5: "sk", 6: "tot", 7: "cos", 8: "sin", 9: "pos", 10: "bias", 12: "ks",
+                 13: "vs", 16: "ql"}  # fmt: skip
+        cache_type = tp.INT8 if int8 else tp.FLOAT
+        if int8:  # scales of about a unit normal's range over 127 steps
+            inits += [h.make_tensor(p + s, tp.FLOAT, [1], [0.03]) for s in ("ks", "vs")]
         infos = {
-            "qkv": (tp.FLOAT, [1, "rows", width]), "pk": (tp.FLOAT, [1, kv_heads, capacity, head_dim]),
-            "pv": (tp.FLOAT, [1, kv_heads, capacity, head_dim]), "sk": (tp.INT32, [1]), "tot": (tp.INT32, []),
+            "qkv": (tp.FLOAT, [1, "rows", width]), "pk": (cache_type, [1, kv_heads, capacity, head_dim]),
+            "pv": (cache_type, [1, kv_heads, capacity, head_dim]), "sk": (tp.INT32, [1]), "tot": (tp.INT32, []),
             "pos": (tp.INT64, [1, "rows"]), "bias": (tp.FLOAT, [1, 1, "rows", capacity]), "ql": (tp.INT32, [1]),
         }  # fmt: skip
         fed = [slots[i] for i in used if slots[i] in infos]
@@ -279,6 +285,8 @@ class _Collector:
         rng = np.random.default_rng(11)
         qkv = rng.standard_normal((1, self.max_rows, width)).astype(np.float32)
         cache = rng.standard_normal((2, 1, kv_heads, capacity, head_dim)).astype(np.float32)
+        if int8:
+            cache = np.clip(np.rint(cache / 0.03), -128, 127).astype(np.int8)
 
         def feeds(rows: int, past: int) -> dict:
             bias = np.full((1, 1, rows, capacity), -np.inf, dtype=np.float32)
