@@ -4,10 +4,11 @@ At 16 sequences in flight most of a CPU call is attention reading the cache (doc
 of 16 rows on SmolLM2); ONNX Runtime's GroupQueryAttention reads an int8 cache with a scale per tensor
 (`kv_cache_bit_width` 8, `k_scale`/`v_scale` inputs), a quarter of the bytes. It quantizes each new token's key
 (after RoPE) and value into the cache, round half to even and saturating, and attends over the cache as stored,
-the new tokens included (measured against ONNX Runtime 1.32: tests/builder/test_kv_int8.py), so a token's cached
-bits do not depend on the call that wrote it: speculative engines stay exact against the `none` engine built the
-same way. Against the float cache the output changes (a lossy engine precision, like --weights int4): the build
-records how much on a sample text.
+the new tokens included, and a row's bits do not depend on the other rows of its call (measured against ONNX Runtime
+1.32: tests/builder/test_kv_int8.py). With calls padded as for int8 activations (plan.pad_rows, checked on the
+running CPU by the row-invariance probe), chain speculation stays exact against the `none` engine built the same
+way; branching trees are labelled lossy (engine_manifest.lossy_reason). Against the float cache the output changes
+(an engine precision, like --weights int4): the build records how much on a sample text.
 
 The scales are static, one per layer for keys and one for values: the largest |key| and |value| the float network
 produces on a calibration text (the tokenizer's, else a fixed draw of tokens), times MARGIN, over 127. The graph is
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
+from specbuild import engine_format as ef
 
 QMAX = 127
 MARGIN = 1.25  # headroom over the calibration text's largest |key| / |value| before values saturate
@@ -112,8 +115,6 @@ def quantize(x: np.ndarray, scale: float) -> np.ndarray:
 def kv_quantizer(plan, reference, log):
     """(quantize_kv_cache of a graph file, engine.yaml's kv_quantization entry without its measures) for an int8 cache,
     its scales calibrated on `reference` (the float torch network); (None, None) for a float cache."""
-    from specbuild import engine_format as ef
-
     if plan.options.kv_cache != ef.KV_CACHE_INT8:
         return None, None
     ids = calibration_ids(plan.checkpoint)
