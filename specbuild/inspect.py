@@ -122,7 +122,7 @@ def _role_memory(path: Path, man: dict) -> dict[str, dict]:
 
 
 # what describe_engine shows of each engine.yaml graph entry (and its io)
-GRAPH_FIELDS = ("role", "backend", "file", "kv_cache", "kv_cache_dtype", "weights", "head_quantization",
+GRAPH_FIELDS = ("role", "backend", "file", "kv_cache", ef.GRAPH_KV_CACHE_DTYPE, "weights", "head_quantization",
                 "kv_quantization", "validation")  # fmt: skip
 
 
@@ -302,8 +302,9 @@ def render(info: dict[str, Any], console=None) -> None:
 
 
 def _kv(graph: dict) -> str:
-    """ " int8" for a graph whose KV cache is in 8 bits (--kv-cache int8), else nothing."""
-    return " int8" if graph.get("kv_cache_dtype") == "int8" else ""
+    """The KV cache's precision where it is not the engine's float (--kv-cache int8), else nothing."""
+    dtype = graph.get(ef.GRAPH_KV_CACHE_DTYPE, ef.KV_CACHE_FLOAT)
+    return "" if dtype == ef.KV_CACHE_FLOAT else f" {dtype}"
 
 
 def _heads(graph: dict) -> str:

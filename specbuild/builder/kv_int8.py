@@ -107,11 +107,6 @@ def quantize_kv_cache(onnx_path, scales: np.ndarray) -> int:
     return len(nodes)
 
 
-def quantize(x: np.ndarray, scale: float) -> np.ndarray:
-    """x in the cache's int8 (what the kernel stores): round half to even, saturating."""
-    return np.clip(np.rint(x / np.float32(scale)), -QMAX - 1, QMAX).astype(np.int8)
-
-
 def kv_quantizer(plan, reference, log):
     """(quantize_kv_cache of a graph file, engine.yaml's kv_quantization entry without its measures) for an int8 cache,
     its scales calibrated on `reference` (the float torch network); (None, None) for a float cache."""

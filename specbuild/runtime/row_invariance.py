@@ -35,6 +35,7 @@ PASTS = (3, 45)  # cached positions before an attention call's rows
 CACHE_NAME = "row-invariance"
 PROBE_VERSION = 2  # in the cache key: a change to what the probe measures invalidates the kept verdicts
 DENSE_ROWS = 16  # every row count up to this is probed; above it a geometric sample up to the longest call
+INT8_CACHE_SCALE = 0.03  # an int8-cache attention's probe: a unit normal's range over 127 steps
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "sve")
 
 
@@ -270,8 +271,8 @@ class _Collector:
         slots = {0: "qkv", 3: "pk", 4: "pv", 5: "sk", 6: "tot", 7: "cos", 8: "sin", 9: "pos", 10: "bias", 12: "ks",
                  13: "vs", 16: "ql"}  # fmt: skip
         cache_type = tp.INT8 if int8 else tp.FLOAT
-        if int8:  # scales of about a unit normal's range over 127 steps
-            inits += [h.make_tensor(p + s, tp.FLOAT, [1], [0.03]) for s in ("ks", "vs")]
+        if int8:
+            inits += [h.make_tensor(p + s, tp.FLOAT, [1], [INT8_CACHE_SCALE]) for s in ("ks", "vs")]
         infos = {
             "qkv": (tp.FLOAT, [1, "rows", width]), "pk": (cache_type, [1, kv_heads, capacity, head_dim]),
             "pv": (cache_type, [1, kv_heads, capacity, head_dim]), "sk": (tp.INT32, [1]), "tot": (tp.INT32, []),
@@ -286,7 +287,7 @@ class _Collector:
         qkv = rng.standard_normal((1, self.max_rows, width)).astype(np.float32)
         cache = rng.standard_normal((2, 1, kv_heads, capacity, head_dim)).astype(np.float32)
         if int8:
-            cache = np.clip(np.rint(cache / 0.03), -128, 127).astype(np.int8)
+            cache = np.clip(np.rint(cache / INT8_CACHE_SCALE), -128, 127).astype(np.int8)
 
         def feeds(rows: int, past: int) -> dict:
             bias = np.full((1, 1, rows, capacity), -np.inf, dtype=np.float32)
