@@ -303,7 +303,7 @@ def render(info: dict[str, Any], console=None) -> None:
 
 def _kv(graph: dict) -> str:
     """The KV cache's precision where it is not the engine's float (--kv-cache int8), else nothing."""
-    dtype = graph.get(ef.GRAPH_KV_CACHE_DTYPE, ef.KV_CACHE_FLOAT)
+    dtype = graph.get(ef.GRAPH_KV_CACHE_DTYPE) or ef.KV_CACHE_FLOAT  # None where the entry predates the field
     return "" if dtype == ef.KV_CACHE_FLOAT else f" {dtype}"
 
 

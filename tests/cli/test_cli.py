@@ -70,6 +70,7 @@ def test_inspect_checkpoint_and_engine(built):
     for path in (ckpt, engine):  # the rich rendering works too
         res = invoke("inspect", path)
         assert res.exit_code == 0 and res.stdout.strip(), res.output
+    assert "None" not in res.stdout and " KV" in res.stdout  # a float cache is named without a precision
 
 
 def test_run_json_fields_and_seeded_determinism(built):
