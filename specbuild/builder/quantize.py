@@ -8,7 +8,8 @@ graphs, so the engine stores them once (see weights_file). The embedding gather 
 blocks along H): GatherBlockQuantized in the ONNX Runtime graph, DequantizeLinear -> Gather in the portable one.
 
 int8: MatMulNBits with 8-bit blocks in the ONNX Runtime graph only (QDQ INT8 blocks are not in TensorRT's parser
-matrix): `--weights int8` builds the onnxruntime graph alone.
+matrix): `--weights int8` builds the onnxruntime graph alone. With `--int8-activations` each matmul is an exact
+integer GEMM instead, weights per column and activations per row (builder/int8_gemm.py: cheaper calls of many rows).
 
 The passes reach every node, those of If branches included (the mode's drafting runs in one, builder/step.py): a
 branch reads the main graph's initializers by name and gets its own DequantizeLinear of a weight it reads.
@@ -242,12 +243,18 @@ def _int4(shape: tuple[int, int]) -> Callable[[np.ndarray], ir.TensorProtocol]:
     return lambda packed: ir.PackedTensor(packed, ir.DataType.INT4, shape=shape)
 
 
-def _quantized_table(graph: ir.Graph, table: ir.Value, block_size: int) -> tuple[ir.Value, ir.Value]:
-    """(INT4 data, float32 scales) initializers of embedding `table` [V, H], blocks along H, lazy."""
+def _quantized_table(graph: ir.Graph, table: ir.Value, block_size: int, bits: int) -> tuple[ir.Value, ir.Value]:
+    """(INT4 or UINT8 data, float32 scales) initializers of embedding `table` [V, H], blocks along H, lazy."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantizer
 
     v, h = (int(d) for d in table.const_value.shape)
     blocks = (h + block_size - 1) // block_size
+    if bits == 8:
+        lazy = _Blocks(table.const_value, lambda array: quantize_table_rows_int8(array, block_size), 2)
+        data = _initializer(graph, f"{table.name}_uint8", ir.DataType.UINT8, (v, h), lazy.part(0, ir.Tensor))
+        scales = _initializer(graph, f"{table.name}_uint8_scales", ir.DataType.FLOAT, (v, blocks),
+                              lazy.part(1, ir.Tensor))  # fmt: skip
+        return data, scales
 
     def quantize(array):
         if h % block_size:  # a partial last block: ONNX Runtime's own loop
@@ -286,10 +293,29 @@ def quantize_table_rows(table: np.ndarray, block_size: int) -> tuple[np.ndarray,
     return packed, scales
 
 
-def quantize_embedding(model: ir.Model, block_size: int, fused: bool) -> int:
-    """Gather(E [V,H] float32 initializer, ids) -> INT4 E (blocks along H, symmetric, ONNX Runtime's numerics),
-    each table quantized once whatever the number of gathers that read it: GatherBlockQuantized (fused, the ONNX
-    Runtime graph) or one DequantizeLinear -> Gather (the portable graph)."""
+def quantize_table_rows_int8(table: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 [V, H] around 128, scales float32 [V, H/block]) of `table` [V, H] in symmetric 8-bit blocks of
+    `block_size` along H (GatherBlockQuantized's 8-bit form: value = (data - 128) * scale), TABLE_ROWS at a time."""
+    v, h = table.shape
+    blocks = -(-h // block_size)
+    data = np.empty((v, h), dtype=np.uint8)
+    scales = np.empty((v, blocks), dtype=np.float32)
+    for start in range(0, v, TABLE_ROWS):
+        rows = np.zeros((min(TABLE_ROWS, v - start), blocks * block_size), np.float32)
+        rows[:, :h] = table[start : start + TABLE_ROWS]
+        rows = rows.reshape(len(rows), blocks, block_size)
+        scale = np.abs(rows).max(axis=2, keepdims=True) / np.float32(127)
+        scale = np.where(scale > 0, scale, np.float32(1))
+        q = np.clip(np.rint(rows / scale), -127, 127) + 128
+        data[start : start + len(rows)] = q.reshape(len(rows), -1)[:, :h].astype(np.uint8)
+        scales[start : start + len(rows)] = scale[:, :, 0]
+    return data, scales
+
+
+def quantize_embedding(model: ir.Model, block_size: int, fused: bool, bits: int = 4) -> int:
+    """Gather(E [V,H] float32 initializer, ids) -> INT4 E (blocks along H, symmetric, ONNX Runtime's numerics) or
+    8-bit E (fused only), each table quantized once whatever the number of gathers that read it:
+    GatherBlockQuantized (fused, the ONNX Runtime graph) or one DequantizeLinear -> Gather (the portable graph)."""
     graph = model.graph
     done: dict[str, tuple] = {}
     dequantized: dict[tuple[str, int], ir.Value] = {}  # portable: one DequantizeLinear per table and graph
@@ -302,11 +328,11 @@ def quantize_embedding(model: ir.Model, block_size: int, fused: bool) -> int:
         if table is None or axis != 0 or table.const_value.dtype != ir.DataType.FLOAT or table.const_value.shape[1] % 2:
             continue
         if table.name not in done:
-            done[table.name] = _quantized_table(graph, table, block_size)
+            done[table.name] = _quantized_table(graph, table, block_size, bits)
             tables.append(table)
         data, scales = done[table.name]
         if fused:
-            attributes = [ir.AttrInt64("bits", 4), ir.AttrInt64("block_size", block_size),
+            attributes = [ir.AttrInt64("bits", bits), ir.AttrInt64("block_size", block_size),
                           ir.AttrInt64("gather_axis", 0), ir.AttrInt64("quantize_axis", 1)]  # fmt: skip
             new = ir.Node(MSFT, "GatherBlockQuantized", [data, node.inputs[1], scales], attributes,
                           name=f"{node.name}_quantized")  # fmt: skip
@@ -342,12 +368,20 @@ def convert_opset(model: ir.Model, version: int) -> None:
 
 def quantize_base(model: ir.Model, bits: int, block_size: int, accuracy_level: int, fused_gather: bool) -> int:
     """The base network's weights of `model` (not the mode's own, mode_nodes) in `bits`-bit blocks (see the module):
-    int4 as QDQ at opset 21 with an INT4 embedding, int8 as MatMulNBits. Returns how many matmuls."""
+    int4 as QDQ at opset 21 with an INT4 embedding, int8 as MatMulNBits, or integer GEMMs with int8 activations.
+    Returns how many matmuls."""
     float_nodes = mode_nodes(model)
     qdq = bits == 4
     if qdq:
         convert_opset(model, QDQ_OPSET)
     try:
+        if bits == 8 and accuracy_level == ACCURACY_INT8:  # integer GEMMs (builder/int8_gemm.py)
+            from specbuild.builder.int8_gemm import integer_matmuls
+
+            count = integer_matmuls(model, lambda n: n.name not in float_nodes)
+            if fused_gather:  # the embedding in 8-bit blocks (GatherBlockQuantized)
+                quantize_embedding(model, block_size, fused=True, bits=8)
+            return count
         count = quantize_matmuls(model, bits, block_size, accuracy_level, qdq, lambda n: n.name not in float_nodes)
     except (AssertionError, ValueError) as exc:  # the quantizer refuses shapes it cannot handle
         raise SpecbuildError(f"weight quantization failed ({exc})") from None
@@ -415,11 +449,13 @@ def quantize_step_graph(step, onnx_path: Path, plan, name: str, log) -> dict:
 
     bits, block_size = plan.quantized_bits, plan.options.weights_block_size
     level = ACCURACY_INT8 if plan.options.int8_activations else ACCURACY_FP32
+    integer = bits == 8 and level == ACCURACY_INT8  # builder/int8_gemm.py
     q = {
         "bits": bits,
-        "block_size": block_size,
+        "block_size": None if integer else block_size,
         "symmetric": True,
         "accuracy_level": level,
+        "kernel": "MatMulIntegerToFloat (activations per row, weights per column)" if integer else "MatMulNBits",
         **compare_quantized(step, onnx_path, sample_prompt(plan.checkpoint), accuracy_level=level),
     }
     log(

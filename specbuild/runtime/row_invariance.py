@@ -4,7 +4,8 @@ An engine with int8 activations reproduces its `none` engine bit for bit only if
 the same bits whatever the number of rows in the call: the int8 roundings of the next layer amplify any last-bit
 difference (builder/ort_kernels.py says which kernels differ on which CPUs). That is a property of the CPU, so it is
 measured where the engine runs. The probe rebuilds every kernel configuration the graph holds -- block-quantized
-MatMul (which ONNX Runtime fuses into MatMulNBits, as in the engine), MatMulNBits, float MatMul, GroupQueryAttention
+MatMul (which ONNX Runtime fuses into MatMulNBits, as in the engine), MatMulNBits, the integer GEMM
+(MatMulIntegerToFloat, builder/int8_gemm.py), float MatMul, GroupQueryAttention
 with the node's own inputs, the norms and the SiLU -- with random weights of the same shapes, runs each on calls of
 1..R rows (R: MAX_PROBE_ROWS, or the most rows one of the engine's calls holds) under the engine's own session
 settings, and compares the bits row by row.
@@ -138,6 +139,7 @@ class _Collector:
             handler = {
                 ("", "MatMul"): self.matmul,
                 ("com.microsoft", "MatMulNBits"): self.matmul_nbits,
+                ("com.microsoft", "MatMulIntegerToFloat"): self.integer_matmul,
                 ("com.microsoft", "GroupQueryAttention"): self.attention,
                 ("com.microsoft", "SkipSimplifiedLayerNormalization"): self.norms,
             }.get((node.domain or "", node.op_type))
@@ -205,6 +207,34 @@ class _Collector:
         def nodes(p):
             inputs = [p + "x"] + [f"{p}i{j}" if s else "" for j, s in enumerate(sources)]
             return [self.h.make_node("MatMulNBits", inputs, [p + "y"], domain="com.microsoft", **attrs)]
+
+        self._row_kernel(name, k, nodes, inits, self.tp.FLOAT)
+
+    def integer_matmul(self, node) -> None:
+        """MatMulIntegerToFloat(uint8 rows, int8 weights, scales, zero points) -- builder/int8_gemm.py's GEMM --
+        with its rows made from float ones (x * 60 + 128, clipped, cast)."""
+        wq = self.inits.get(node.input[1])
+        if wq is None or len(wq.dims) != 2:
+            return
+        k, n = list(wq.dims)
+        name = f"MatMulIntegerToFloat {k}x{n}"
+        sources = list(node.input[1:])
+        if name in self.kernels or any(s and s not in self.inits for s in sources):
+            return
+        h = self.h
+        inits = [_random_initializer(h, f"i{j}", self.inits[s], self.rng) for j, s in enumerate(sources) if s]
+        inits += [h.make_tensor(name, self.tp.FLOAT, [], [value]) for name, value in (("c60", 60.0), ("c128", 128.0),
+                  ("c0", 0.0), ("c255", 255.0))]  # fmt: skip
+
+        def nodes(p):
+            inputs = [p + "q"] + [f"{p}i{j}" if s else "" for j, s in enumerate(sources)]
+            return [
+                h.make_node("Mul", [p + "x", p + "c60"], [p + "m"]),
+                h.make_node("Add", [p + "m", p + "c128"], [p + "a"]),
+                h.make_node("Clip", [p + "a", p + "c0", p + "c255"], [p + "c"]),
+                h.make_node("Cast", [p + "c"], [p + "q"], to=self.tp.UINT8),
+                h.make_node("MatMulIntegerToFloat", inputs, [p + "y"], domain="com.microsoft"),
+            ]
 
         self._row_kernel(name, k, nodes, inits, self.tp.FLOAT)
 

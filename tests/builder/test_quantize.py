@@ -136,14 +136,16 @@ def test_int8_builds_the_onnxruntime_graph_and_stays_exact(toy, tmp_path):
 
 
 @full("int8-activation engines of several modes")
-def test_int8_activations_keep_chain_speculation_exact(toy, tmp_path):
-    """Level-4 MatMulNBits is batch-invariant and attention is padded to >= 2 rows (ort_kernels), so a chain of
-    drafts verifies each token bit for bit as the one-token step of the none engine built the same way. Branching
-    trees put a node's keys in other cache columns, so they are labelled lossy."""
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_int8_activations_keep_chain_speculation_exact(toy, tmp_path, weights):
+    """Level-4 MatMulNBits (int4) and the integer GEMM (int8, builder/int8_gemm.py) are batch-invariant and
+    attention is padded to >= 2 rows (ort_kernels), so a chain of drafts verifies each token bit for bit as the
+    one-token step of the none engine built the same way. Branching trees put a node's keys in other cache columns,
+    so they are labelled lossy."""
     with pytest.raises(SpecbuildError, match="--int8-activations applies to --weights int4"):
         build_engine(toy, tmp_path / "x", BuildOptions(int8_activations=True), log=quiet)
     ort_only = (ef.BACKEND_ONNXRUNTIME,)
-    options = dict(weights="int4", int8_activations=True, backends=ort_only)
+    options = dict(weights=weights, int8_activations=True, backends=ort_only)
     modes = {
         "none": {},
         "ngram": dict(num_draft_tokens=3),  # one candidate: chains
@@ -161,6 +163,7 @@ def test_int8_activations_keep_chain_speculation_exact(toy, tmp_path):
         assert manifest["weights"]["activations"] == "int8"  # the benchmark's own-none reference needs it
         graph = manifest["graphs"][0]
         assert graph["quantization"]["accuracy_level"] == 4 and graph["attention_pad_rows"] == 1
+        assert ("MatMulIntegerToFloat" in graph["quantization"]["kernel"]) == (weights == "int8")
         outputs, steps = _outputs(engine_dir, ef.BACKEND_ONNXRUNTIME)
         assert outputs == base, mode
         assert mode == "none" or max(steps) > 1, mode

@@ -1,0 +1,119 @@
+"""`build --weights int8 --int8-activations`: each base matmul as an integer GEMM, exact and row-invariant.
+
+A MatMul(x [..., K], W [K, N]) becomes, in the ONNX Runtime graph (9 nodes):
+
+    s = Max(ReduceMax(|x|, last axis) / 127, tiny)         [..., 1]   one scale per row (token)
+    q = Cast<uint8>(x / s + 128.5)                          [..., K]   the row in 8 bits around 128 (the cast
+                                                                        truncates: round half up, 1..255)
+    y = MatMulIntegerToFloat(q, Wq, 1, w_scale, 128) * s    [..., N]   Wq int8 [K, N], w_scale [N] per column
+
+Why this form (measured, docs/benchmarks/2026-12-03-run-AM-integer-gemm.md): ONNX Runtime's MatMulInteger with
+uint8 activations and int8 weights runs MLAS's quantized GEMM (AMX, AVX-512 VNNI, AVX2 kernels), whose cost is
+nearly flat from 1 to 16 rows, where MatMulNBits' int8-activation kernel grows with the rows (a 16-row call of the
+1B shape's 2048 x 8192 matmul: 1.5 against 4.7 ms). Its own DynamicQuantizeMatMul quantizes the activations with one
+scale per call, so a token's result would depend on the call's other tokens; here every quantity is per row or per
+element and the GEMM accumulates in int32 exactly (its float epilogue, acc * w_scale[n], is per element): a token's
+bits do not depend on the rows beside it, on any CPU.
+
+The weights use WEIGHT_LEVELS (63, 7 bits) per side: the AVX2 u8 x s8 kernel adds pairs of products in 16 bits with
+saturation (255 * 127 * 2 overflows, 255 * 63 * 2 does not), so with 7-bit weights the integer result is the same on
+every CPU kind and the quality measured at build holds wherever the engine runs.
+
+Weights are quantized one at a time when the graph is written (quantize._Blocks), as the block quantizers are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+ACTIVATION_LEVELS = 127  # |q - 128| <= 127: the row's largest magnitude maps to 127
+ZERO_POINT = 128
+WEIGHT_LEVELS = 63  # |Wq| <= 63: no 16-bit saturation in the AVX2 kernel (see the module)
+TINY_SCALE = 1e-30  # the scale of an all-zero row (padding): any positive value gives q = 128
+MSFT = "com.microsoft"
+
+
+def quantize_columns(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(Wq int8 [K, N], w_scale float32 [N]) of `weight` [K, N], symmetric per column."""
+    w = weight.astype(np.float32, copy=False)
+    scale = np.abs(w).max(axis=0) / np.float32(WEIGHT_LEVELS)
+    scale = np.where(scale > 0, scale, np.float32(1)).astype(np.float32)  # a zero column: any scale
+    return np.clip(np.rint(w / scale), -WEIGHT_LEVELS, WEIGHT_LEVELS).astype(np.int8), scale
+
+
+def _const(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    if name not in graph.initializers:
+        dtype = ir.DataType.from_numpy(array.dtype)
+        value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(dtype))
+        value.const_value = ir.Tensor(array, name=name)
+        graph.register_initializer(value)
+    return graph.initializers[name]
+
+
+def gemm_nodes(model: ir.Model, node: ir.Node, parts: tuple[ir.Value, ir.Value]) -> list[ir.Node]:
+    """The nodes computing `node`'s MatMul from its input and the quantized weight `parts` (Wq, w_scale); the last
+    one's output replaces the MatMul's."""
+    root, prefix, x = model.graph, node.name, node.inputs[0]
+    axes = _const(root, "int8_gemm.last_axis", np.array([-1], np.int64))
+    inverse = _const(root, "int8_gemm.inverse_levels", np.array(1 / ACTIVATION_LEVELS, np.float32))
+    tiny = _const(root, "int8_gemm.tiny", np.array(TINY_SCALE, np.float32))
+    shift = _const(root, "int8_gemm.shift", np.array(ZERO_POINT + 0.5, np.float32))
+    one = _const(root, "int8_gemm.one", np.array(1, np.float32))
+    zero_point = _const(root, "int8_gemm.zero_point", np.array(ZERO_POINT, np.uint8))
+    steps: list[ir.Node] = []
+
+    def add(op: str, inputs: list, name: str, attrs=(), domain: str = "") -> ir.Value:
+        new = ir.Node(domain, op, inputs, list(attrs), name=f"{prefix}.{name}")
+        new.outputs[0].name = f"{prefix}.{name}"  # named: an unnamed value of an If branch may take an outer name
+        steps.append(new)
+        return new.outputs[0]
+
+    if model.opset_imports.get("", 18) >= 18:
+        row_max = add("ReduceMax", [add("Abs", [x], "abs"), axes], "row_max", [ir.AttrInt64("keepdims", 1)])
+    else:
+        row_max = add("ReduceMax", [add("Abs", [x], "abs")], "row_max",
+                      [ir.AttrInt64s("axes", [-1]), ir.AttrInt64("keepdims", 1)])  # fmt: skip
+    scale = add("Max", [add("Mul", [row_max, inverse], "row_scale_raw"), tiny], "row_scale")
+    shifted = add("Add", [add("Div", [x, scale], "scaled"), shift], "shifted")
+    q = add("Cast", [shifted], "q", [ir.AttrInt64("to", ir.DataType.UINT8)])
+    wq, w_scale = parts
+    gemm = add("MatMulIntegerToFloat", [q, wq, one, w_scale, zero_point], "gemm", domain=MSFT)
+    add("Mul", [gemm, scale], "out")
+    return steps
+
+
+def _quantized_columns(graph: ir.Graph, weight: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(Wq, w_scale) initializers of `weight` [K, N], lazy: made when the graph is written."""
+    from specbuild.builder.quantize import _Blocks, _initializer
+
+    k, n = (int(d) for d in weight.const_value.shape)
+    lazy = _Blocks(weight.const_value, quantize_columns, 2)
+    return (
+        _initializer(graph, f"{weight.name}_int8", ir.DataType.INT8, (k, n), lazy.part(0, ir.Tensor)),
+        _initializer(graph, f"{weight.name}_int8_scales", ir.DataType.FLOAT, (n,), lazy.part(1, ir.Tensor)),
+    )
+
+
+def integer_matmuls(model: ir.Model, select) -> int:
+    """Every MatMul that select(node) takes, whose B is a 2-D float32 initializer, as the integer GEMM of the module
+    (a weight read by several MatMuls is quantized once). Returns how many matmuls."""
+    from specbuild.builder.quantize import ONNX_DOMAINS, _drop_unread, _replace_node, _weight, nodes
+
+    done: dict[str, tuple[ir.Value, ir.Value]] = {}
+    sources, count = [], 0
+    for node in nodes(model):
+        if node.op_type != "MatMul" or node.domain not in ONNX_DOMAINS or not select(node):
+            continue
+        weight = _weight(node, 1)
+        if weight is None or weight.const_value.dtype != ir.DataType.FLOAT:
+            continue
+        if weight.name not in done:
+            done[weight.name] = _quantized_columns(model.graph, weight)
+            sources.append(weight)
+        _replace_node(node.graph, node, gemm_nodes(model, node, done[weight.name]))
+        count += 1
+    _drop_unread(model.graph, sources)
+    if count:
+        model.opset_imports.setdefault(MSFT, 1)
+    return count
