@@ -223,8 +223,8 @@ class _Collector:
             return
         h = self.h
         inits = [_random_initializer(h, f"i{j}", self.inits[s], self.rng) for j, s in enumerate(sources) if s]
-        inits += [h.make_tensor(name, self.tp.FLOAT, [], [value]) for name, value in (("c60", 60.0), ("c128", 128.0),
-                  ("c0", 0.0), ("c255", 255.0))]  # fmt: skip
+        constants = (("c60", 60.0), ("c128", 128.0), ("c0", 0.0), ("c255", 255.0))  # float rows -> uint8 ones
+        inits += [h.make_tensor(label, self.tp.FLOAT, [], [value]) for label, value in constants]
 
         def nodes(p):
             inputs = [p + "q"] + [f"{p}i{j}" if s else "" for j, s in enumerate(sources)]
