@@ -1,0 +1,83 @@
+"""One matmul K x N alone under ONNX Runtime (2 threads): ms per call (median) against the rows of the call, for the
+kernels an engine can hold -- fp32 MatMul, MatMulNBits int4 / int8 with int8 activations (level 4), and the integer
+GEMM of `--weights int8 --int8-activations` (builder/int8_gemm.py, built by the same code). Checks that the GEMM's
+rows are row-invariant. The kernel test of docs/benchmarks/2026-12-03-run-AM-integer-gemm.md.
+
+    python scripts/matmul-rows.py 2048 8192
+"""
+
+import sys
+import time
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from specbuild.builder.int8_gemm import integer_matmuls
+
+ROWS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def matmul_model(k: int, n: int, weight: np.ndarray):
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", n])], [numpy_helper.from_array(weight, "w")],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def nbits(model, bits: int):
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4, bits=bits)
+    quantizer = MatMulNBitsQuantizer(model, algo_config=config)
+    quantizer.process()
+    return quantizer.model.model
+
+
+def integer_gemm(model):
+    rewritten = ir.from_proto(model)
+    integer_matmuls(rewritten, lambda node: True)
+    return ir.to_proto(rewritten)
+
+
+def session(model):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = 2, 1
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def ms(run, x, reps: int) -> float:
+    for _ in range(3):
+        run(None, {"x": x})
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        run(None, {"x": x})
+        times.append(time.perf_counter() - start)
+    return float(np.median(times) * 1e3)
+
+
+def main(k: int, n: int) -> None:
+    weight = (np.random.default_rng(1).standard_normal((k, n)) * 0.02).astype(np.float32)
+    base = matmul_model(k, n, weight)
+    kernels = {"fp32 MatMul": base, "MatMulNBits int4 level 4": nbits(base, 4),
+               "MatMulNBits int8 level 4": nbits(base, 8), "integer GEMM (int8_gemm)": integer_gemm(base)}  # fmt: skip
+    reps = 60 if k * n < 5e6 else 20
+    x = np.random.default_rng(2).standard_normal((max(ROWS), k)).astype(np.float32)
+    print(f"{k} x {n}: ms per call by rows {ROWS}")
+    for name, model in kernels.items():
+        run = session(model).run
+        print(f"{name:26s}", " ".join(f"{ms(run, x[:rows], reps):8.3f}" for rows in ROWS), flush=True)
+    run = session(kernels["integer GEMM (int8_gemm)"]).run
+    full = run(None, {"x": x})[0]
+    same = all(
+        np.array_equal(run(None, {"x": x[i : i + r]})[0], full[i : i + r]) for r in (1, 2, 3, 5, 16) for i in (0, 7)
+    )
+    print("integer GEMM row-invariant:", same)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))
