@@ -14,7 +14,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from specbuild.builder.int8_gemm import integer_matmuls
+from specbuild.builder.quantize import integer_matmuls
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 

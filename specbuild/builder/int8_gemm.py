@@ -19,7 +19,8 @@ The weights use WEIGHT_LEVELS (63, 7 bits) per side: the AVX2 u8 x s8 kernel add
 saturation (255 * 127 * 2 overflows, 255 * 63 * 2 does not), so with 7-bit weights the integer result is the same on
 every CPU kind and the quality measured at build holds wherever the engine runs.
 
-Weights are quantized one at a time when the graph is written (quantize._Blocks), as the block quantizers are.
+The pass over a graph is quantize.integer_matmuls: weights quantized one at a time when the graph is written, as the
+block quantizers' are (this module holds the arithmetic and the nodes, and imports nothing of the builder).
 """
 
 from __future__ import annotations
@@ -81,39 +82,3 @@ def gemm_nodes(model: ir.Model, node: ir.Node, parts: tuple[ir.Value, ir.Value])
     gemm = add("MatMulIntegerToFloat", [q, wq, one, w_scale, zero_point], "gemm", domain=MSFT)
     add("Mul", [gemm, scale], "out")
     return steps
-
-
-def _quantized_columns(graph: ir.Graph, weight: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """(Wq, w_scale) initializers of `weight` [K, N], lazy: made when the graph is written."""
-    from specbuild.builder.quantize import _Blocks, _initializer
-
-    k, n = (int(d) for d in weight.const_value.shape)
-    lazy = _Blocks(weight.const_value, quantize_columns, 2)
-    return (
-        _initializer(graph, f"{weight.name}_int8", ir.DataType.INT8, (k, n), lazy.part(0, ir.Tensor)),
-        _initializer(graph, f"{weight.name}_int8_scales", ir.DataType.FLOAT, (n,), lazy.part(1, ir.Tensor)),
-    )
-
-
-def integer_matmuls(model: ir.Model, select) -> int:
-    """Every MatMul that select(node) takes, whose B is a 2-D float32 initializer, as the integer GEMM of the module
-    (a weight read by several MatMuls is quantized once). Returns how many matmuls."""
-    from specbuild.builder.quantize import ONNX_DOMAINS, _drop_unread, _replace_node, _weight, nodes
-
-    done: dict[str, tuple[ir.Value, ir.Value]] = {}
-    sources, count = [], 0
-    for node in nodes(model):
-        if node.op_type != "MatMul" or node.domain not in ONNX_DOMAINS or not select(node):
-            continue
-        weight = _weight(node, 1)
-        if weight is None or weight.const_value.dtype != ir.DataType.FLOAT:
-            continue
-        if weight.name not in done:
-            done[weight.name] = _quantized_columns(model.graph, weight)
-            sources.append(weight)
-        _replace_node(node.graph, node, gemm_nodes(model, node, done[weight.name]))
-        count += 1
-    _drop_unread(model.graph, sources)
-    if count:
-        model.opset_imports.setdefault(MSFT, 1)
-    return count

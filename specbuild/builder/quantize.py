@@ -30,6 +30,7 @@ import numpy as np
 import onnx_ir as ir
 
 from specbuild import engine_format as ef
+from specbuild.builder import int8_gemm
 from specbuild.errors import SpecbuildError
 
 QDQ_OPSET = 21  # blockwise DequantizeLinear and INT4 tensors
@@ -376,8 +377,6 @@ def quantize_base(model: ir.Model, bits: int, block_size: int, accuracy_level: i
         convert_opset(model, QDQ_OPSET)
     try:
         if bits == 8 and accuracy_level == ACCURACY_INT8:  # integer GEMMs (builder/int8_gemm.py)
-            from specbuild.builder.int8_gemm import integer_matmuls
-
             count = integer_matmuls(model, lambda n: n.name not in float_nodes)
             if fused_gather:  # the embedding in 8-bit blocks (GatherBlockQuantized)
                 quantize_embedding(model, block_size, fused=True, bits=8)
@@ -479,3 +478,35 @@ def sample_prompt(ckpt, length: int = 48) -> list[int]:
             return ids
     rng = np.random.default_rng(0)
     return rng.integers(0, vocab, size=min(length, 32)).tolist()
+
+
+def _quantized_columns(graph: ir.Graph, weight: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(Wq, w_scale) initializers of `weight` [K, N], lazy: made when the graph is written."""
+    k, n = (int(d) for d in weight.const_value.shape)
+    lazy = _Blocks(weight.const_value, int8_gemm.quantize_columns, 2)
+    return (
+        _initializer(graph, f"{weight.name}_int8", ir.DataType.INT8, (k, n), lazy.part(0, ir.Tensor)),
+        _initializer(graph, f"{weight.name}_int8_scales", ir.DataType.FLOAT, (n,), lazy.part(1, ir.Tensor)),
+    )
+
+
+def integer_matmuls(model: ir.Model, select) -> int:
+    """Every MatMul that select(node) takes, whose B is a 2-D float32 initializer, as builder/int8_gemm.py's
+    integer GEMM (a weight read by several MatMuls is quantized once). Returns how many matmuls."""
+    done: dict[str, tuple[ir.Value, ir.Value]] = {}
+    sources, count = [], 0
+    for node in nodes(model):
+        if node.op_type != "MatMul" or node.domain not in ONNX_DOMAINS or not select(node):
+            continue
+        weight = _weight(node, 1)
+        if weight is None or weight.const_value.dtype != ir.DataType.FLOAT:
+            continue
+        if weight.name not in done:
+            done[weight.name] = _quantized_columns(model.graph, weight)
+            sources.append(weight)
+        _replace_node(node.graph, node, int8_gemm.gemm_nodes(model, node, done[weight.name]))
+        count += 1
+    _drop_unread(model.graph, sources)
+    if count:
+        model.opset_imports.setdefault(int8_gemm.MSFT, 1)
+    return count

@@ -6,7 +6,8 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
-from specbuild.builder.int8_gemm import ACTIVATION_LEVELS, WEIGHT_LEVELS, integer_matmuls, quantize_columns
+from specbuild.builder.int8_gemm import ACTIVATION_LEVELS, WEIGHT_LEVELS, quantize_columns
+from specbuild.builder.quantize import integer_matmuls
 from specbuild.runtime.row_invariance import probe_model
 
 K, N = 96, 40
