@@ -1,5 +1,6 @@
 """lean_cond_passes: an If whose branch graphs plainly neither mutate nor alias their inputs is exported without
-torch's tracing checks, to the same graph; any other branch is checked as before (a mutating one is refused)."""
+torch's tracing checks, to the same graph; any other branch is checked as before (a mutating one is refused). A cond's
+fake outputs are read from its traced branch graphs, not from running them again, where the graphs show them."""
 
 import warnings
 
@@ -10,9 +11,10 @@ import pytest
 import torch
 from torch._higher_order_ops import utils as hop_utils
 from torch._higher_order_ops.cond import cond_op
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from specbuild.builder.acceptance import branch
-from specbuild.builder.cond_export import lean_cond_passes, plainly_functional
+from specbuild.builder.cond_export import lean_cond_passes, plainly_functional, traced_outputs
 
 
 class Nested(torch.nn.Module):
@@ -67,12 +69,32 @@ def counted(monkeypatch):
     assert cond_op.gen_schema is counting_schema
 
 
-def test_same_graph_without_the_tracing_checks(counted):
+@pytest.fixture
+def fake_runs(monkeypatch):
+    """The runs of the cond operator's own fake-tensor kernel (each interprets both branch graphs again)."""
+    runs = []
+    original = cond_op.python_key_table[FakeTensorMode]
+
+    def counting(*args):
+        runs.append(1)
+        return original(*args)
+
+    monkeypatch.setitem(cond_op.python_key_table, FakeTensorMode, counting)
+    yield runs
+    assert cond_op.python_key_table[FakeTensorMode] is counting  # put back as it was
+
+
+def test_same_graph_without_the_tracing_checks(counted, fake_runs):
     plain = _export(Nested(), lean=False)
     assert "check" in counted and "schema" in counted
+    runs_plain = len(fake_runs)
     counted.clear()
+    fake_runs.clear()
     lean = _export(Nested(), lean=True)
     assert counted == []
+    # the trace reads both Ifs' outputs from their graphs; the exporter's later passes (here torch's own
+    # decomposition, which retraces under another fake mode) still run them
+    assert len(fake_runs) < runs_plain // 2
     assert onnx.printer.to_text(lean.graph) == onnx.printer.to_text(plain.graph)
 
     session = ort.InferenceSession(lean.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -113,3 +135,18 @@ def _graph(fn, *args) -> torch.fx.GraphModule:
 )
 def test_plainly_functional(fn, plain):
     assert plainly_functional(_graph(fn, torch.randn(2, 3)), cond_op) is plain
+
+
+def test_traced_outputs_only_for_the_operands_traced():
+    """A branch graph's outputs stand for a run only on tensors like those it was traced from."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    x = mode.from_tensor(torch.randn(2, 3))
+    graph = make_fx(lambda x: ((x * 2).sum(-1), x + 1), tracing_mode="fake")(x)
+    shown = traced_outputs(graph, (x,), mode)
+    assert shown is not None and [tuple(t.shape) for t in shown[0]] == [(2,), (2, 3)]
+    assert traced_outputs(graph, (mode.from_tensor(torch.randn(4, 3)),), mode) is None  # other sizes: run it
+    assert traced_outputs(graph, (x,), FakeTensorMode()) is None  # another mode's tensors
+    assert traced_outputs(lambda x: x, (x,), mode) is None  # not a graph
