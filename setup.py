@@ -31,7 +31,7 @@ TRAIN = BUILD  # training reads the base model through transformers and converts
 TRT = ["tensorrt", "polygraphy"]
 SERVE = ["starlette>=0.40", "uvicorn>=0.30", "prometheus-client>=0.20"]
 TRITON = [*SERVE, "nvidia-pytriton>=0.7"]  # pins numpy < 2; Triton 2.5x with its Python backend is inside the wheel
-BENCH = ["matplotlib", "onnxruntime-genai>=0.18", "openvino-genai"]
+BENCH = ["matplotlib", "onnxruntime-genai>=0.18", "openvino-genai", "psutil"]  # psutil: a build's process tree's memory
 DEV = [
     *BUILD,
     "polygraphy",

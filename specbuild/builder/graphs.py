@@ -11,6 +11,7 @@ from pathlib import Path
 
 from specbuild import engine_format as ef
 from specbuild.builder import export
+from specbuild.builder.child_job import ChildJob
 from specbuild.builder.plan import BuildPlan
 from specbuild.builder.step import FusedStepModule, StepModule
 
@@ -55,7 +56,8 @@ class GraphKind:
         call by call against torch (validate_export) and then quantized. So is a float graph of any size (its
         reference reads each layer from the checkpoint as it runs). A large quantized one is checked call by call on
         a truncated float network (its first TRUNCATED_LAYERS layers) and written quantized at once, its weights made
-        one at a time, then compared whole with torch on a prompt (quantize_step_graph)."""
+        one at a time, then compared whole with torch on a prompt (quantize_step_graph); the truncated network is
+        checked in a child process while this one exports and writes the graph (builder/child_job.py)."""
         from specbuild.builder.quantize import quantize_step_graph
 
         net, reference, weight = nets
@@ -81,10 +83,12 @@ class GraphKind:
             diff = export.validate_export(check, path, plan.tolerance, **large)
             if quantize is not None:
                 rewrite_graph(path, quantize, log)
-        else:
-            diff = self.validate_truncated(plan, directory)
-            export.export_step(step, path, weight=weight, transform=quantize, log=log)
-            self.after_export(path)
+        else:  # the truncated network's trace and checks on the second core while this one writes the graph
+            with ChildJob("checking the truncated network", self.validate_truncated, plan, directory,
+                          TRUNCATED_LAYERS) as truncated:  # fmt: skip
+                export.export_step(step, path, weight=weight, transform=quantize, log=log)
+                self.after_export(path)
+                diff = truncated.result()
         if quantize_kv is not None:
             quantize_kv(path)
         what = "graph" if whole else f"graph's first {TRUNCATED_LAYERS} layers"
@@ -114,9 +118,9 @@ class GraphKind:
             **self.layout_entry(plan),
         }
 
-    def validate_truncated(self, plan: BuildPlan, directory: Path) -> float:
-        """validate_export on the network's first TRUNCATED_LAYERS layers (float, the mode's heads with it; capture
-        layers beyond them read the last): every kind of call, discrete outputs exact but at near-ties."""
+    def validate_truncated(self, plan: BuildPlan, directory: Path, layers: int) -> dict:
+        """validate_export on the network's first `layers` layers (float, the mode's heads with it; capture layers
+        beyond them read the last): every kind of call, discrete outputs exact but at near-ties."""
         import dataclasses
         import tempfile
 
@@ -124,7 +128,6 @@ class GraphKind:
         from specbuild.builder.torch_dtypes import FLOAT_DTYPES
         from specbuild.builder.weights_io import LazyTensors
 
-        layers = TRUNCATED_LAYERS
         ckpt = dataclasses.replace(plan.checkpoint, model=dataclasses.replace(plan.model, num_layers=layers))
         tensors = plan.checkpoint.tensors()
         kept = [n for n in tensors if not n.startswith("model.layers.") or int(n.split(".")[2]) < layers]

@@ -15,6 +15,15 @@ def test_a_command_is_measured_in_its_own_process():
     assert failed["rc"] == 1 and failed["last_line"] == "error: no"
 
 
+def test_a_command_with_a_child_process_is_measured_whole():
+    """Both processes' memory at once: a build checks its graph in a child while it writes (builder/child_job.py)."""
+    child = "b = bytearray(300 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(1.5)"
+    parent = (f"import subprocess, sys; b = bytearray(300 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096]); "
+              f"subprocess.run([sys.executable, '-c', {child!r}], check=True); print('done')")  # fmt: skip
+    result = scale.measured([sys.executable, "-c", parent], log=lambda line: None)
+    assert result["rc"] == 0 and result["peak_rss_gb"] > 0.6  # one process alone holds 0.33 GB
+
+
 def test_the_table_shows_refusals_and_peers():
     report = {
         "model": "m",
