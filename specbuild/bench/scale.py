@@ -6,8 +6,9 @@ Runtime GenAI on the same checkpoint (a benchmark script, not a test).
 
 For each precision (fp32, int8, int4, int4a = int4 with int8 activations) it converts once, builds the `none` engine
 (the onnxruntime graph, what a CPU user runs), and runs ONNX Runtime GenAI's model builder on the same HF checkpoint at
-the precisions it has (fp32, int4); each command runs in its own process, timed, its peak RSS read from the kernel
-(wait4). A build the machine cannot hold is refused by the build itself (builder/memory_budget.py) and reported so.
+the precisions it has (fp32, int4); each command runs in its own process, timed, its peak RSS the larger of the
+kernel's (wait4: one process's) and its process tree's summed RSS sampled every 0.1 s. A build the machine cannot
+hold is refused by the build itself (builder/memory_budget.py) and reported so.
 Then one interleaved run per precision (`specbuild bench`'s loop: each prompt through every engine and peer in turn)
 gives tokens/s of `none` beside GenAI's, and the engine's cost curve (ms of one call against rows 1-64) says how much
 speculation can gain at this size. Writes a markdown table and the numbers as JSON into the work directory.

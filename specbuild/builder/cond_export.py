@@ -69,8 +69,9 @@ def plainly_functional(graph_module, cond) -> bool:
 
 def traced_outputs(graph_module, operands, mode):
     """The fake outputs of a branch graph traced from `operands` under fake `mode`, as running it again would give:
-    (flat outputs, their tree spec), or None where the graph does not show them (its inputs are other tensors than
-    `operands`, an output has no fake value of this mode, the graph restructures its output)."""
+    (flat outputs, their tree spec), or None where the graph does not show them (it was traced from tensors unlike
+    `operands`, an output has no fake value of this mode or a data-dependent size, the graph restructures its
+    output)."""
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
