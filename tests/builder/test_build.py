@@ -44,6 +44,16 @@ def test_every_exported_graph_passes_the_tensorrt_operator_check(tiny_engines, s
     assert {o.domain: o.version for o in model.opset_import}.get("", 0) == 18
 
 
+def test_graphs_name_no_source_file_of_the_build(tiny_engines):
+    """The tracer records no Python stack per node (builder/export._no_stack_traces): no checkout path in a graph;
+    the module paths builder/quantize.py reads stay."""
+    for name in (ef.ENGINE_ONNX, ef.ENGINE_ORT_ONNX):
+        model = onnx.load(str(tiny_engines["qwen2_bias"] / name), load_external_data=False)
+        meta = [{p.key: p.value for p in node.metadata_props} for node in model.graph.node]
+        assert not [m for m in meta if "specbuild" in m.get("pkg.torch.onnx.stack_trace", "")]
+        assert sum("net.layers.0" in m.get("namespace", "") for m in meta) > 5
+
+
 def test_recipe_options_and_overrides(tmp_path, tiny_checkpoints):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("build:\n  speculative_mode: none\n  max_seq_len: 64\n")
