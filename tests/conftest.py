@@ -67,6 +67,11 @@ def full(reason: str):
     return getattr(pytest.mark, FULL)(reason)
 
 
+def full_tier(config) -> bool:
+    """Whether this run is the full tier (--full)."""
+    return bool(config.getoption("--full"))
+
+
 def fast_first(values, reason: str) -> list:
     """Parameter values for parametrize: the first runs in the fast tier, the others in the full tier (`reason`).
     A tuple is the values of several arguments (`parametrize("a,b", ...)`)."""
@@ -201,6 +206,12 @@ TINY_SHAPES: dict[str, tuple[str, str, dict]] = {
         ),
     ),
 }
+
+TINY_ENGINE = "qwen2_bias"  # the tiny `none` engine of the fast tier (its Llama shapes run in every mode's tests)
+# the tiny shapes, TINY_ENGINE first: parameter values of the tests over tiny_engines
+TINY_ENGINE_SHAPES = fast_first(
+    [TINY_ENGINE, *(name for name in TINY_SHAPES if name != TINY_ENGINE)], "another tiny shape's `none` engine"
+)
 
 # Sliding-window shapes (kept out of TINY_SHAPES so the suites parametrized over it do not grow): windows far
 # shorter than prompt + output. Mistral slides on every layer; this Qwen2 only on layers >= max_window_layers.
@@ -600,14 +611,13 @@ def assert_drafting_behind_an_if(onnx_path: Path) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_engines(tiny_checkpoints, tmp_path_factory) -> dict[str, Path]:
-    """TINY_SHAPES name -> `none` engine built with --output-logits."""
+    """TINY_SHAPES name -> `none` engine built with --output-logits (each when a selected test first reads it: the
+    fast tier reads TINY_ENGINE's alone)."""
     from specbuild.builder.build import BuildOptions, build_engine
 
     root = tmp_path_factory.mktemp("tiny_engines")
-    return {
-        name: build_engine(ckpt, root / name, BuildOptions(output_logits=True), log=quiet)
-        for name, ckpt in tiny_checkpoints.items()
-    }
+    options = BuildOptions(output_logits=True)
+    return Lazy(lambda name: build_engine(tiny_checkpoints[name], root / name, options, log=quiet))
 
 
 def hf_greedy(model, ids: list[int], max_new_tokens: int) -> list[int]:

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from specbuild.builder.acceptance import accept
 from specbuild.tree import Tree
 from tests.builder.reference_acceptance import reference_accept
+from tests.conftest import full
 
 
 @st.composite
@@ -64,9 +65,20 @@ def run_accept(tree, logits, tokens, temperature, top_k, top_p, ra, rs):
     return acc_tokens[:n].tolist(), nodes[:n].tolist()
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(trees_and_logits())
 def test_accept_matches_sequential_reference(case):
+    _assert_accept_matches_reference(case)
+
+
+@full("2000 more random trees and logits (the fast tier draws 300)")
+@settings(max_examples=2000, deadline=None)
+@given(trees_and_logits())
+def test_accept_matches_sequential_reference_on_many_trees(case):
+    _assert_accept_matches_reference(case)
+
+
+def _assert_accept_matches_reference(case) -> None:
     tree, logits, tokens, temperature, top_k, top_p, ra, rs = case
     got_tokens, got_nodes = run_accept(tree, logits, tokens, temperature, top_k, top_p, ra, rs)
     want_tokens, want_nodes = reference_accept(logits, tokens, tree.parents, temperature, top_k, top_p, ra, rs)

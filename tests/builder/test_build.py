@@ -8,7 +8,7 @@ from specbuild import engine_format as ef
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.trt_compat import lint_onnx_for_tensorrt
 from specbuild.errors import SpecbuildError
-from tests.conftest import full, quiet
+from tests.conftest import TINY_ENGINE_SHAPES, full, quiet
 
 pytestmark = pytest.mark.xdist_group("tiny")
 
@@ -37,7 +37,7 @@ def test_manifest_records_format_limits_and_io(tiny_engines):
     assert manifest["weights"]["file"] == "weights.bin"
 
 
-@pytest.mark.parametrize("shape", ["llama_gqa_llama3rope", "llama_tied_linear", "qwen2_bias"])
+@pytest.mark.parametrize("shape", TINY_ENGINE_SHAPES)
 def test_every_exported_graph_passes_the_tensorrt_operator_check(tiny_engines, shape):
     model = onnx.load(str(tiny_engines[shape] / ef.ENGINE_ONNX), load_external_data=False)
     assert lint_onnx_for_tensorrt(model) == []
@@ -67,10 +67,11 @@ def test_recipe_options_and_overrides(tmp_path, tiny_checkpoints):
 def test_failed_build_leaves_no_output(tmp_path, tiny_checkpoints, monkeypatch):
     import specbuild.builder.export as export
 
-    def boom(*args, **kwargs):
+    def boom(step, path, **kwargs):  # the graph half written, then refused (without the trace it would take)
+        path.write_bytes(b"\x08\x09")
         raise SpecbuildError("export validation: max abs diff 1 exceeds 0.001")
 
-    monkeypatch.setattr(export, "validate_export", boom)
+    monkeypatch.setattr(export, "export_step", boom)
     with pytest.raises(SpecbuildError, match="export validation"):
         build_engine(tiny_checkpoints["qwen2_bias"], tmp_path / "engine", BuildOptions(), log=quiet)
     assert not (tmp_path / "engine").exists()

@@ -12,7 +12,7 @@ from specbuild.builder import plan as plan_module
 from specbuild.builder.build import build_plan
 from specbuild.builder.options import BuildOptions
 from specbuild.modes.registry import mode_options
-from tests.conftest import quiet
+from tests.conftest import full, quiet
 
 BUILDER = Path(builder_package.__file__).parent
 GRAPH_MODULES = {"StepModule", "FusedStepModule", "PortableGraph", "FusedGraph", "GraphKind"}
@@ -65,6 +65,7 @@ def test_every_check_runs_once_in_resolve(tiny_checkpoints, tmp_path, monkeypatc
     assert (engine_dir / ef.ENGINE_MANIFEST).is_file()
 
 
+@full("another build (the registry's one lookup)")
 def test_the_mode_is_looked_up_once_per_build(tiny_checkpoints, tmp_path, monkeypatch):
     """resolve looks the ModeSpec up once and the plan carries it: nothing after asks the registry again."""
     from specbuild.modes import registry

@@ -155,7 +155,10 @@ def test_kv_buffer_is_written_in_place_and_compacted(toy, tmp_path):
 
 @pytest.mark.parametrize(
     "weights,mode",
-    [("fp32", "medusa"), pytest.param("int4", "none", marks=full("another precision"))],
+    [
+        pytest.param("fp32", "medusa", marks=full("two more engines (the weights' layout)")),
+        pytest.param("int4", "none", marks=full("another precision")),
+    ],
 )
 def test_tied_embeddings_are_stored_once_in_a_float_graph(tiny_hf_models, tmp_path, weights, mode):
     """A float graph's lm_head reads the tied embedding itself (Gemm transB): no transposed copy of it, Medusa heads

@@ -10,7 +10,7 @@ import torch
 from specbuild.builder import trace_cache
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.convert import convert_checkpoint
-from tests.conftest import ORT_ONLY, fast_first, full
+from tests.conftest import ORT_ONLY, full
 from tests.plugins.eagle_fixtures import write_eagle1_head
 from tests.plugins.medusa_helpers import toy_model
 
@@ -70,7 +70,8 @@ def test_an_engine_drafted_mode_from_the_cache_equals_its_fresh_build(tmp_path, 
     _same_engine_from_cache_and_afresh(tmp_path, monkeypatch, eagle=True, graphs=2, speculative_mode="eagle", tree=tree)
 
 
-@pytest.mark.parametrize("other", fast_first([dict(num_draft_tokens=4), dict(max_seq_len=64)], "a second setting"))
+@full("two more builds (the fast tier's hit test builds one structure twice)")
+@pytest.mark.parametrize("other", [dict(num_draft_tokens=4), dict(max_seq_len=64)])
 def test_another_structure_never_hits(tmp_path, empty_cache, other):
     ckpt = _checkpoint(tmp_path / "a", 1, eagle=False)
     _build(ckpt, tmp_path / "e1", backends=ORT_ONLY, speculative_mode="ngram", num_draft_tokens=3)

@@ -160,6 +160,7 @@ def test_build_sigint_during_export(tiny_checkpoints, tmp_path):
     assert_nothing_left(tmp_path)
 
 
+@full("another signal: the fast tier interrupts an export with SIGINT")
 def test_build_sigterm_during_export(tiny_checkpoints, tmp_path):
     child = Child("none", *build_args(tiny_checkpoints[MODEL], tmp_path / "engine"))
     child.wait_for("exporting")

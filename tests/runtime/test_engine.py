@@ -10,7 +10,7 @@ from specbuild.runtime import row_invariance
 from specbuild.runtime import slots as slots_module
 from specbuild.runtime.engine import Engine, SamplingParams
 from specbuild.runtime.sampling import SamplingError
-from tests.conftest import TINY_SHAPES, hf_greedy, tiny_hf_model
+from tests.conftest import TINY_ENGINE, TINY_ENGINE_SHAPES, hf_greedy, tiny_hf_model
 
 pytestmark = pytest.mark.xdist_group("tiny")
 
@@ -18,7 +18,7 @@ PROMPTS = [[1, 5, 9, 13, 7, 22, 3], [1, 40, 41, 42], [1, 17]]
 
 
 @pytest.mark.parametrize("graph", [ef.BACKEND_ONNXRUNTIME, ef.BACKEND_TENSORRT])
-@pytest.mark.parametrize("shape", list(TINY_SHAPES))
+@pytest.mark.parametrize("shape", TINY_ENGINE_SHAPES)
 def test_logits_match_transformers(tiny_engines, shape, graph):
     """Both graphs: the one ONNX Runtime runs and the portable one TensorRT compiles (run here by ONNX Runtime)."""
     engine = Engine(tiny_engines[shape], threads=1, graph=graph)
@@ -30,7 +30,7 @@ def test_logits_match_transformers(tiny_engines, shape, graph):
     assert np.abs(got - want).max() < 1e-4
 
 
-@pytest.mark.parametrize("shape", list(TINY_SHAPES))
+@pytest.mark.parametrize("shape", TINY_ENGINE_SHAPES)
 def test_greedy_ids_equal_transformers_generate(tiny_engines, shape):
     engine = Engine(tiny_engines[shape], threads=1)
     model = tiny_hf_model(shape)
@@ -43,7 +43,7 @@ def test_greedy_ids_equal_transformers_generate(tiny_engines, shape):
 
 def test_cache_growth_by_doubling_keeps_output_exact(tiny_engines, monkeypatch):
     monkeypatch.setattr(slots_module, "MIN_CAPACITY", 4)
-    shape = "llama_gqa_llama3rope"
+    shape = TINY_ENGINE
     engine = Engine(tiny_engines[shape], threads=1)
     grown = []
     real_ensure = slots_module.SharedSlots.ensure
@@ -57,8 +57,8 @@ def test_cache_growth_by_doubling_keeps_output_exact(tiny_engines, monkeypatch):
     monkeypatch.setattr(slots_module.SharedSlots, "ensure", spy)
     ids = [1, 5, 9]
     model = tiny_hf_model(shape)
-    result = engine.generate(input_ids=ids, max_new_tokens=150)
-    assert result.output_ids == hf_greedy(model, ids, 150)
+    result = engine.generate(input_ids=ids, max_new_tokens=100)
+    assert result.output_ids == hf_greedy(model, ids, 100)
     assert grown and all(after == 2 * before for before, after in grown)
 
 
@@ -78,7 +78,7 @@ def test_sampling_is_seeded_and_respects_filters(tiny_engines):
 
 
 def test_stops_at_max_seq_len(tiny_engines):
-    engine = Engine(tiny_engines["llama_tied_linear"], threads=1)
+    engine = Engine(tiny_engines[TINY_ENGINE], threads=1)
     limit = engine.max_seq_len
     result = engine.generate(input_ids=[1] + [5] * (limit - 10), max_new_tokens=100)
     assert result.stop_reason in ("max_seq_len", "eos")
@@ -127,5 +127,5 @@ def test_smallest_temperature_samples_and_bad_threads_or_lengths_are_refused(tin
 def test_float_activation_engines_are_not_probed(tiny_engines, monkeypatch):
     """Float activations: rows differ at float rounding only; nothing to measure, no padding (runtime/exactness)."""
     monkeypatch.setattr(row_invariance, "probe_model", lambda *a, **k: pytest.fail("probed a float-activation engine"))
-    engine = Engine(next(iter(tiny_engines.values())), threads=1)
+    engine = Engine(tiny_engines[TINY_ENGINE], threads=1)
     assert engine.lossless and engine.min_rows == 1 and "float activations" in engine.exactness.verified
