@@ -49,6 +49,7 @@ def test_builder_reads_no_mode_option_by_name():
     assert not found
 
 
+@full("another build (resolve's checks, counted)")
 def test_every_check_runs_once_in_resolve(tiny_checkpoints, tmp_path, monkeypatch):
     plan = plan_module.resolve(
         tiny_checkpoints["qwen2_bias"], tmp_path / "engine", BuildOptions(backends=(ef.BACKEND_ONNXRUNTIME,))

@@ -12,7 +12,6 @@ from tests.conftest import (
     ORT_ONLY,
     SLIDING_SHAPES,
     check_none_engine,
-    fast_first,
     full,
     hf_greedy,
     quiet,
@@ -33,7 +32,8 @@ MODE_OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("shape", fast_first(SLIDING_SHAPES, "another window pattern: the fast tier checks the first"))
+@full("sliding windows: engines of their own (Mistral's, Gemma 3's window patterns)")
+@pytest.mark.parametrize("shape", SLIDING_SHAPES)
 def test_none_engine_equals_transformers_beyond_the_window(tmp_path, shape):
     model = tiny_hf_model(shape, eos_token_id=None)
     model.save_pretrained(tmp_path / "hf")
