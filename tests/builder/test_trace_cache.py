@@ -59,6 +59,7 @@ def _same_engine_from_cache_and_afresh(tmp_path, monkeypatch, eagle: bool, graph
     assert _files(cached)["weights.bin"] != _files(tmp_path / "e-first")["weights.bin"]  # the second's own weights
 
 
+@full("three builds (the fast tier's builds share the run's trace cache; this proves the bytes equal)")
 def test_a_build_of_the_same_structure_reuses_the_trace_and_writes_the_same_bytes(tmp_path, monkeypatch, empty_cache):
     _same_engine_from_cache_and_afresh(tmp_path, monkeypatch, eagle=False, graphs=1, backends=ORT_ONLY)
     assert len(list(empty_cache.glob("*.onnx"))) == 1
