@@ -276,8 +276,8 @@ def quantize_table_rows(table: np.ndarray, block_size: int) -> tuple[np.ndarray,
     """(packed INT4 [V*H/2] uint8, scales [V, H/block]) of `table` [V, H] in symmetric blocks of `block_size` along
     H (a divisor of H): ONNX Runtime's DefaultWeightOnlyQuantizer.quantize_ndarray(table, 1, block_size, True)
     bit for bit (the same float32 operations on each element), its loop over the block columns of the whole table
-    (a strided pass per column, 5 s for Llama-3.2-1B's) turned into one pass over blocks of rows, in torch (its
-    reductions over 32-wide blocks take a third of numpy's time on one core, and it uses every core)."""
+    (a strided pass per column, 5 s for Llama-3.2-1B's) turned into one pass over blocks of rows, in torch (a
+    32768 x 2048 table: 1.12 s on one core, 0.64 s on two; numpy took 1.49 s)."""
     import torch
 
     v, h = table.shape
