@@ -89,7 +89,7 @@ def _select_tier(config, items) -> None:
             raise pytest.UsageError(f"{item.nodeid}: a `full` marker must say why the test is in the full tier")
         if marker is None and any(name.startswith(REAL_MODEL_FIXTURES) for name in getattr(item, "fixturenames", ())):
             raise pytest.UsageError(f"{item.nodeid}: a test of the real model belongs to the full tier (mark it full)")
-        (left if marker is not None and not config.getoption("--full") else kept).append(item)
+        (left if marker is not None and not full_tier(config) else kept).append(item)
     if left:
         config.hook.pytest_deselected(items=left)
         items[:] = kept

@@ -48,14 +48,8 @@ def _read_as_transformers(cfg, hf_config) -> None:
         assert cfg.sliding_window == hf_config.sliding_window
 
 
-@pytest.mark.parametrize(
-    "shape,seed",
-    [
-        pytest.param(s, seed, marks=full("another architecture: the fast tier's tiny engine is the Qwen2 shape"))
-        for s in ARCH_SHAPES
-        for seed in SEEDS
-    ],
-)
+@full("another architecture: the fast tier's tiny engine is the Qwen2 shape")
+@pytest.mark.parametrize("shape,seed", [(s, seed) for s in ARCH_SHAPES for seed in SEEDS])
 def test_none_engine_equals_transformers(tmp_path, shape, seed):
     model = tiny_hf_model(shape, seed=seed, eos_token_id=None)
     model.save_pretrained(tmp_path / "hf")
@@ -102,14 +96,11 @@ def _mode_engine(tmp_path, shape: str, mode: str, vocab: int = 12, seed: int = 1
     return model, Engine(build_engine(ckpt, tmp_path / "engine", options, log=quiet), threads=1)
 
 
-@pytest.mark.parametrize(
-    "shape,mode",
-    [
-        pytest.param(s, m, marks=full("a drafter on another architecture: the modes run on tiny shapes"))
-        for m in ("eagle3", "ngram", "lookahead", "medusa")
-        for s in ARCH_SHAPES
-    ],
-)
+HEAD_MODES = ("eagle3", "ngram", "lookahead", "medusa")
+
+
+@full("a drafter on another architecture: the modes run on tiny shapes")
+@pytest.mark.parametrize("shape,mode", [(s, m) for m in HEAD_MODES for s in ARCH_SHAPES])
 def test_speculative_engine_equals_transformers(tmp_path, shape, mode):
     model, engine = _mode_engine(tmp_path, shape, mode)
     if mode in ("eagle3", "medusa"):  # engine-drafted: plain calls skip the drafting (Gemma's scaled embedding too)

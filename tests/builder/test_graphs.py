@@ -153,13 +153,8 @@ def test_kv_buffer_is_written_in_place_and_compacted(toy, tmp_path):
             assert np.abs(view[..., :n, :] - stacked[i, j, ..., :n, :]).max() < 1e-4
 
 
-@pytest.mark.parametrize(
-    "weights,mode",
-    [
-        pytest.param("fp32", "medusa", marks=full("two more engines (the weights' layout)")),
-        pytest.param("int4", "none", marks=full("another precision")),
-    ],
-)
+@full("engines of their own (the weights' layout at each precision)")
+@pytest.mark.parametrize("weights,mode", [("fp32", "medusa"), ("int4", "none")])
 def test_tied_embeddings_are_stored_once_in_a_float_graph(tiny_hf_models, tmp_path, weights, mode):
     """A float graph's lm_head reads the tied embedding itself (Gemm transB): no transposed copy of it, Medusa heads
     that share the base lm_head included (they also read it for no rows); the engine is exact. A quantized graph

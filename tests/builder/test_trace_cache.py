@@ -71,7 +71,7 @@ def test_an_engine_drafted_mode_from_the_cache_equals_its_fresh_build(tmp_path, 
     _same_engine_from_cache_and_afresh(tmp_path, monkeypatch, eagle=True, graphs=2, speculative_mode="eagle", tree=tree)
 
 
-@full("two more builds (the fast tier's hit test builds one structure twice)")
+@full("two more builds, each of another structure")
 @pytest.mark.parametrize("other", [dict(num_draft_tokens=4), dict(max_seq_len=64)])
 def test_another_structure_never_hits(tmp_path, empty_cache, other):
     ckpt = _checkpoint(tmp_path / "a", 1, eagle=False)
