@@ -171,10 +171,9 @@ def export_step(step: StepModule, onnx_path: Path, weight=None, transform=None, 
 def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weight, log=None):
     """The exported, optimized onnx_ir model of `step`, its fake weights lazy; its trace taken from trace_cache when
     a module of the same structure was exported before."""
-    import onnxscript.optimizer
     import onnxscript.rewriter.onnx_fusions
 
-    from specbuild.builder import cond_export, ir_weights, lean_prepare, trace_cache
+    from specbuild.builder import cond_export, ir_weights, lean_export, lean_prepare, trace_cache
 
     dynamic = _dynamic_shapes(step)
     try:
@@ -187,7 +186,7 @@ def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weigh
         if model is None:
             # an If's branches checked from their graphs, and the program decomposed without a second trace, where
             # these show what torch's own passes would find
-            with cond_export.lean_cond_passes(), lean_prepare.lean_preparation(), _no_stack_traces():
+            with cond_export.lean_cond_passes(), lean_prepare.lean_preparation(), lean_export.lean_tracing():
                 model = torch.onnx.export(
                     step,
                     args,
@@ -205,27 +204,9 @@ def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weigh
         elif log is not None:
             log("reusing the exported graph of an earlier build of this structure (other weights: trace cache)")
         ir_weights.make_lazy(model, weight)
-        onnxscript.optimizer.optimize_ir(model)  # what the exporter's optimize() runs
+        lean_export.optimize(model)
         onnxscript.rewriter.onnx_fusions.fuse(model)
     return model
-
-
-@contextlib.contextmanager
-def _no_stack_traces():
-    """The tracer records no Python stack per node. The exporter wrote each into its ONNX node's metadata (the paths
-    of the checkout that built the engine, nothing a graph's reader uses), and taking them was 8-15 % of the CPU time
-    of SmolLM2's `eagle3` export; the module paths that builder/quantize.py reads are recorded apart from them."""
-    import torch.fx.config as fx_config
-
-    before = getattr(fx_config, "do_not_emit_stack_traces", None)
-    if before is None:  # another torch
-        yield
-        return
-    fx_config.do_not_emit_stack_traces = True
-    try:
-        yield
-    finally:
-        fx_config.do_not_emit_stack_traces = before
 
 
 def drop_unused_norm_statistics(onnx_path: Path) -> None:

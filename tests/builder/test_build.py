@@ -45,7 +45,7 @@ def test_every_exported_graph_passes_the_tensorrt_operator_check(tiny_engines, s
 
 
 def test_graphs_name_no_source_file_of_the_build(tiny_engines):
-    """The tracer records no Python stack per node (builder/export._no_stack_traces): no checkout path in a graph;
+    """The tracer records no Python stack per node (builder/lean_export.lean_tracing): no checkout path in a graph;
     the module paths builder/quantize.py reads stay."""
     for name in (ef.ENGINE_ONNX, ef.ENGINE_ORT_ONNX):
         model = onnx.load(str(tiny_engines["qwen2_bias"] / name), load_external_data=False)
