@@ -299,29 +299,10 @@ NEAR_TIE = 100  # a choice within this many times the call's float differences o
 NEAR_TIE_FLOOR = 1e-5  # ... and within at least this much
 
 
-def validation_calls(step: StepModule) -> list[tuple]:
-    """validate_export's calls, each (new tokens, window, capacity, cached, temperature, batch, drafted rows): a
-    prefill-like chain, a decode-like window, a padded one-token call, then two sequences of different lengths
-    (greedy and sampled rows) in one call (trees of several sequences are checked end to end by the runtime's tests);
-    a graph that drafts per row also drafts for the second row alone and for none."""
-    calls = [(7, 1, 8, 0, 0.0, 1, None), (5, 5, 16, 6, 0.8, 1, None), (1, 1, 8, 4, 0.0, 1, None)]
-    calls.append((2, 1, 12, 2, 0.8, 2, None))
-    if step.selects_rows:
-        calls += [(2, 2, 12, 2, 0.0, 2, [1]), (1, 1, 12, 2, 0.0, 2, [])]
-    return calls
-
-
 def validate_export(
-    step: StepModule,
-    onnx_path: Path,
-    tolerance: float,
-    threads: int = 1,
-    prepack: bool = True,
-    hold: int = 0,
-    calls: list[tuple] | None = None,
+    step: StepModule, onnx_path: Path, tolerance: float, threads: int = 1, prepack: bool = True, hold: int = 0
 ) -> dict:
-    """Run torch and ONNX Runtime on `calls` (default: validation_calls, one of them batched); return
-    {max_abs_diff, near_ties}.
+    """Run torch and ONNX Runtime on a few calls, one of them batched; return {max_abs_diff, near_ties}.
 
     Float outputs agree within `tolerance`; token outputs exactly, except in a call where torch made a choice at a
     near-tie (decision_margin below NEAR_TIE times the float differences of the call, or of the calls that agree where
@@ -345,7 +326,13 @@ def validate_export(
     names = [i.name for i in sess.get_inputs()]
     out_names = [o.name for o in sess.get_outputs()]
     aliases = aliased_outputs(names)
-    calls = validation_calls(step) if calls is None else calls
+    # prefill-like chain, decode-like window, a padded one-token call, then two sequences of different lengths
+    # (greedy and sampled rows) in one call (trees of several sequences are checked end to end by the runtime's tests);
+    # a graph that drafts per row also drafts for the second row alone and for none
+    calls = [(7, 1, 8, 0, 0.0, 1, None), (5, 5, 16, 6, 0.8, 1, None), (1, 1, 8, 4, 0.0, 1, None)]
+    calls.append((2, 1, 12, 2, 0.8, 2, None))
+    if step.selects_rows:
+        calls += [(2, 2, 12, 2, 0.0, 2, [1]), (1, 1, 12, 2, 0.0, 2, [])]
     # every call through ONNX Runtime first, the session dropped before torch runs them: a large graph's weights and
     # the torch reference's largest tensor are never in memory together
     runs = []  # (call, its inputs, ONNX Runtime's outputs)

@@ -53,11 +53,11 @@ class GraphKind:
 
         nets: (the network to export, the torch reference to check against, weight(name) for the exported network's
         fake parameters or None): builder/lazy_network.py. A graph whose float weights are small is exported, checked
-        call by call against torch (validate_export) and then quantized. A large one is checked call by call on a
-        truncated float network (its first TRUNCATED_LAYERS layers) in a child process (builder/child_job.py) while
-        this one exports and writes the graph (quantized at once, its weights made one at a time), then checked whole
-        with torch: a float graph on validate_export's first call (every layer, the mode's drafting), a quantized one
-        on a prompt (quantize_step_graph). Each reference reads its weights from the checkpoint as it runs."""
+        call by call against torch (validate_export) and then quantized. So is a float graph of any size (its
+        reference reads each layer from the checkpoint as it runs). A large quantized one is checked call by call on
+        a truncated float network (its first TRUNCATED_LAYERS layers) and written quantized at once, its weights made
+        one at a time, then compared whole with torch on a prompt (quantize_step_graph); the truncated network is
+        checked in a child process while this one exports and writes the graph (builder/child_job.py)."""
         from specbuild.builder.quantize import quantize_step_graph
 
         net, reference, weight = nets
@@ -65,7 +65,8 @@ class GraphKind:
         # MatMulNBits heads: in the graph that serves ONNX Runtime alone (the fused one, or the portable one where the
         # model's shape rules the fused kernels out and no tensorrt backend reads it: plan.resolve checks)
         heads = plan.head_weights if backends == [ef.BACKEND_ONNXRUNTIME] else None
-        whole = float_weight_bytes(plan) <= SMALL_GRAPH_BYTES
+        small = float_weight_bytes(plan) <= SMALL_GRAPH_BYTES
+        whole = small or plan.quantized_bits is None  # a float graph of any size is checked call by call itself
         quantize_kv, kv_entry = self.kv_quantizer(plan, reference, log)
         # the quantized checks read them
         logits = plan.options.output_logits or plan.quantized_bits is not None or quantize_kv is not None
@@ -77,7 +78,9 @@ class GraphKind:
         if whole:
             export.export_step(step, path, weight=weight, log=log)
             self.after_export(path)
-            diff = export.validate_export(check, path, plan.tolerance)
+            # a large one on every core, from its weights as stored (one copy of them in memory)
+            large = {} if small else large_validation(float_weight_bytes(plan))
+            diff = export.validate_export(check, path, plan.tolerance, **large)
             if quantize is not None:
                 rewrite_graph(path, quantize, log)
         else:  # the truncated network's trace and checks on the second core while this one writes the graph
@@ -95,8 +98,6 @@ class GraphKind:
         entry = {"validation": {**diff, "tolerance": plan.tolerance}}
         if not whole:
             entry["validation"]["layers"] = TRUNCATED_LAYERS
-            if plan.quantized_bits is None:
-                entry["validation"]["whole_graph"] = self.validate_whole(plan, check, path, name, log)
         if plan.quantized_bits is not None:
             entry["quantization"] = quantize_step_graph(check, path, plan, name, log)
         if quantize_kv is not None:
@@ -116,19 +117,6 @@ class GraphKind:
             **entry,
             **self.layout_entry(plan),
         }
-
-    def validate_whole(self, plan: BuildPlan, check: StepModule, path: Path, name: str, log) -> dict:
-        """validate_export of a large float graph on its first call (a prefill-like chain through every layer, the
-        mode's drafting after it), on every core, ONNX Runtime computing from the weights as stored (one copy of them
-        in memory)."""
-        calls = export.validation_calls(check)[:1]
-        diff = export.validate_export(
-            check, path, plan.tolerance, calls=calls, **large_validation(float_weight_bytes(plan))
-        )
-        ties = ", a choice at a near-tie" if diff["near_ties"] else ""
-        log(f"{name} whole graph validated against torch on {len(calls)} call: max abs diff "
-            f"{diff['max_abs_diff']:.3g}{ties}")  # fmt: skip
-        return {**diff, "calls": len(calls)}
 
     def validate_truncated(self, plan: BuildPlan, directory: Path, layers: int) -> dict:
         """validate_export on the network's first `layers` layers (float, the mode's heads with it; capture layers
