@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import warnings
 from pathlib import Path
 
@@ -198,6 +199,7 @@ def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weigh
                     verbose=False,
                     optimize=False,  # once the fake parameters have their (lazy) values: below
                 ).model
+            stable_metadata(model)
             if key is not None:  # and taken back: the same model a later build of this structure gets
                 trace_cache.keep(key, model, step)
                 model = trace_cache.take(key, step) or model
@@ -207,6 +209,21 @@ def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weigh
         lean_export.optimize(model)
         onnxscript.rewriter.onnx_fusions.fuse(model)
     return model
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")
+
+
+def stable_metadata(model) -> None:
+    """Drop the memory addresses torch's exporter writes into node metadata where a node comes from a Python function
+    (`<function sym_min at 0x7f...>`): they differ in every process, so two builds of one engine (or a trace cached on
+    disk and a fresh one) wrote different graph files."""
+    import onnx_ir as ir
+
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for key, value in node.metadata_props.items():
+            if " at 0x" in value:
+                node.metadata_props[key] = _ADDRESS.sub(">", value)
 
 
 def drop_unused_norm_statistics(onnx_path: Path) -> None:

@@ -103,3 +103,22 @@ def test_bfloat16_checkpoint_builds_an_exact_float32_engine(tmp_path, tiny_hf_mo
     with torch.no_grad():
         want = model(torch.tensor([ids])).logits[0].numpy()
     assert np.abs(engine.prefill_logits(ids) - want).max() < 1e-4
+
+
+def test_graph_metadata_names_no_memory_address():
+    """builder/export.stable_metadata: a node from a Python function (torch's sym_min) keeps its name, not the
+    address the exporter wrote beside it, in a branch of an If too."""
+    import onnx_ir as ir
+
+    from specbuild.builder.export import stable_metadata
+
+    x = ir.Value(name="x")
+    inner = ir.Node("", "Constant", [], [ir.AttrTensor("value", ir.tensor(1.0))], name="inner")
+    inner.metadata_props["namespace"] = ": Step/sym_max_4: <function sym_max at 0x7fd01ecd76a0>"
+    branch = ir.Graph([], inner.outputs, nodes=[inner], name="then")
+    outer = ir.Node("", "If", [x], [ir.AttrGraph("then_branch", branch)], name="if")
+    outer.metadata_props["pkg.torch.onnx.class_hierarchy"] = "['Step', '<function sym_min at 0x7fc253ae77e0>']"
+    model = ir.Model(ir.Graph([x], outer.outputs, nodes=[outer], opset_imports={"": 18}), ir_version=10)
+    stable_metadata(model)
+    assert outer.metadata_props["pkg.torch.onnx.class_hierarchy"] == "['Step', '<function sym_min>']"
+    assert inner.metadata_props["namespace"] == ": Step/sym_max_4: <function sym_max>"
