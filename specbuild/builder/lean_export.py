@@ -3,9 +3,9 @@ writes: no Python stack recorded per node, no fake-tensor dispatch cache, no rew
 graph. Each leaves torch or onnxscript as it was when the library lacks what it sets (the export is then only slower).
 
 Measured on the tiny Llama shape's `eagle3` build (2 cores, one process each, alternated): the stack traces were
-8-15 % of the export's CPU time; the dispatch cache 10-15 % of the build (it keys each op by its symbolic shapes,
-which the step graph's dynamic dimensions make a miss or a costly hit); the rewrite rule SlicesSplit 2.9 s of its
-~5 s of pattern matching, for a rewrite it never made."""
+8-15 % of the export's CPU time; the dispatch cache 4-17 % of the build (11 % on average over three rounds; it keys
+each op by its symbolic shapes, which the step graph's dynamic dimensions make a miss or a costly hit); the rewrite
+rule SlicesSplit 2.9 s of its ~5 s of pattern matching, for a rewrite it never made."""
 
 from __future__ import annotations
 
