@@ -10,6 +10,7 @@ rule SlicesSplit 2.9 s of its ~5 s of pattern matching, for a rewrite it never m
 from __future__ import annotations
 
 import contextlib
+from unittest import mock
 
 
 @contextlib.contextmanager
@@ -22,9 +23,9 @@ def lean_tracing():
 
     with contextlib.ExitStack() as stack:
         if hasattr(fx_config, "do_not_emit_stack_traces"):
-            stack.enter_context(_setting(fx_config, "do_not_emit_stack_traces", True))
+            stack.enter_context(mock.patch.object(fx_config, "do_not_emit_stack_traces", True))
         if hasattr(dynamo_config, "fake_tensor_cache_enabled"):
-            stack.enter_context(_setting(dynamo_config, "fake_tensor_cache_enabled", False))
+            stack.enter_context(mock.patch.object(dynamo_config, "fake_tensor_cache_enabled", False))
         yield
 
 
@@ -60,15 +61,5 @@ def optimize(model) -> None:
         onnxscript.optimizer.optimize_ir(model)
         return
     kept = tuple(rule for rule in rules if getattr(rule, "name", None) not in SKIPPED_RULES)
-    with _setting(rewriter, "_DEFAULT_REWRITE_RULES", kept):
+    with mock.patch.object(rewriter, "_DEFAULT_REWRITE_RULES", kept):
         onnxscript.optimizer.optimize_ir(model)
-
-
-@contextlib.contextmanager
-def _setting(owner, name: str, value):
-    before = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, before)
