@@ -33,7 +33,10 @@ def quantize_linear(weight: torch.Tensor, group_size: int) -> dict[str, torch.Te
     """AutoGPTQ's four tensors for one nn.Linear weight [out, in] (in divisible by group_size and by 8)."""
     out_features, in_features = weight.shape
     if in_features % group_size or in_features % 8 or out_features % 8:
-        raise ValueError(f"a [{out_features}, {in_features}] weight does not split into groups of {group_size}")
+        raise ValueError(
+            f"a [{out_features}, {in_features}] weight: its inputs must split into groups of {group_size} and both "
+            "sizes into eights (GPTQ packs eight 4-bit values per int32)"
+        )
     w = weight.float().T.reshape(in_features // group_size, group_size, out_features)  # [groups, group, out]
     scales = (w.abs().amax(dim=1) / 7).clamp_min(1e-7).to(torch.float16)  # [groups, out], as stored
     q = (torch.round(w / scales.float()[:, None, :]) + ZERO).clamp(0, 15).to(torch.int32)
@@ -56,15 +59,25 @@ def dequantize_linear(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def write_gptq_form(src, dst, *, group_size: int = 32, log=print) -> Path:
-    """dst (new): src's checkpoint with every decoder linear weight in GPTQ int4 form, shard by shard."""
+    """dst (new): src's checkpoint with every decoder linear weight in GPTQ int4 form, shard by shard. On an error
+    nothing is left of dst."""
+    src, dst = Path(src), Path(dst)
+    if not sorted(src.glob("*.safetensors")) or not (src / "config.json").is_file():
+        raise FileNotFoundError(f"{src}: no config.json and *.safetensors files of a Hugging Face checkpoint")
+    dst.mkdir(parents=True, exist_ok=False)
+    try:
+        _write(src, dst, group_size, log)
+    except BaseException:
+        shutil.rmtree(dst, ignore_errors=True)
+        raise
+    return dst
+
+
+def _write(src: Path, dst: Path, group_size: int, log) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    src, dst = Path(src), Path(dst)
-    dst.mkdir(parents=True, exist_ok=False)
     shards = sorted(p.name for p in src.glob("*.safetensors"))
-    if not shards:
-        raise FileNotFoundError(f"{src}: no *.safetensors files")
     weight_map, total = {}, 0
     for i, shard in enumerate(shards):
         out = {}
@@ -92,7 +105,6 @@ def write_gptq_form(src, dst, *, group_size: int = 32, log=print) -> Path:
     for extra in src.iterdir():  # the tokenizer, its config, the chat template, ...
         if extra.is_file() and extra.suffix != ".safetensors" and extra.name not in written:
             shutil.copy2(extra, dst / extra.name)
-    return dst
 
 
 def main(argv=None) -> None:
@@ -101,7 +113,10 @@ def main(argv=None) -> None:
     parser.add_argument("-o", "--output", required=True, type=Path, help="The directory to write (new).")
     parser.add_argument("--group-size", type=int, default=32, help="Inputs per group (GenAI's default).")
     args = parser.parse_args(argv)
-    write_gptq_form(args.input, args.output, group_size=args.group_size)
+    try:
+        write_gptq_form(args.input, args.output, group_size=args.group_size)
+    except (ValueError, OSError) as exc:  # one line, no traceback: the input or the output path is wrong
+        parser.exit(2, f"error: {exc}\n")
 
 
 if __name__ == "__main__":

@@ -41,8 +41,22 @@ def test_genai_loader_reads_the_same_weights():
 
 
 def test_odd_shapes_are_refused():
-    with pytest.raises(ValueError, match=r"\[8, 40\] weight does not split into groups of 32"):
+    with pytest.raises(ValueError, match=r"\[8, 40\] weight: its inputs must split into groups of 32"):
         quantize_linear(torch.zeros(8, 40), group_size=32)
+
+
+def test_a_refused_checkpoint_leaves_nothing(tmp_path):
+    from safetensors.torch import save_file
+
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    save_file({"model.layers.0.mlp.up_proj.weight": torch.zeros(8, 40)}, str(src / "model.safetensors"))
+    with pytest.raises(ValueError, match="groups of 32"):
+        write_gptq_form(src, tmp_path / "gptq", log=lambda *_: None)
+    assert not (tmp_path / "gptq").exists()
+    with pytest.raises(FileNotFoundError, match="no config.json and"):
+        write_gptq_form(tmp_path / "missing", tmp_path / "gptq")
 
 
 def test_checkpoint_keeps_other_tensors_and_files(tmp_path):
