@@ -1,6 +1,7 @@
 """Smoke test of corpus training on a tiny random Llama (scripts/device/train-heads.sh stash|smoke): a random corpus,
-then every corpus recipe (recipes/train-*-corpus.yaml) for a few seconds on DEVICE, so that a device-only bug shows
-before the real run. Usage: python scripts/device/smoke_train.py WORK_DIR [cuda|cpu]; exit status 1 on a failure."""
+then every corpus recipe (recipes/train-*-corpus.yaml: the heads and the draft model) for a few seconds on DEVICE, so
+that a device-only bug shows before the real run. Usage: python scripts/device/smoke_train.py WORK_DIR [cuda|cpu];
+exit status 1 on a failure."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ TINY = {
               "train.warmup=2", "train.epoch_eval_sequences=8", "train.log_every=10"],
     "medusa": ["train.batch=256", "tree.max_nodes=4"],
     "redrafter": ["train.batch=256", "train.exit_dim=64", "train.draft_len=3", "train.simulate=[[2, 3]]"],
+    "draft": ["train.vocab_size=128", "train.negatives=16", "train.seq_len=64", "train.batch_tokens=512",
+              "train.eval_sequences=8", "train.log_every_s=1"],
 }  # fmt: skip
 TINY["eagle3"] = TINY["eagle"]
 
@@ -24,7 +27,9 @@ def tiny_model(out: Path) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     shape = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4)
-    cfg = LlamaConfig(**shape, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
+    cfg = LlamaConfig(
+        **shape, num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=True
+    )
     LlamaForCausalLM(cfg).save_pretrained(out)
     return out
 

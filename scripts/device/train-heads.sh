@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # Trains every head family (EAGLE-3, EAGLE-1/2, Medusa, ReDrafter) on the repository's corpus (corpus/smollm2) with
-# teacher-forced features (issue 32) on a CUDA GPU host that has torch and transformers but no internet and no
-# `gguf`. See scripts/device/README.md for the two calls that carry the model there; run from the repository root.
+# teacher-forced features (issue 32), and the draft model (MODES=draft: recipes/train-draft-corpus.yaml), on a CUDA
+# GPU host that has torch and transformers but no internet and no `gguf`. See scripts/device/README.md for the two
+# calls that carry the model there; run from the repository root.
 #
 #   scripts/device/train-heads.sh stash          # call 1: keep the carried .device/pNN/part, check the host, and a
 #                                                #         ~20 s smoke test of corpus training on a tiny random model
 #   scripts/device/train-heads.sh train [TOTAL]  # call 2: reassemble + check the GGUF, install .whl/*.whl, build the
-#                                                #         HF directory, train the four families concurrently on the
-#                                                #         one GPU; every head is written within TOTAL seconds of the
-#                                                #         call's start (default 470)
+#                                                #         HF directory, train the families in MODES concurrently
+#                                                #         on the one GPU; every head is written within TOTAL
+#                                                #         seconds of the call's start (default 470)
 #   scripts/device/train-heads.sh smoke          # the smoke test alone
 #
 # Results: $OUT/smollm2-<mode>/ (config.json with the lineage and held-out metrics under specbuild_training, and the
-# weights; a file over 16 MiB is sent as <file>.xz) -- 8 files; the logs stay in $LOGS, their summary goes to stdout.
+# weights; the draft model's also draft_vocab.json, not the base's tokenizer files; a file over 16 MiB is sent as
+# <file>.xz) -- 8 files at most; the logs stay in $LOGS, their summary goes to stdout.
 # Environment: DEVICE (cuda), CORPUS (corpus/smollm2), MAX_SEQUENCES (all), BUDGET_<MODE> (loop seconds per family:
-# EAGLE3 330, EAGLE 240, MEDUSA 200, REDRAFTER 200; each loop also ends in time for TOTAL), SETS (more recipe
-# overrides KEY=VALUE, space-separated), LOGS (/tmp/train-heads), MODES ("eagle3 eagle medusa redrafter"), and
-# lib.sh's PYTHON, STASH, HF_DIR.
+# EAGLE3 330, EAGLE 240, MEDUSA 200, REDRAFTER 200, DRAFT 380; each loop also ends in time for TOTAL), SETS (more
+# recipe overrides KEY=VALUE, space-separated), LOGS (/tmp/train-heads), MODES ("eagle3 eagle medusa redrafter";
+# also draft), and lib.sh's PYTHON, STASH, HF_DIR.
 set -euo pipefail
 T0=$(date +%s)
 # shellcheck source=scripts/device/lib.sh
@@ -35,7 +37,9 @@ smoke() {
 budget_of() {
   local var
   var="BUDGET_$(echo "$1" | tr '[:lower:]' '[:upper:]')"
-  case "$1" in eagle3) echo "${!var:-330}" ;; eagle) echo "${!var:-240}" ;; *) echo "${!var:-200}" ;; esac
+  case "$1" in
+    eagle3) echo "${!var:-330}" ;; eagle) echo "${!var:-240}" ;; draft) echo "${!var:-380}" ;; *) echo "${!var:-200}" ;;
+  esac
 }
 
 launch() {  # launch MODE END_BY: one `specbuild train` in the background ($!), its log in $LOGS/MODE.log
@@ -53,6 +57,11 @@ summary() {  # the lines of a log worth reading in the call's output tail
     grep -Ev '^[[:space:]]*[{}"]' |
     cut -c1-400 | tail -n 14 || true
   grep -E "^step " "$1" | tail -n 2 | cut -c1-300 || true
+}
+
+prune_outputs() {  # the base model's own tokenizer files (the draft model writes them) stay behind: 8 files come back
+  rm -f "$OUT"/*/tokenizer.json "$OUT"/*/tokenizer_config.json "$OUT"/*/special_tokens_map.json \
+    "$OUT"/*/chat_template.jinja "$OUT"/*/generation_config.json
 }
 
 shrink_outputs() {  # files over the limit travel as .xz (python's lzma: no xz binary needed)
@@ -89,6 +98,7 @@ train() {
     i=$((i + 1))
     echo "== $mode"; summary "$LOGS/$mode.log"
   done
+  prune_outputs
   shrink_outputs
   ls -l "$OUT"/* || true
   echo "done $(($(date +%s) - T0))s after the call began"
