@@ -141,13 +141,16 @@ def _weight(node: ir.Node, index: int) -> ir.Value | None:
 
 
 def _replace_node(graph: ir.Graph, old: ir.Node, new: list[ir.Node]) -> None:
-    """`new` (whose last node computes old's one output) in old's place, under old's output name."""
-    out = old.outputs[0]
+    """`new` (whose last node computes old's one output) in old's place, under old's output name, type and shape (a
+    graph output keeps them: the ONNX checker refuses an untyped one)."""
+    out, result = old.outputs[0], new[-1].outputs[0]
     name = out.name
     graph.insert_before(old, new)
-    out.replace_all_uses_with(new[-1].outputs[0], replace_graph_outputs=True)
+    out.replace_all_uses_with(result, replace_graph_outputs=True)
     graph.remove(old, safe=True)
-    new[-1].outputs[0].name = name
+    result.name = name
+    if result.type is None:
+        result.type, result.shape = out.type, out.shape
 
 
 def _drop_unread(graph: ir.Graph, values) -> None:

@@ -114,6 +114,21 @@ def test_int4_matches_int4_none_and_a_vocabulary_subset_stays_exact(tmp_path):
         assert engine.generate(input_ids=prompt, max_new_tokens=20, decode_text=False).output_ids == want
 
 
+@full("an int8 draft: one more engine")
+def test_an_int8_draft_keeps_the_greedy_output(tmp_path):
+    """--draft-weights int8 (integer GEMMs, int8 activations) writes a valid draft graph (its logits, a rewritten
+    matmul's output, stay a typed graph output) and never changes the output."""
+    shape = "llama_gqa_llama3rope"
+    target, ckpt = convert(tmp_path, shape, near_copy_draft(shape))
+    engine = build(ckpt, tmp_path / "engine", draft_weights="int8", num_draft_tokens=2)
+    draft = yaml.safe_load((tmp_path / "engine" / "draft" / "engine.yaml").read_text())
+    assert draft["weights"]["precision"] == "int8" and draft["weights"]["activations"] == "int8"
+    for prompt in PROMPTS:
+        assert engine.generate(input_ids=prompt, max_new_tokens=20, decode_text=False).output_ids == hf_greedy(
+            target, prompt, 20
+        )
+
+
 @full("a draft vocabulary subset: two more engines")
 def test_vocabulary_subset_drafts_stay_exact(tmp_path):
     shape = "llama_gqa_llama3rope"
