@@ -367,6 +367,9 @@ def test_bad_build_options_are_refused_before_any_work(tmp_path, tiny_checkpoint
     _, with_draft = convert(tmp_path, shape, narrow_draft(shape))
     with pytest.raises(SpecbuildError, match="--draft-weights 'int3'"):
         build(with_draft, tmp_path / "b", draft_weights="int3")
+    with pytest.raises(SpecbuildError, match="--draft-weights int8 builds the draft's onnxruntime graph only"):
+        build_engine(with_draft, tmp_path / "c", BuildOptions(speculative_mode=MODE, draft_weights="int8"), log=quiet)
+    assert not (tmp_path / "c").exists()  # refused before any work
     with pytest.raises(SpecbuildError, match="no draft_vocab.json"):
         build(with_draft, tmp_path / "c", draft_vocab_size=10)
     with pytest.raises(SpecbuildError, match="at most"):

@@ -61,6 +61,11 @@ class DraftTargetPlugin(HostDraftedPlugin):
         weights = options.draft_weights or chosen.get("default_draft_weights")
         if weights is not None and weights not in ef.WEIGHTS:
             raise SpecbuildError(f"--draft-weights {weights!r} is not one of {', '.join(ef.WEIGHTS)}")
+        if weights == "int8" and ef.BACKEND_TENSORRT in options.backends:
+            raise SpecbuildError(
+                "--draft-weights int8 builds the draft's onnxruntime graph only (its integer GEMMs are ONNX Runtime "
+                "kernels): pass --backends onnxruntime, or use --draft-weights int4, fp16 or fp32"
+            )
         listed = head.get("draft_vocab_size")
         vocab = options.draft_vocab_size or chosen.get("default_vocab_size")
         if options.draft_vocab_size is not None and not listed:
