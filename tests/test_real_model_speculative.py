@@ -109,9 +109,10 @@ def test_int4_draft_target_equals_its_none_engine(smollm2_hf, smollm2_engines, t
     options = BuildOptions(speculative_mode="draft-target", **common)
     draft = Engine(build_engine(ckpt, tmp_path / "dt", options, log=quiet))
     assert draft.drafter_settings.engine.manifest["weights"]["precision"] == "int4"
-    assert draft.manifest["mode"]["drafter"]["top_k"] == 1  # the draft's int4 choice: a chain (fp32: a tree)
+    drafter = draft.manifest["mode"]["drafter"]
+    assert (drafter["top_k"], drafter["num_draft_tokens"]) == (1, 3)  # the draft's recorded choice: a chain of 3
     steps = accepted_steps(draft, PROMPTS[:2], greedy_of(none))
-    assert sum(steps) / len(steps) > 1.3
+    assert sum(steps) / len(steps) > 1.6  # the GPU-trained draft (tau 2.3 on HumanEval at int4; the CPU one 1.3)
 
 
 def test_lookahead_equals_transformers_and_its_int4_none_engine(
