@@ -16,7 +16,7 @@
 # weights; the draft model's also draft_vocab.json, not the base's tokenizer files; a file over 16 MiB is sent as
 # <file>.xz) -- 8 files at most; the logs stay in $LOGS, their summary goes to stdout.
 # Environment: DEVICE (cuda), CORPUS (corpus/smollm2), MAX_SEQUENCES (all), BUDGET_<MODE> (loop seconds per family:
-# EAGLE3 330, EAGLE 240, MEDUSA 200, REDRAFTER 200, DRAFT 380; each loop also ends in time for TOTAL), SETS (more
+# EAGLE3 330, EAGLE 240, MEDUSA 200, REDRAFTER 200, DRAFT 235; each loop also ends in time for TOTAL), SETS (more
 # recipe overrides KEY=VALUE, space-separated), LOGS (/tmp/train-heads), MODES ("eagle3 eagle medusa redrafter";
 # also draft), and lib.sh's PYTHON, STASH, HF_DIR.
 set -euo pipefail
@@ -38,7 +38,7 @@ budget_of() {
   local var
   var="BUDGET_$(echo "$1" | tr '[:lower:]' '[:upper:]')"
   case "$1" in
-    eagle3) echo "${!var:-330}" ;; eagle) echo "${!var:-240}" ;; draft) echo "${!var:-380}" ;; *) echo "${!var:-200}" ;;
+    eagle3) echo "${!var:-330}" ;; eagle) echo "${!var:-240}" ;; draft) echo "${!var:-235}" ;; *) echo "${!var:-200}" ;;
   esac
 }
 
