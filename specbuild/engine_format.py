@@ -30,6 +30,9 @@ KV_SHARED = "shared"
 WEIGHTS = ("fp32", "fp16", "int8", "int4")
 BLOCKWISE_WEIGHTS = ("int8", "int4")  # MatMulNBits blocks in the ONNX Runtime graph
 BLOCKWISE_BITS = {"int8": 8, "int4": 4}  # bits per weight of each
+# weights only the onnxruntime graph takes (TensorRT's ONNX parser takes blockwise weights in int4 only; int8 with int8
+# activations is ONNX Runtime's integer GEMM): a build of them with the tensorrt backend is refused
+ONNXRUNTIME_ONLY_WEIGHTS = ("int8",)
 # graphs[].kv_cache_dtype: the KV cache's element type in the fused graph (int8: scaled per layer, builder/kv_int8.py;
 # float: the engine's dtype, also where the field is absent)
 GRAPH_KV_CACHE_DTYPE = "kv_cache_dtype"

@@ -152,7 +152,7 @@ class _BuildOptions:
             raise SpecbuildError(
                 f"{source}--head-weights quantizes the onnxruntime graph's heads: add onnxruntime to --backends"
             )
-        if self.weights == "int8" and ef.BACKEND_TENSORRT in self.backends:
+        if self.weights in ef.ONNXRUNTIME_ONLY_WEIGHTS and ef.BACKEND_TENSORRT in self.backends:
             raise SpecbuildError(
                 f"{source}--weights int8 builds the onnxruntime graph only (TensorRT's ONNX parser takes blockwise "
                 "quantized weights in int4 only): pass --backends onnxruntime, or use --weights int4 or fp16"

@@ -61,7 +61,7 @@ class DraftTargetPlugin(HostDraftedPlugin):
         weights = options.draft_weights or chosen.get("default_draft_weights")
         if weights is not None and weights not in ef.WEIGHTS:
             raise SpecbuildError(f"--draft-weights {weights!r} is not one of {', '.join(ef.WEIGHTS)}")
-        if weights == "int8" and ef.BACKEND_TENSORRT in options.backends:
+        if weights in ef.ONNXRUNTIME_ONLY_WEIGHTS and ef.BACKEND_TENSORRT in options.backends:
             raise SpecbuildError(
                 "--draft-weights int8 builds the draft's onnxruntime graph only (its integer GEMMs are ONNX Runtime "
                 "kernels): pass --backends onnxruntime, or use --draft-weights int4, fp16 or fp32"
