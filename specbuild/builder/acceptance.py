@@ -294,31 +294,38 @@ def accept_with_draft_probs(
     greedy = (temperature <= 0).all()
     tokens = tokens.index_select(1, torch.arange(tokens.shape[1], device=tokens.device))
     depth, parent, siblings_before = tree_structure(tree_mask)
-    operands = (logits, tokens, parent, siblings_before, temperature, top_k, top_p, rand_accept, draft_probs)
+    operands = (
+        logits, tokens, parent, siblings_before, depth, paths, temperature, top_k, top_p, rand_accept, rand_sample,
+        draft_probs,
+    )  # fmt: skip
 
     def sampled(*args):
-        return _sampled_flags_q(*args, max_siblings=max_siblings)
+        return _accept_sampled_q(*args, max_siblings=max_siblings)
 
-    flags_and_residual = branch(greedy, _greedy_flags_q, sampled, operands)
-    residual = flags_and_residual[:, :, 1:]
-    best_len, best_path, last_node = _walk(flags_and_residual[:, :, 0], depth, siblings_before, paths)
+    # one If for the whole walk, as in `accept`: the greedy branch never reads q, builds a residual or a CDF (outside
+    # the If, the residual's [B,W,V] concat, gather and cumsum ran on every greedy call)
+    return branch(greedy, _accept_greedy, sampled, operands)
+
+
+def _accept_sampled_q(
+    logits, tokens, parent, siblings_before, depth, paths, temperature, top_k, top_p, rand_accept, rand_sample,
+    draft_probs, max_siblings=1,
+):  # fmt: skip
+    """Recursive rejection against q (see `accept_with_draft_probs`); the bonus drawn from the last node's residual."""
+    flags, residual = _sampled_flags_q(
+        logits, tokens, parent, siblings_before, temperature, top_k, top_p, rand_accept, draft_probs, max_siblings
+    )
+    best_len, best_path, last_node = _walk(flags, depth, siblings_before, paths)
     b, _, v = logits.shape
-    last_residual = residual.gather(1, last_node.view(b, 1, 1).expand(b, 1, v)).squeeze(1)
-    last_logits = logits.gather(1, last_node.view(b, 1, 1).expand(b, 1, v)).squeeze(1)
-    sampled = _sample(last_residual, last_residual, rand_sample)
-    bonus = torch.where(greedy, last_logits.argmax(-1), sampled)
+    last_residual = residual.gather(1, last_node.view(b, 1, 1).expand(b, 1, v)).squeeze(1)  # [B,V]
+    bonus = _sample(last_residual, last_residual, rand_sample)
     return _accepted(tokens, best_len, best_path, last_node, bonus)
 
 
-def _greedy_flags_q(logits, tokens, parent, siblings_before, temperature, top_k, top_p, rand_accept, draft_probs):
-    flags = _greedy_flags(top_token(logits), tokens, parent)
-    return torch.cat([flags.unsqueeze(-1), torch.zeros_like(logits)], dim=-1)
-
-
 def _sampled_flags_q(
-    logits, tokens, parent, siblings_before, temperature, top_k, top_p, rand_accept, draft_probs, max_siblings=1
+    logits, tokens, parent, siblings_before, temperature, top_k, top_p, rand_accept, draft_probs, max_siblings
 ):
-    """[B,W,1+V]: each node's acceptance flag, then its residual after all its children were rejected."""
+    """Each node's acceptance flag [B,W] and its residual [B,W,V] after all its children were rejected."""
     b, w, v = logits.shape
     residual = target_probs(logits, temperature, top_k, top_p)  # [B,m,V]: R_0 of every node as a parent
     q = draft_probs.float()
@@ -337,7 +344,7 @@ def _sampled_flags_q(
         mass = rest.sum(-1, keepdim=True)
         rest = rest / torch.where(mass > 0, mass, torch.ones_like(mass))
         residual = torch.where(has_child > 0, rest, residual)
-    return torch.cat([flags.unsqueeze(-1), residual], dim=-1)
+    return flags, residual
 
 
 def accept_root(logits, temperature, top_k, top_p, rand_accept):
