@@ -3,9 +3,10 @@ kernels an engine can hold -- fp32 MatMul, MatMulNBits int4 / int8 with int8 act
 GEMM of `--weights int8 --int8-activations` (builder/int8_gemm.py, built by the same code). Checks that the GEMM's
 rows are row-invariant. The kernel test of docs/benchmarks/2026-12-03-run-AM-integer-gemm.md.
 
-    python scripts/matmul-rows.py 2048 8192
+    python scripts/matmul-rows.py 2048 8192 [ROWS, e.g. 1,16,256]
 """
 
+import copy
 import sys
 import time
 
@@ -16,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from specbuild.builder.quantize import integer_matmuls
 
-ROWS = (1, 2, 4, 8, 16, 32, 64)
+ROWS = tuple(int(r) for r in (sys.argv[3] if len(sys.argv) > 3 else "1,2,4,8,16,32,64").split(","))
 
 
 def matmul_model(k: int, n: int, weight: np.ndarray):
@@ -32,7 +33,7 @@ def nbits(model, bits: int):
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
     config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4, bits=bits)
-    quantizer = MatMulNBitsQuantizer(model, algo_config=config)
+    quantizer = MatMulNBitsQuantizer(copy.deepcopy(model), algo_config=config)  # it rewrites the model it is given
     quantizer.process()
     return quantizer.model.model
 
