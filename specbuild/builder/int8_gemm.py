@@ -3,9 +3,15 @@
 A MatMul(x [..., K], W [K, N]) becomes, in the ONNX Runtime graph (9 nodes):
 
     s = Max(ReduceMax(|x|, last axis) / 127, tiny)         [..., 1]   one scale per row (token)
-    q = Cast<uint8>(x / s + 128.5)                          [..., K]   the row in 8 bits around 128 (the cast
-                                                                        truncates: round half up, 1..255)
+    q = QuantizeLinear(x, s, 128, block_size K)             [..., K]   the row in 8 bits around 128 (round half to
+                                                                        even, 1..255; the zero point, an Expand of
+                                                                        128 to s's shape, is shared by the matmuls
+                                                                        whose inputs have the same rows)
     y = MatMulIntegerToFloat(q, Wq, 1, w_scale, 128) * s    [..., N]   Wq int8 [K, N], w_scale [N] per column
+
+QuantizeLinear with one block per row (opset 21) makes q in one pass over x where Div, Add and Cast took three: 6-7 %
+off a 16-row call of SmolLM2 and more on prompts (docs/benchmarks/2026-12-04-run-AP-int8-quantize-linear.md). A graph
+below opset 21 (the pass moves it there first) would keep the older form, q = Cast<uint8>(x / s + 128.5).
 
 Why this form (measured, docs/benchmarks/2026-12-03-run-AM-integer-gemm.md): ONNX Runtime's MatMulInteger with
 uint8 activations and int8 weights runs MLAS's quantized GEMM (AMX, AVX-512 VNNI, AVX2 kernels), whose cost is
@@ -32,6 +38,7 @@ ACTIVATION_LEVELS = 127  # |q - 128| <= 127: the row's largest magnitude maps to
 ZERO_POINT = 128
 WEIGHT_LEVELS = 63  # |Wq| <= 63: no 16-bit saturation in the AVX2 kernel (see the module)
 TINY_SCALE = 1e-30  # the scale of an all-zero row (padding): any positive value gives q = 128
+QUANTIZE_OPSET = 21  # QuantizeLinear with blocks (block_size): one scale per row
 MSFT = "com.microsoft"
 
 
@@ -52,14 +59,16 @@ def _const(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     return graph.initializers[name]
 
 
-def gemm_nodes(model: ir.Model, node: ir.Node, parts: tuple[ir.Value, ir.Value]) -> list[ir.Node]:
+def gemm_nodes(
+    model: ir.Model, node: ir.Node, parts: tuple[ir.Value, ir.Value], zero_points: dict | None = None
+) -> list[ir.Node]:
     """The nodes computing `node`'s MatMul from its input and the quantized weight `parts` (Wq, w_scale); the last
-    one's output replaces the MatMul's."""
+    one's output replaces the MatMul's. zero_points: the activations' zero-point tensors made so far, by rows (see
+    `_rows_key`), reused by later matmuls of the same graph."""
     root, prefix, x = model.graph, node.name, node.inputs[0]
     axes = _const(root, "int8_gemm.last_axis", np.array([-1], np.int64))
     inverse = _const(root, "int8_gemm.inverse_levels", np.array(1 / ACTIVATION_LEVELS, np.float32))
     tiny = _const(root, "int8_gemm.tiny", np.array(TINY_SCALE, np.float32))
-    shift = _const(root, "int8_gemm.shift", np.array(ZERO_POINT + 0.5, np.float32))
     one = _const(root, "int8_gemm.one", np.array(1, np.float32))
     zero_point = _const(root, "int8_gemm.zero_point", np.array(ZERO_POINT, np.uint8))
     steps: list[ir.Node] = []
@@ -70,15 +79,33 @@ def gemm_nodes(model: ir.Model, node: ir.Node, parts: tuple[ir.Value, ir.Value])
         steps.append(new)
         return new.outputs[0]
 
-    if model.opset_imports.get("", 18) >= 18:
+    opset = model.opset_imports.get("", 18)
+    if opset >= 18:
         row_max = add("ReduceMax", [add("Abs", [x], "abs"), axes], "row_max", [ir.AttrInt64("keepdims", 1)])
     else:
         row_max = add("ReduceMax", [add("Abs", [x], "abs")], "row_max",
                       [ir.AttrInt64s("axes", [-1]), ir.AttrInt64("keepdims", 1)])  # fmt: skip
     scale = add("Max", [add("Mul", [row_max, inverse], "row_scale_raw"), tiny], "row_scale")
-    shifted = add("Add", [add("Div", [x, scale], "scaled"), shift], "shifted")
-    q = add("Cast", [shifted], "q", [ir.AttrInt64("to", ir.DataType.UINT8)])
     wq, w_scale = parts
+    if opset >= QUANTIZE_OPSET:
+        key = _rows_key(node.graph, x)
+        shared = zero_points if zero_points is not None and key is not None else {}
+        if key not in shared:  # uint8 128 in s's shape: blocked QuantizeLinear takes no broadcast zero point
+            shared[key] = add("Expand", [zero_point, add("Shape", [scale], "scale_shape")], "zero_points")
+        block = [ir.AttrInt64("axis", -1), ir.AttrInt64("block_size", int(wq.shape[0]))]
+        q = add("QuantizeLinear", [x, scale, shared[key]], "q", block)
+    else:
+        shift = _const(root, "int8_gemm.shift", np.array(ZERO_POINT + 0.5, np.float32))
+        shifted = add("Add", [add("Div", [x, scale], "scaled"), shift], "shifted")
+        q = add("Cast", [shifted], "q", [ir.AttrInt64("to", ir.DataType.UINT8)])
     gemm = add("MatMulIntegerToFloat", [q, wq, one, w_scale, zero_point], "gemm", domain=MSFT)
     add("Mul", [gemm, scale], "out")
     return steps
+
+
+def _rows_key(graph: ir.Graph, x: ir.Value):
+    """What identifies x's rows (every axis but the last) within its graph, or None where its shape is not fully
+    named: two matmuls whose inputs share the key share the zero-point tensor."""
+    if x.shape is None or any(not isinstance(d, int) and d.value is None for d in x.shape[:-1]):
+        return None
+    return id(graph), tuple(str(d) for d in x.shape[:-1])

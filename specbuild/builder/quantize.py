@@ -498,21 +498,25 @@ def _quantized_columns(graph: ir.Graph, weight: ir.Value) -> tuple[ir.Value, ir.
 
 def integer_matmuls(model: ir.Model, select) -> int:
     """Every MatMul that select(node) takes, whose B is a 2-D float32 initializer, as builder/int8_gemm.py's
-    integer GEMM (a weight read by several MatMuls is quantized once). Returns how many matmuls."""
-    done: dict[str, tuple[ir.Value, ir.Value]] = {}
-    sources, count = [], 0
+    integer GEMM (a weight read by several MatMuls is quantized once), the graph first moved to the opset of its
+    QuantizeLinear. Returns how many matmuls."""
+    chosen = []
     for node in nodes(model):
         if node.op_type != "MatMul" or node.domain not in ONNX_DOMAINS or not select(node):
             continue
         weight = _weight(node, 1)
-        if weight is None or weight.const_value.dtype != ir.DataType.FLOAT:
-            continue
+        if weight is not None and weight.const_value.dtype == ir.DataType.FLOAT:
+            chosen.append((node, weight))
+    if not chosen:
+        return 0
+    convert_opset(model, int8_gemm.QUANTIZE_OPSET)
+    done: dict[str, tuple[ir.Value, ir.Value]] = {}
+    sources, zero_points = [], {}
+    for node, weight in chosen:
         if weight.name not in done:
             done[weight.name] = _quantized_columns(model.graph, weight)
             sources.append(weight)
-        _replace_node(node.graph, node, int8_gemm.gemm_nodes(model, node, done[weight.name]))
-        count += 1
+        _replace_node(node.graph, node, int8_gemm.gemm_nodes(model, node, done[weight.name], zero_points))
     _drop_unread(model.graph, sources)
-    if count:
-        model.opset_imports.setdefault(int8_gemm.MSFT, 1)
-    return count
+    model.opset_imports.setdefault(int8_gemm.MSFT, 1)
+    return len(chosen)

@@ -32,9 +32,9 @@ def _session(model: ir.Model):
 
 
 def _reference(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """The module's arithmetic in numpy: rows in 8 bits around 128 (round half up), weights per column in 7."""
+    """The module's arithmetic in numpy: rows in 8 bits around 128 (round half to even), weights per column in 7."""
     scale = np.maximum(np.abs(x).max(-1, keepdims=True) * np.float32(1 / ACTIVATION_LEVELS), np.float32(1e-30))
-    q = np.floor(x / scale + np.float32(128.5)).astype(np.int64) - 128
+    q = np.clip(np.rint(x / scale), -128, 127).astype(np.int64)
     wq, w_scale = quantize_columns(weight)
     return (q @ wq.astype(np.int64)).astype(np.float32) * w_scale * scale
 
@@ -58,6 +58,7 @@ def test_rewritten_matmul_equals_its_reference_and_is_row_invariant(weight):
     assert integer_matmuls(model, lambda node: True) == 1
     ops = [n.op_type for n in model.graph]
     assert "MatMul" not in ops and "MatMulIntegerToFloat" in ops and "w" not in model.graph.initializers
+    assert "QuantizeLinear" in ops and model.opset_imports[""] == 21  # one pass quantizes a row (opset 21's blocks)
     onnx.checker.check_model(ir.to_proto(model))  # the graph output keeps its type (a draft's logits: issue of run AO)
     session = _session(model)
     x = np.random.default_rng(1).standard_normal((2, 16, K)).astype(np.float32)
@@ -71,6 +72,23 @@ def test_rewritten_matmul_equals_its_reference_and_is_row_invariant(weight):
         for start in (0, 9):
             part = session.run(None, {"x": np.ascontiguousarray(x[:1, start : start + rows])})[0]
             assert np.array_equal(part, full[:1, start : start + rows]), (rows, start)
+
+
+def test_matmuls_on_the_same_rows_share_one_zero_point_tensor(weight):
+    model = _matmul_model(weight)
+    first = model.graph.node(0)
+    w2 = ir.Value(name="w2", shape=ir.Shape((N, K)), type=ir.TensorType(ir.DataType.FLOAT))
+    w2.const_value = ir.Tensor(np.ascontiguousarray(weight.T[:, :K] * 2), name="w2")
+    model.graph.register_initializer(w2)
+    second = ir.Node("", "MatMul", [first.outputs[0], w2], name="proj2")  # rows of the same shape [batch, rows]
+    second.outputs[0].type, second.outputs[0].shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape(["batch", "rows", K])
+    model.graph.append(second)
+    model.graph.outputs[0] = second.outputs[0]
+    assert integer_matmuls(model, lambda node: True) == 2
+    assert [n.op_type for n in model.graph].count("Expand") == 1
+    x = np.random.default_rng(3).standard_normal((1, 5, K)).astype(np.float32)
+    want = _reference(_reference(x[0], weight), weight.T[:, :K] * 2)
+    np.testing.assert_allclose(_session(model).run(None, {"x": x})[0][0], want, rtol=1e-4, atol=1e-5)
 
 
 def test_the_row_invariance_probe_rebuilds_the_integer_gemm(weight):
