@@ -12,12 +12,14 @@ call, runtime/speculation.py) bounds what batching can give on this machine: a `
 run's own prompt engine time plus full decode calls of min(C, slots) rows, at the curve's cost. OpenVINO GenAI's
 ContinuousBatchingPipeline runs the same prompts through the same closed loop as a peer (--openvino-model), and
 ONNX Runtime GenAI with a static batch (--ort-genai-model: at C, the requests waiting start together and run to
-their end, the kernel ceiling of ONNX Runtime beside our curve); each imported only then.
+their end, the kernel ceiling of ONNX Runtime beside our curve) and transformers with a static batch
+(--hf-model-dir: left-padded, one forward per token); each imported only then.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import time
@@ -329,6 +331,93 @@ class OrtGenAIBatch:
         return {}
 
 
+class HFBatch:
+    """transformers with a static batch, what a transformers user runs for many prompts (`generate` on a left-padded
+    batch, its documented way), stepped one forward per token so that the closed loop reads each token when it is
+    made: the requests waiting when no batch runs start together, left-padded with an attention mask and their own
+    positions; the batch runs until every one of them has its tokens (EOS or max_new_tokens); a request submitted
+    meanwhile waits for the next batch. Greedy, fp32, on the same ids (--hf-model-dir)."""
+
+    def __init__(self, model_dir, threads: int | None, max_new_tokens: int):
+        import torch
+
+        from specbuild.bench.sequential import HFTimer
+
+        self.torch = torch
+        self.model = HFTimer.load(model_dir, threads)
+        eos = self.model.generation_config.eos_token_id
+        self.eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        pad = self.model.generation_config.pad_token_id
+        self.pad = int(pad if pad is not None else next(iter(sorted(self.eos)), 0))
+        self.max_new_tokens = max_new_tokens
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.x
+        self._last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}  # as generate's prefill
+        self.label = f"HF transformers static batch {Path(model_dir).name}"
+        self._waiting: list[dict] = []
+        self._batch: list[dict] = []
+        self._state: dict | None = None
+
+    def submit(self, ids: list[int]) -> dict:
+        request = {"ids": ids, "out": [], "times": [], "arrival": time.perf_counter(), "done": False}
+        self._waiting.append(request)
+        return request
+
+    def step(self) -> bool:
+        torch = self.torch
+        if not self._batch:
+            if not self._waiting:
+                return False
+            self._start(self._waiting)
+            self._waiting = []
+        state = self._state
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=state["input_ids"],  # [B, L] the padded prompts, then [B, 1] each step's tokens
+                attention_mask=state["mask"],  # [B, past + L]
+                position_ids=state["positions"],  # [B, L]
+                use_cache=True,
+                **{self._cache_arg: state["cache"]},
+                **self._last_logits,
+            )
+        tokens = out.logits[:, -1].argmax(-1)  # [B]
+        now = time.perf_counter()
+        for request, token in zip(self._batch, tokens.tolist()):
+            if not request["done"]:
+                request["out"].append(int(token))
+                request["times"].append(now - request["arrival"])
+                request["done"] = int(token) in self.eos or len(request["out"]) >= self.max_new_tokens
+        if all(r["done"] for r in self._batch):
+            self._batch, self._state = [], None
+            return True
+        state["cache"] = getattr(out, self._cache_arg)
+        state["input_ids"] = tokens.unsqueeze(1)
+        state["positions"] = state["positions"][:, -1:] + 1
+        state["mask"] = torch.cat([state["mask"], torch.ones_like(state["input_ids"])], dim=1)
+        return True
+
+    def _start(self, requests: list[dict]) -> None:
+        torch = self.torch
+        longest = max(len(r["ids"]) for r in requests)
+        input_ids = torch.full((len(requests), longest), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(requests), longest), dtype=torch.long)
+        for row, request in enumerate(requests):  # left padding: every prompt ends at the last column
+            input_ids[row, longest - len(request["ids"]) :] = torch.tensor(request["ids"])
+            mask[row, longest - len(request["ids"]) :] = 1
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        self._state = {"input_ids": input_ids, "mask": mask, "positions": positions, "cache": None}
+        self._batch = list(requests)
+
+    def finished(self, request: dict) -> Finished | None:
+        if not request["done"]:
+            return None
+        times = request["times"]
+        return Finished(request["out"], times[0], times[-1], times[-1])
+
+    def counters(self) -> dict[str, int]:
+        return {}
+
+
 # ---------------------------------------------------------------- the run
 def measure(target, prompts: list[list[int]], concurrency: int, max_new_tokens: int) -> tuple[dict, list]:
     """A short warm-up loop (every batch size up to C seen once), then the measured closed loop: its row and outputs."""
@@ -463,6 +552,7 @@ def run_load_benchmark(
     openvino_dirs: list[str | Path] = (),
     repeats: int = 1,
     ort_genai_dirs: list[str | Path] = (),
+    hf_model_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """`specbuild bench --concurrency`: the report (settings, engines with their cost curves, rows per C)."""
     from specbuild.bench.sequential import load_engines
@@ -472,6 +562,7 @@ def run_load_benchmark(
     prompts = interleaved_prompts(engines[0], prompt_sets, num_prompts)
     peers = [OpenVINOLoad(d, threads, max(concurrency), max_new_tokens) for d in openvino_dirs]
     peers += [OrtGenAIBatch(d, threads, max_new_tokens) for d in ort_genai_dirs]
+    peers += [HFBatch(hf_model_dir, threads, max_new_tokens)] if hf_model_dir else []
     log("measuring each engine's call cost")
     curves = [cost_curve_report(e) for e in engines]
     results = run_load(engines, labels, prompts, concurrency, max_new_tokens, peers, log, repeats)
@@ -486,6 +577,7 @@ def run_load_benchmark(
             "repeats": repeats,
             "openvino_dirs": [str(d) for d in openvino_dirs],
             "ort_genai_dirs": [str(d) for d in ort_genai_dirs],
+            "hf_model_dir": str(hf_model_dir) if hf_model_dir else None,
             "cpu": cpu_description(),
         },
         "engines": [

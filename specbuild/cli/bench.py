@@ -26,7 +26,11 @@ from specbuild.errors import SpecbuildError
 )
 @click.option("--num-prompts", type=int, default=8, show_default=True, help="Prompts per set.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option("--hf-model-dir", type=click.Path(path_type=Path), help="Also time transformers' generate.")
+@click.option(
+    "--hf-model-dir",
+    type=click.Path(path_type=Path),
+    help="Also time transformers' generate (with --concurrency, a static batch of the requests waiting).",
+)
 @click.option(
     "--hf-assistant-dir",
     type=click.Path(path_type=Path),
@@ -95,14 +99,14 @@ def bench(
         raise SpecbuildError("--hf-assistant-dir drafts for transformers' generate: give --hf-model-dir too")
     sets = _prompt_sets(prompts)
     if concurrency is not None:
-        if hf_model_dir or context_sweep:
+        if hf_assistant_dir or context_sweep:
             raise SpecbuildError(
-                "--concurrency runs the load benchmark: --hf-model-dir and --context-sweep belong to the "
+                "--concurrency runs the load benchmark: --hf-assistant-dir and --context-sweep belong to the "
                 "one-at-a-time benchmark (run it without --concurrency)"
             )
         _bench_load(
             engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy,
-            repeats, ort_genai_dirs,
+            repeats, ort_genai_dirs, hf_model_dir,
         )  # fmt: skip
         return
     if repeats != 1:
@@ -159,7 +163,7 @@ def _write_plot(report: dict, json_out: Path) -> None:
 
 def _bench_load(
     engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy,
-    repeats=1, ort_genai_dirs=(),
+    repeats=1, ort_genai_dirs=(), hf_model_dir=None,
 ):  # fmt: skip
     """`bench --concurrency`: the closed-loop load benchmark (specbuild/bench/load.py)."""
     from specbuild.bench.load import parse_concurrency, render_load, run_load_benchmark
@@ -178,6 +182,7 @@ def _bench_load(
             openvino_dirs=list(openvino_dirs),
             repeats=repeats,
             ort_genai_dirs=list(ort_genai_dirs),
+            hf_model_dir=hf_model_dir,
         )
     render_load(report)
     if json_out:

@@ -304,3 +304,24 @@ def test_ort_genai_static_batch_gives_greedy_ids_through_the_closed_loop(tiny_hf
     assert run.steps == 3 * MAX_NEW_TOKENS
     with pytest.raises(SpecbuildError, match="not an ONNX Runtime GenAI model directory"):
         OrtGenAIBatch(hf, threads=1, max_new_tokens=4)
+
+
+def test_transformers_static_batch_gives_greedy_ids_through_the_closed_loop(tiny_hf_models):
+    """The transformers row under load: prompts of different lengths, left-padded in one batch, give transformers'
+    own greedy ids one by one; a request submitted while a batch runs waits for the next one."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specbuild.bench.load import HFBatch
+    from tests.conftest import hf_greedy
+
+    hf = tiny_hf_models["llama_gqa_llama3rope"]
+    peer = HFBatch(hf, threads=1, max_new_tokens=MAX_NEW_TOKENS)
+    peer.eos = set()  # random weights: run every request to max_new_tokens, as hf_greedy's generate may not stop
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    run = closed_loop(peer, PROMPTS, 3)
+    assert [r.output_ids for r in run.done] == [hf_greedy(model, ids, MAX_NEW_TOKENS) for ids in PROMPTS]
+    assert run.most_in_flight == 3 and all(0 <= r.ttft_s <= r.last_token_s <= r.latency_s for r in run.done)
+    assert run.steps == 3 * MAX_NEW_TOKENS  # static: 7 prompts at 3 in flight are three batches
+    assert peer.label == f"HF transformers static batch {hf.name}"
