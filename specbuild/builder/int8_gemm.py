@@ -1,6 +1,7 @@
 """`build --weights int8 --int8-activations`: each base matmul as an integer GEMM, exact and row-invariant.
 
-A MatMul(x [..., K], W [K, N]) becomes, in the ONNX Runtime graph (9 nodes):
+A MatMul(x [..., K], W [K, N]) becomes, in the ONNX Runtime graph (7 nodes, and a Shape and an Expand per graph and
+rows shape):
 
     s = Max(ReduceMax(|x|, last axis) / 127, tiny)         [..., 1]   one scale per row (token)
     q = QuantizeLinear(x, s, 128, block_size K)             [..., K]   the row in 8 bits around 128 (round half to
@@ -9,9 +10,9 @@ A MatMul(x [..., K], W [K, N]) becomes, in the ONNX Runtime graph (9 nodes):
                                                                         whose inputs have the same rows)
     y = MatMulIntegerToFloat(q, Wq, 1, w_scale, 128) * s    [..., N]   Wq int8 [K, N], w_scale [N] per column
 
-QuantizeLinear with one block per row (opset 21) makes q in one pass over x where Div, Add and Cast took three: 6-7 %
-off a 16-row call of SmolLM2 and more on prompts (docs/benchmarks/2026-12-04-run-AP-int8-quantize-linear.md). A graph
-below opset 21 (the pass moves it there first) would keep the older form, q = Cast<uint8>(x / s + 128.5).
+QuantizeLinear with one block per row (opset 21: the pass moves the graph there first) makes q in one pass over x
+where Div, Add and Cast took three (q = Cast<uint8>(x / s + 128.5), round half up): SmolLM2's calls 1-7 % and its
+prompts 4-8 % cheaper (docs/benchmarks/2026-12-04-run-AP-int8-quantize-linear.md).
 
 Why this form (measured, docs/benchmarks/2026-12-03-run-AM-integer-gemm.md): ONNX Runtime's MatMulInteger with
 uint8 activations and int8 weights runs MLAS's quantized GEMM (AMX, AVX-512 VNNI, AVX2 kernels), whose cost is
@@ -63,8 +64,8 @@ def gemm_nodes(
     model: ir.Model, node: ir.Node, parts: tuple[ir.Value, ir.Value], zero_points: dict | None = None
 ) -> list[ir.Node]:
     """The nodes computing `node`'s MatMul from its input and the quantized weight `parts` (Wq, w_scale); the last
-    one's output replaces the MatMul's. zero_points: the activations' zero-point tensors made so far, by rows (see
-    `_rows_key`), reused by later matmuls of the same graph."""
+    one's output replaces the MatMul's. The model is at opset QUANTIZE_OPSET or later. zero_points: the activations'
+    zero-point tensors made so far, by rows (see `_rows_key`), reused by later matmuls of the same graph."""
     root, prefix, x = model.graph, node.name, node.inputs[0]
     axes = _const(root, "int8_gemm.last_axis", np.array([-1], np.int64))
     inverse = _const(root, "int8_gemm.inverse_levels", np.array(1 / ACTIVATION_LEVELS, np.float32))
@@ -79,25 +80,15 @@ def gemm_nodes(
         steps.append(new)
         return new.outputs[0]
 
-    opset = model.opset_imports.get("", 18)
-    if opset >= 18:
-        row_max = add("ReduceMax", [add("Abs", [x], "abs"), axes], "row_max", [ir.AttrInt64("keepdims", 1)])
-    else:
-        row_max = add("ReduceMax", [add("Abs", [x], "abs")], "row_max",
-                      [ir.AttrInt64s("axes", [-1]), ir.AttrInt64("keepdims", 1)])  # fmt: skip
+    row_max = add("ReduceMax", [add("Abs", [x], "abs"), axes], "row_max", [ir.AttrInt64("keepdims", 1)])
     scale = add("Max", [add("Mul", [row_max, inverse], "row_scale_raw"), tiny], "row_scale")
     wq, w_scale = parts
-    if opset >= QUANTIZE_OPSET:
-        key = _rows_key(node.graph, x)
-        shared = zero_points if zero_points is not None and key is not None else {}
-        if key not in shared:  # uint8 128 in s's shape: blocked QuantizeLinear takes no broadcast zero point
-            shared[key] = add("Expand", [zero_point, add("Shape", [scale], "scale_shape")], "zero_points")
-        block = [ir.AttrInt64("axis", -1), ir.AttrInt64("block_size", int(wq.shape[0]))]
-        q = add("QuantizeLinear", [x, scale, shared[key]], "q", block)
-    else:
-        shift = _const(root, "int8_gemm.shift", np.array(ZERO_POINT + 0.5, np.float32))
-        shifted = add("Add", [add("Div", [x, scale], "scaled"), shift], "shifted")
-        q = add("Cast", [shifted], "q", [ir.AttrInt64("to", ir.DataType.UINT8)])
+    key = _rows_key(node.graph, x)
+    shared = zero_points if zero_points is not None and key is not None else {}
+    if key not in shared:  # uint8 128 in s's shape: blocked QuantizeLinear takes no broadcast zero point
+        shared[key] = add("Expand", [zero_point, add("Shape", [scale], "scale_shape")], "zero_points")
+    block = [ir.AttrInt64("axis", -1), ir.AttrInt64("block_size", int(wq.shape[0]))]
+    q = add("QuantizeLinear", [x, scale, shared[key]], "q", block)
     gemm = add("MatMulIntegerToFloat", [q, wq, one, w_scale, zero_point], "gemm", domain=MSFT)
     add("Mul", [gemm, scale], "out")
     return steps
