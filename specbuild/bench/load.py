@@ -373,7 +373,7 @@ class HFBatch:
         state = self._state
         with torch.inference_mode():
             out = self.model(
-                input_ids=state["input_ids"],  # [B, L] the padded prompts, then [B, 1] each step's tokens
+                input_ids=state["tokens"],  # [B, L] the padded prompts, then [B, 1] each step's tokens
                 attention_mask=state["mask"],  # [B, past + L]
                 position_ids=state["positions"],  # [B, L]
                 use_cache=True,
@@ -391,9 +391,9 @@ class HFBatch:
             self._batch, self._state = [], None
             return True
         state["cache"] = getattr(out, self._cache_arg)
-        state["input_ids"] = tokens.unsqueeze(1)
+        state["tokens"] = tokens.unsqueeze(1)
         state["positions"] = state["positions"][:, -1:] + 1
-        state["mask"] = torch.cat([state["mask"], torch.ones_like(state["input_ids"])], dim=1)
+        state["mask"] = torch.cat([state["mask"], torch.ones_like(state["tokens"])], dim=1)
         return True
 
     def _start(self, requests: list[dict]) -> None:
@@ -405,7 +405,7 @@ class HFBatch:
             input_ids[row, longest - len(request["ids"]) :] = torch.tensor(request["ids"])
             mask[row, longest - len(request["ids"]) :] = 1
         positions = (mask.cumsum(1) - 1).clamp(min=0)
-        self._state = {"input_ids": input_ids, "mask": mask, "positions": positions, "cache": None}
+        self._state = {"tokens": input_ids, "mask": mask, "positions": positions, "cache": None}
         self._batch = list(requests)
 
     def finished(self, request: dict) -> Finished | None:
