@@ -263,28 +263,17 @@ class OpenVINOLoad:
         return {}
 
 
-class OrtGenAIBatch:
-    """ONNX Runtime GenAI with a static batch, the reference for what ONNX Runtime's kernels give a batch on this CPU
-    (GenAI has no continuous batching on CPU): the requests waiting when no batch runs start together, padded on the
-    right with its pad id (GenAI's convention: with left padding a shorter prompt's output changes), and the batch
-    runs until every one of them has its tokens (EOS or max_new_tokens); a request submitted meanwhile waits
-    for the next batch. Greedy on the same ids. Needs the `onnxruntime-genai` package and a directory made by its
-    model builder (see sequential.OrtGenAITimer)."""
+class StaticBatch:
+    """A peer without continuous batching, run as its users batch prompts: the requests waiting when no batch runs
+    start together, and the batch runs until every one of them has its tokens (EOS or max_new_tokens); a request
+    submitted meanwhile waits for the next batch. Each step makes one token of every row (the first one's includes
+    the prompts), read when it is made. Subclasses start a batch (`_start`) and make its next tokens (`_next`)."""
 
-    def __init__(self, model_dir, threads: int | None, max_new_tokens: int):
-        from specbuild.bench.sequential import genai_min_length, open_genai_model
-
-        self.og, self.model = open_genai_model(model_dir, threads)
-        self.min_length = genai_min_length(model_dir)
-        config = json.loads((Path(model_dir) / "genai_config.json").read_text())["model"]
-        eos = config.get("eos_token_id", [])
-        self.eos = set(eos if isinstance(eos, list) else [eos])
-        self.pad = int(config.get("pad_token_id", next(iter(self.eos), 0)))
+    def __init__(self, eos: set[int], max_new_tokens: int):
+        self.eos = eos
         self.max_new_tokens = max_new_tokens
-        self.label = f"ORT GenAI static batch {Path(model_dir).name}"
         self._waiting: list[dict] = []
         self._batch: list[dict] = []
-        self._generator = None
 
     def submit(self, ids: list[int]) -> dict:
         request = {"ids": ids, "out": [], "times": [], "arrival": time.perf_counter(), "done": False}
@@ -295,20 +284,59 @@ class OrtGenAIBatch:
         if not self._batch:
             if not self._waiting:
                 return False
-            self._start(self._waiting)
-            self._waiting = []
-        self._generator.generate_next_token()
-        tokens, now = self._generator.get_next_tokens(), time.perf_counter()
+            self._batch, self._waiting = self._waiting, []
+            self._start(self._batch)
+        tokens, now = self._next(), time.perf_counter()
         for request, token in zip(self._batch, tokens):
             if not request["done"]:
                 request["out"].append(int(token))
                 request["times"].append(now - request["arrival"])
                 request["done"] = int(token) in self.eos or len(request["out"]) >= self.max_new_tokens
         if all(r["done"] for r in self._batch):
-            self._batch, self._generator = [], None
+            self._batch = []
+            self._start([])
         return True
 
     def _start(self, requests: list[dict]) -> None:
+        """Set up a batch of `requests` (none: drop the finished batch's state)."""
+        raise NotImplementedError
+
+    def _next(self) -> list[int]:
+        """The batch's next token, one per row."""
+        raise NotImplementedError
+
+    def finished(self, request: dict) -> Finished | None:
+        if not request["done"]:
+            return None
+        times = request["times"]
+        return Finished(request["out"], times[0], times[-1], times[-1])
+
+    def counters(self) -> dict[str, int]:
+        return {}
+
+
+class OrtGenAIBatch(StaticBatch):
+    """ONNX Runtime GenAI with a static batch, the reference for what ONNX Runtime's kernels give a batch on this CPU
+    (GenAI has no continuous batching on CPU): the prompts padded on the right with its pad id (GenAI's convention:
+    with left padding a shorter prompt's output changes). Greedy on the same ids. Needs the `onnxruntime-genai`
+    package and a directory made by its model builder (see sequential.OrtGenAITimer)."""
+
+    def __init__(self, model_dir, threads: int | None, max_new_tokens: int):
+        from specbuild.bench.sequential import genai_min_length, open_genai_model
+
+        self.og, self.model = open_genai_model(model_dir, threads)
+        self.min_length = genai_min_length(model_dir)
+        config = json.loads((Path(model_dir) / "genai_config.json").read_text())["model"]
+        eos = config.get("eos_token_id", [])
+        super().__init__(set(eos if isinstance(eos, list) else [eos]), max_new_tokens)
+        self.pad = int(config.get("pad_token_id", next(iter(self.eos), 0)))
+        self.label = f"ORT GenAI static batch {Path(model_dir).name}"
+        self._generator = None
+
+    def _start(self, requests: list[dict]) -> None:
+        if not requests:
+            self._generator = None
+            return
         og = self.og
         longest = max(len(r["ids"]) for r in requests)
         tokens = np.full((len(requests), longest), self.pad, dtype=np.int32)
@@ -319,24 +347,16 @@ class OrtGenAIBatch:
         params.set_search_options(do_sample=False, max_length=length, batch_size=len(requests))
         self._generator = og.Generator(self.model, params)
         self._generator.append_tokens(tokens)
-        self._batch = list(requests)
 
-    def finished(self, request: dict) -> Finished | None:
-        if not request["done"]:
-            return None
-        times = request["times"]
-        return Finished(request["out"], times[0], times[-1], times[-1])
-
-    def counters(self) -> dict[str, int]:
-        return {}
+    def _next(self) -> list[int]:
+        self._generator.generate_next_token()
+        return list(self._generator.get_next_tokens())
 
 
-class HFBatch:
-    """transformers with a static batch, what a transformers user runs for many prompts (`generate` on a left-padded
-    batch, its documented way), stepped one forward per token so that the closed loop reads each token when it is
-    made: the requests waiting when no batch runs start together, left-padded with an attention mask and their own
-    positions; the batch runs until every one of them has its tokens (EOS or max_new_tokens); a request submitted
-    meanwhile waits for the next batch. Greedy, fp32, on the same ids (--hf-model-dir)."""
+class HFBatch(StaticBatch):
+    """transformers with a static batch, as a transformers user runs many prompts (`generate` on a left-padded
+    batch, its documented way): the prompts left-padded with an attention mask and their own positions, one forward
+    per token. Greedy, fp32, on the same ids (--hf-model-dir)."""
 
     def __init__(self, model_dir, threads: int | None, max_new_tokens: int):
         import torch
@@ -346,31 +366,31 @@ class HFBatch:
         self.torch = torch
         self.model = HFTimer.load(model_dir, threads)
         eos = self.model.generation_config.eos_token_id
-        self.eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        super().__init__(set(eos if isinstance(eos, list) else [] if eos is None else [eos]), max_new_tokens)
         pad = self.model.generation_config.pad_token_id
         self.pad = int(pad if pad is not None else next(iter(sorted(self.eos)), 0))
-        self.max_new_tokens = max_new_tokens
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.x
         self._last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}  # as generate's prefill
         self.label = f"HF transformers static batch {Path(model_dir).name}"
-        self._waiting: list[dict] = []
-        self._batch: list[dict] = []
         self._state: dict | None = None
 
-    def submit(self, ids: list[int]) -> dict:
-        request = {"ids": ids, "out": [], "times": [], "arrival": time.perf_counter(), "done": False}
-        self._waiting.append(request)
-        return request
-
-    def step(self) -> bool:
+    def _start(self, requests: list[dict]) -> None:
+        if not requests:
+            self._state = None
+            return
         torch = self.torch
-        if not self._batch:
-            if not self._waiting:
-                return False
-            self._start(self._waiting)
-            self._waiting = []
-        state = self._state
+        longest = max(len(r["ids"]) for r in requests)
+        tokens = torch.full((len(requests), longest), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(requests), longest), dtype=torch.long)
+        for row, request in enumerate(requests):  # left padding: every prompt ends at the last column
+            tokens[row, longest - len(request["ids"]) :] = torch.tensor(request["ids"])
+            mask[row, longest - len(request["ids"]) :] = 1
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        self._state = {"tokens": tokens, "mask": mask, "positions": positions, "cache": None}
+
+    def _next(self) -> list[int]:
+        torch, state = self.torch, self._state
         with torch.inference_mode():
             out = self.model(
                 input_ids=state["tokens"],  # [B, L] the padded prompts, then [B, 1] each step's tokens
@@ -381,41 +401,11 @@ class HFBatch:
                 **self._last_logits,
             )
         tokens = out.logits[:, -1].argmax(-1)  # [B]
-        now = time.perf_counter()
-        for request, token in zip(self._batch, tokens.tolist()):
-            if not request["done"]:
-                request["out"].append(int(token))
-                request["times"].append(now - request["arrival"])
-                request["done"] = int(token) in self.eos or len(request["out"]) >= self.max_new_tokens
-        if all(r["done"] for r in self._batch):
-            self._batch, self._state = [], None
-            return True
         state["cache"] = getattr(out, self._cache_arg)
         state["tokens"] = tokens.unsqueeze(1)
         state["positions"] = state["positions"][:, -1:] + 1
         state["mask"] = torch.cat([state["mask"], torch.ones_like(state["tokens"])], dim=1)
-        return True
-
-    def _start(self, requests: list[dict]) -> None:
-        torch = self.torch
-        longest = max(len(r["ids"]) for r in requests)
-        input_ids = torch.full((len(requests), longest), self.pad, dtype=torch.long)
-        mask = torch.zeros((len(requests), longest), dtype=torch.long)
-        for row, request in enumerate(requests):  # left padding: every prompt ends at the last column
-            input_ids[row, longest - len(request["ids"]) :] = torch.tensor(request["ids"])
-            mask[row, longest - len(request["ids"]) :] = 1
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
-        self._state = {"tokens": input_ids, "mask": mask, "positions": positions, "cache": None}
-        self._batch = list(requests)
-
-    def finished(self, request: dict) -> Finished | None:
-        if not request["done"]:
-            return None
-        times = request["times"]
-        return Finished(request["out"], times[0], times[-1], times[-1])
-
-    def counters(self) -> dict[str, int]:
-        return {}
+        return tokens.tolist()
 
 
 # ---------------------------------------------------------------- the run
