@@ -6,10 +6,12 @@ prompts one at a time (8 HumanEval + 8 MT-Bench, each a 1-token generation). Pri
     python scripts/ab-engines.py ENGINE_DIR ENGINE_DIR [...] [--rows 1,4,16] [--rounds 7]
 
 The before/after test of a graph change (docs/benchmarks/2026-12-04-run-AP-int8-quantize-linear.md): the load
-benchmark's rounds vary by more than such a change between rounds on a shared 2-core machine.
+benchmark's rounds vary by more than such a change between rounds on a shared 2-core machine. The calls are timed by
+scripts/step-cost-vs-genai.py's function (so onnxruntime-genai, of specbuild[bench], must be installed).
 """
 
 import argparse
+import importlib.util
 import statistics
 import sys
 import time
@@ -20,14 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specbuild.bench.load import interleaved_prompts  # noqa: E402
 from specbuild.runtime.engine import Engine  # noqa: E402
 
+_spec = importlib.util.spec_from_file_location("step_cost", Path(__file__).with_name("step-cost-vs-genai.py"))
+step_cost = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(step_cost)
 
-def call_ms(engine, rows: int, reps: int = 10) -> float:
-    for _ in range(2):
-        engine._timed_call(rows, 1, False)
-    start = time.perf_counter()
-    for _ in range(reps):
-        engine._timed_call(rows, 1, False)
-    return (time.perf_counter() - start) / reps * 1000
+
+def call_ms(engine, rows: int) -> float:
+    return step_cost.ours(engine, rows, reps=10)  # the cost curve's call, timed as step-cost-vs-genai.py times it
 
 
 def prefill_s(engine, prompts) -> float:
