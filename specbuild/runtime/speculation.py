@@ -24,11 +24,9 @@ every call with plain calls that draft nothing (ef.DRAFT_ROWS empty; both priced
 so under load such an engine falls back to the cost of plain decoding instead of paying for drafts it does not
 verify. A lone sequence verifies its whole proposal (every mode's measured batch-1 speed-up stands, nothing is
 measured before its first tokens), unless its drafts cost time of their own to make (a draft model's calls: a
-drafter with `paid_drafts`, `Speculation.budget`): those are priced at every batch size, a lone sequence included
-(from its second step, once the drafts' cost was seen; the batch-1 costs are measured then, once per machine and
-kept in the user cache). Such a drafter proposes nothing while its budget is 1, so nothing is learnt then; every
-EXPLORE_EVERY-th step it is kept from drafting, it drafts its whole chain anyway, so that its acceptance keeps being
-observed (that step's first draft call also feeds the tokens the draft missed, which its measured cost includes).
+drafter with `paid_drafts`, `Speculation.budget`): those are priced at every batch size, a lone sequence included.
+Such a drafter proposes nothing while its budget is 1, so nothing is learnt then; every EXPLORE_EVERY-th step it
+is kept from drafting, it drafts its whole chain anyway, so that its acceptance keeps being observed.
 """
 
 from __future__ import annotations
