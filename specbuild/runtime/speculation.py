@@ -23,10 +23,7 @@ does it, whatever T the next step takes: each call, `Speculation.drafts` compare
 every call with plain calls that draft nothing (ef.DRAFT_ROWS empty; both priced by the curve at this batch size),
 so under load such an engine falls back to the cost of plain decoding instead of paying for drafts it does not
 verify. A lone sequence verifies its whole proposal (every mode's measured batch-1 speed-up stands, nothing is
-measured before its first tokens), unless its drafts cost time of their own to make (a draft model's calls: a
-drafter with `paid_drafts`, `Speculation.budget`): those are priced at every batch size, a lone sequence included.
-Such a drafter proposes nothing while its budget is 1, so nothing is learnt then; every EXPLORE_EVERY-th step it
-is kept from drafting, it drafts its whole chain anyway, so that its acceptance keeps being observed.
+measured before its first tokens).
 """
 
 from __future__ import annotations
@@ -54,9 +51,6 @@ COST_CONTEXT = 256  # cached positions of every sequence in a timed call
 # curve does not see (committing drafted rows, a drafter's host work, the spread of the measurement) must not turn
 # an expected small gain into a loss (measured: 1.0 cost 3-8 % at C=4-16 on SmolLM2's n-gram engines)
 DRAFT_MARGIN = 1.1
-# a drafter that pays per draft and that the cost model keeps from drafting drafts its whole chain once in this many
-# steps (its acceptance is learnt only from drafts it makes): at most ~1/16 of the steps at a loss while it is off
-EXPLORE_EVERY = 16
 
 
 def _powers_of_two_upto(limit: int) -> list[int]:
@@ -228,7 +222,6 @@ class Speculation:
         self.q = np.full(1, PRIOR_ACCEPTANCE)  # q[d - 1]: chance of depth d after depth d - 1 was accepted
         self._gains: list[float] | None = None  # _gains[d] = expected(d), kept until q changes
         self._shadows: dict[object, list[Shadow]] = {}
-        self._undrafted = 0  # steps in a row that `budget` kept a paying drafter from drafting
         self.drafted_steps = 0
         self.plain_steps = 0
         self.rows = 0  # token rows of the steps (sequences x T)
@@ -266,17 +259,8 @@ class Speculation:
 
     def budget(self, batch: int, longest: int, draft_ms: float) -> int:
         """Tokens per row (root included) that a step of `batch` rows would verify if each proposed a `longest`-token
-        chain whose drafts cost `draft_ms` each to make: what a drafter that pays per draft (a draft model) drafts.
-        Priced at every batch size; while it is 1, every EXPLORE_EVERY-th call gives the whole chain (module doc)."""
-        tokens = self.plan([Shape(longest, longest - 1, True)] * batch, draft_ms)
-        if tokens > 1 or longest <= 1 or self.policy != "auto":
-            self._undrafted = 0
-            return tokens
-        self._undrafted += 1
-        if self._undrafted < EXPLORE_EVERY:
-            return 1
-        self._undrafted = 0
-        return longest
+        chain whose drafts cost `draft_ms` each to make: what a drafter that pays per draft (a draft model) drafts."""
+        return self.plan([Shape(longest, longest - 1, True)] * batch, draft_ms)
 
     def plan(self, shapes: list[Shape], draft_ms: float = 0.0) -> int:
         """Tokens per row of this step: 1 (roots only) up to the longest proposal. draft_ms: what each draft token of
@@ -284,7 +268,7 @@ class Speculation:
         longest = max(s.size for s in shapes)
         if self.policy == "off" or longest <= 1:
             return 1
-        if self.policy == "always" or (len(shapes) == 1 and draft_ms == 0.0):  # alone: free drafts are verified
+        if self.policy == "always" or len(shapes) == 1:
             return longest
         candidates = [1] + [t for t in _powers_of_two_upto(longest)[1:-1] if all(s.chain for s in shapes if s.size > t)]
         candidates.append(longest)
