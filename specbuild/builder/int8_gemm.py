@@ -60,9 +60,7 @@ def _const(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     return graph.initializers[name]
 
 
-def gemm_nodes(
-    model: ir.Model, node: ir.Node, parts: tuple[ir.Value, ir.Value], zero_points: dict | None = None
-) -> list[ir.Node]:
+def gemm_nodes(model: ir.Model, node: ir.Node, parts: tuple[ir.Value, ir.Value], zero_points: dict) -> list[ir.Node]:
     """The nodes computing `node`'s MatMul from its input and the quantized weight `parts` (Wq, w_scale); the last
     one's output replaces the MatMul's. The model is at opset QUANTIZE_OPSET or later. zero_points: the activations'
     zero-point tensors made so far, by rows (see `_rows_key`), reused by later matmuls of the same graph."""
@@ -84,7 +82,7 @@ def gemm_nodes(
     scale = add("Max", [add("Mul", [row_max, inverse], "row_scale_raw"), tiny], "row_scale")
     wq, w_scale = parts
     key = _rows_key(node.graph, x)
-    shared = zero_points if zero_points is not None and key is not None else {}
+    shared = zero_points if key is not None else {}
     if key not in shared:  # uint8 128 in s's shape: blocked QuantizeLinear takes no broadcast zero point
         shared[key] = add("Expand", [zero_point, add("Shape", [scale], "scale_shape")], "zero_points")
     block = [ir.AttrInt64("axis", -1), ir.AttrInt64("block_size", int(wq.shape[0]))]
