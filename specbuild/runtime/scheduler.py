@@ -405,6 +405,7 @@ class Scheduler:
                 self._leave(handle)
                 handle._finish("error", exc)
             return
+        self.speculation.timed(len(calls), max(c.size for c in calls), batch.backend.last_engine_s)
         for seq, proposal, result in zip(sequences, proposals, results):
             self.speculation.observe(id(seq), proposal, result.tokens)
         for handle, call, result in zip(handles, calls, results):

@@ -23,7 +23,14 @@ does it, whatever T the next step takes: each call, `Speculation.drafts` compare
 every call with plain calls that draft nothing (ef.DRAFT_ROWS empty; both priced by the curve at this batch size),
 so under load such an engine falls back to the cost of plain decoding instead of paying for drafts it does not
 verify. A lone sequence verifies its whole proposal (every mode's measured batch-1 speed-up stands, nothing is
-measured before its first tokens).
+measured before its first tokens), unless its drafts cost time of their own to make (a draft model's calls: a
+drafter with `paid_drafts`, `Speculation.budget`). Those are priced at every batch size; a lone sequence's by the
+times of its own steps (`LoneCalls`: the curve is not measured for it, so its first tokens wait for nothing): it
+drafts until a plain call has been timed, then as far as pays. Alone, both choices keep being observed: a drafter
+kept from drafting proposes nothing and so teaches nothing about its acceptance, so every EXPLORE_EVERY-th such step
+it drafts its whole chain anyway; one that drafts takes a plain step every REFRESH_PLAIN-th step, so the price of
+plain calls follows its context's growth. (Under load the choice is the curve's alone: a chain drafted by every row
+to learn would cost a whole batch of draft calls.)
 """
 
 from __future__ import annotations
@@ -51,6 +58,11 @@ COST_CONTEXT = 256  # cached positions of every sequence in a timed call
 # curve does not see (committing drafted rows, a drafter's host work, the spread of the measurement) must not turn
 # an expected small gain into a loss (measured: 1.0 cost 3-8 % at C=4-16 on SmolLM2's n-gram engines)
 DRAFT_MARGIN = 1.1
+# a drafter that pays per draft and is kept from drafting drafts its whole chain once in this many steps (its
+# acceptance is learnt only from drafts it makes): at most ~1/16 of the steps at a loss while it is off; a lone
+# sequence that drafts times its first plain call after as many drafted steps
+EXPLORE_EVERY = 16
+REFRESH_PLAIN = 64  # a lone sequence that drafts takes a plain step once in this many steps (<= ~1 % of its tokens)
 
 
 def _powers_of_two_upto(limit: int) -> list[int]:
@@ -152,6 +164,28 @@ class CostCurve:
         return {"points": points, "cpu": self.cpu}
 
 
+class LoneCalls:
+    """ms of one sequence's calls by tokens per call, as its own steps took them (running means): what prices a
+    draft model's chain for a lone sequence without measuring the cost curve before its first tokens."""
+
+    WEIGHT = 0.2
+
+    def __init__(self):
+        self.ms: dict[int, float] = {}  # tokens per call -> running mean of its engine ms
+
+    def add(self, tokens: int, ms: float) -> None:
+        kept = self.ms.get(tokens)
+        self.ms[tokens] = ms if kept is None else kept + self.WEIGHT * (ms - kept)
+
+    def costs(self, tokens: list[int]) -> list[float] | None:
+        """ms of a call of each of `tokens`, interpolated between the counts timed (held past the last); None until
+        a plain call (1 token) and a longer one have been timed."""
+        if 1 not in self.ms or len(self.ms) < 2:
+            return None
+        timed = sorted(self.ms)
+        return np.interp(tokens, timed, [self.ms[t] for t in timed]).tolist()
+
+
 def resolve_policy(policy: str | None = None) -> str:
     """`policy`, else $SPECBUILD_SPECULATION, else auto; anything else is a one-line SpecbuildError."""
     policy = policy or os.environ.get(POLICY_VARIABLE, "").strip() or "auto"
@@ -222,6 +256,8 @@ class Speculation:
         self.q = np.full(1, PRIOR_ACCEPTANCE)  # q[d - 1]: chance of depth d after depth d - 1 was accepted
         self._gains: list[float] | None = None  # _gains[d] = expected(d), kept until q changes
         self._shadows: dict[object, list[Shadow]] = {}
+        self.lone = LoneCalls()  # a lone sequence's calls, timed by its steps (`timed`)
+        self._drafting, self._same_choice = True, 0  # `budget`'s last choice for a paying drafter, steps in a row
         self.drafted_steps = 0
         self.plain_steps = 0
         self.rows = 0  # token rows of the steps (sequences x T)
@@ -259,8 +295,27 @@ class Speculation:
 
     def budget(self, batch: int, longest: int, draft_ms: float) -> int:
         """Tokens per row (root included) that a step of `batch` rows would verify if each proposed a `longest`-token
-        chain whose drafts cost `draft_ms` each to make: what a drafter that pays per draft (a draft model) drafts."""
-        return self.plan([Shape(longest, longest - 1, True)] * batch, draft_ms)
+        chain whose drafts cost `draft_ms` each to make: what a drafter that pays per draft (a draft model) drafts.
+        Priced at every batch size; alone, the other choice is explored now and then (module docstring)."""
+        tokens = self.plan([Shape(longest, longest - 1, True)] * batch, draft_ms)
+        if self.policy != "auto" or longest <= 1 or batch > 1:
+            return tokens
+        if (tokens > 1) != self._drafting:
+            self._drafting, self._same_choice = tokens > 1, 0
+        self._same_choice += 1
+        if tokens == 1 and self._same_choice >= EXPLORE_EVERY:
+            tokens = longest  # kept from drafting: draft once to go on learning the acceptance
+        elif tokens > 1 and self._same_choice >= (REFRESH_PLAIN if 1 in self.lone.ms else EXPLORE_EVERY):
+            tokens = 1  # drafting: time a plain call
+        else:
+            return tokens
+        self._drafting, self._same_choice = tokens > 1, 0
+        return tokens
+
+    def timed(self, batch: int, tokens: int, seconds: float) -> None:
+        """A decoding step's call of `batch` rows x `tokens` tokens took `seconds` of engine time."""
+        if batch == 1:
+            self.lone.add(tokens, 1000 * seconds)
 
     def plan(self, shapes: list[Shape], draft_ms: float = 0.0) -> int:
         """Tokens per row of this step: 1 (roots only) up to the longest proposal. draft_ms: what each draft token of
@@ -268,11 +323,13 @@ class Speculation:
         longest = max(s.size for s in shapes)
         if self.policy == "off" or longest <= 1:
             return 1
-        if self.policy == "always" or len(shapes) == 1:
+        if self.policy == "always" or (len(shapes) == 1 and draft_ms == 0.0):  # alone: free drafts are verified
             return longest
         candidates = [1] + [t for t in _powers_of_two_upto(longest)[1:-1] if all(s.chain for s in shapes if s.size > t)]
         candidates.append(longest)
-        costs = self._curve().costs(len(shapes), candidates)
+        costs = self.lone.costs(candidates) if len(shapes) == 1 else self._curve().costs(len(shapes), candidates)
+        if costs is None:  # alone, no plain call timed yet
+            return longest
         costs = [ms + draft_ms * (t - 1) * len(shapes) for t, ms in zip(candidates, costs)]
         rates = [sum(self.expected(s.verified(t)) for s in shapes) / ms for t, ms in zip(candidates, costs)]
         best = 1 + int(np.argmax(rates[1:]))

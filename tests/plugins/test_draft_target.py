@@ -14,6 +14,7 @@ import yaml
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.convert import convert_checkpoint
 from specbuild.errors import SpecbuildError
+from specbuild.plugins.draft_target.drafter import DraftModelDrafter
 from specbuild.runtime.engine import Engine, SamplingParams
 from specbuild.runtime.scheduler import Request
 from tests.conftest import (
@@ -83,7 +84,7 @@ def build(ckpt, out, **options):
         "another target shape or draft: the fast tier checks the first",
     ),  # fmt: skip
 )
-def test_greedy_ids_match_transformers(tmp_path, shape, draft):
+def test_greedy_ids_match_transformers(tmp_path, monkeypatch, shape, draft):
     model = near_copy_draft(shape) if draft == "near" else narrow_draft(shape)
     target, ckpt = convert(tmp_path, shape, model)
     engine = build(ckpt, tmp_path / "engine", num_draft_tokens=3)
@@ -99,6 +100,15 @@ def test_greedy_ids_match_transformers(tmp_path, shape, draft):
     handles = [scheduler.submit(Request(p, max_new_tokens=24)) for p in PROMPTS]
     scheduler.run_until_idle()
     assert [h.output_ids for h in handles] == [hf_greedy(target, p, 24) for p in PROMPTS]
+    # by the cost model, drafts dearer than any call: a lone sequence decodes plainly (after timing a plain call)
+    monkeypatch.setattr(DraftModelDrafter, "draft_ms", lambda self: 1000.0)
+    priced = Engine(engine.path, threads=1, speculation="auto")
+    for prompt in PROMPTS:
+        assert priced.generate(input_ids=prompt, max_new_tokens=24, decode_text=False).output_ids == hf_greedy(
+            target, prompt, 24
+        )
+    speculation = priced.scheduler.speculation
+    assert speculation.plain_steps > speculation.drafted_steps and speculation.curve is None
 
 
 @full("int4: quantized target and draft engines")

@@ -10,7 +10,14 @@ import pytest
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine, SamplingParams
 from specbuild.runtime.scheduler import Request, Scheduler
-from specbuild.runtime.speculation import PRIOR_ACCEPTANCE, CostCurve, Shape, Speculation
+from specbuild.runtime.speculation import (
+    EXPLORE_EVERY,
+    PRIOR_ACCEPTANCE,
+    REFRESH_PLAIN,
+    CostCurve,
+    Shape,
+    Speculation,
+)
 from tests.conftest import ORT_ONLY, Lazy, fast_first, full, quiet
 
 pytestmark = pytest.mark.xdist_group("batching")
@@ -349,8 +356,35 @@ def test_drafts_that_cost_time_to_make_are_priced_in(monkeypatch):
         policy.observe("seq", _proposal([1, 2, 3, 4, 5, 6, 7, 8]), [2, 3, 4, 5, 6, 7, 8, 9])
     assert policy.budget(4, 8, draft_ms=0.0) == 8  # free drafts: the whole chain
     assert policy.budget(4, 8, draft_ms=50.0) == 1  # each draft costs more than a call: none
-    assert policy.budget(1, 8, draft_ms=50.0) == 8  # a lone sequence verifies what its drafter proposes
+    assert {policy.budget(4, 8, draft_ms=50.0) for _ in range(2 * EXPLORE_EVERY)} == {1}  # under load: never explored
+    assert policy.budget(1, 8, draft_ms=50.0) == 8  # alone, before a plain call was timed: the whole chain
     assert Speculation("off", lambda: None).budget(4, 8, 0.0) == 1
+
+
+def test_a_lone_sequence_prices_paid_drafts_by_its_own_steps():
+    """Alone, a draft model's chain is priced by the times of the sequence's own calls, never by a measured curve
+    (its first tokens wait for nothing): the whole chain until a plain call was timed (the EXPLORE_EVERY-th drafted
+    step), then as far as pays; kept from drafting it drafts every EXPLORE_EVERY-th step, drafting it takes a plain
+    step every REFRESH_PLAIN-th."""
+
+    def no_curve():
+        raise AssertionError("a lone sequence measured the cost curve")
+
+    policy = Speculation("auto", no_curve)
+    for _ in range(400):  # every other chain of 3 accepted whole, the others not at all: 1.5, 2, 2.5 expected
+        policy.observe("seq", _proposal([1, 2, 3, 4]), [9])
+        policy.observe("seq", _proposal([1, 2, 3, 4]), [2, 3, 4, 5])
+    choices = []
+    for _ in range(EXPLORE_EVERY):
+        choices.append(policy.budget(1, 4, draft_ms=4.0))
+        policy.timed(1, choices[-1], 0.010 if choices[-1] > 1 else 0.009)
+    assert choices == [4] * (EXPLORE_EVERY - 1) + [1]  # drafting until a plain call is timed
+    # at most 2.5 tokens for 10 + 3 x 4 ms against 1 for 9 ms: plain, but for a whole chain every EXPLORE_EVERY-th step
+    choices = [policy.budget(1, 4, draft_ms=4.0) for _ in range(2 * EXPLORE_EVERY)]
+    assert choices.count(1) == 2 * EXPLORE_EVERY - 2 and choices[EXPLORE_EVERY - 1] == 4 and choices[-1] == 4
+    choices = [policy.budget(1, 4, draft_ms=0.1) for _ in range(REFRESH_PLAIN)]  # cheap drafts pay
+    assert choices[:-1] == [4] * (REFRESH_PLAIN - 1) and choices[-1] == 1  # a plain call timed again
+    assert Speculation("always", no_curve).budget(1, 4, draft_ms=50.0) == 4
 
 
 def test_engine_drafting_is_skipped_where_plain_calls_pay(monkeypatch):
