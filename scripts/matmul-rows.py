@@ -1,9 +1,10 @@
 """One matmul K x N alone under ONNX Runtime (2 threads): ms per call (median) against the rows of the call, for the
 kernels an engine can hold -- fp32 MatMul, MatMulNBits int4 / int8 with int8 activations (level 4), and the integer
 GEMM of `--weights int8 --int8-activations` (builder/int8_gemm.py, built by the same code). Checks that the GEMM's
-rows are row-invariant. The kernel test of docs/benchmarks/2026-12-03-run-AM-integer-gemm.md.
+rows are row-invariant. The kernel test of docs/benchmarks/2026-12-03-run-AM-integer-gemm.md; with BLOCKS, int4 at
+each of those block sizes too (run AQ).
 
-    python scripts/matmul-rows.py 2048 8192 [ROWS, e.g. 1,16,256]
+    python scripts/matmul-rows.py 2048 8192 [ROWS, e.g. 1,16,256] [BLOCKS, e.g. 64,128,256]
 """
 
 import copy
@@ -18,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from specbuild.builder.quantize import integer_matmuls
 
 ROWS = tuple(int(r) for r in (sys.argv[3] if len(sys.argv) > 3 else "1,2,4,8,16,32,64").split(","))
+BLOCKS = tuple(int(b) for b in sys.argv[4].split(",")) if len(sys.argv) > 4 else ()
 
 
 def matmul_model(k: int, n: int, weight: np.ndarray):
@@ -29,10 +31,10 @@ def matmul_model(k: int, n: int, weight: np.ndarray):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
 
 
-def nbits(model, bits: int):
+def nbits(model, bits: int, block: int = 32):
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
-    config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4, bits=bits)
+    config = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=True, accuracy_level=4, bits=bits)
     quantizer = MatMulNBitsQuantizer(copy.deepcopy(model), algo_config=config)  # it rewrites the model it is given
     quantizer.process()
     return quantizer.model.model
@@ -66,12 +68,13 @@ def main(k: int, n: int) -> None:
     base = matmul_model(k, n, weight)
     kernels = {"fp32 MatMul": base, "MatMulNBits int4 level 4": nbits(base, 4),
                "MatMulNBits int8 level 4": nbits(base, 8), "integer GEMM (int8_gemm)": integer_gemm(base)}  # fmt: skip
+    kernels.update({f"MatMulNBits int4 L4 block {b}": nbits(base, 4, b) for b in BLOCKS})
     reps = 60 if k * n < 5e6 else 20
     x = np.random.default_rng(2).standard_normal((max(ROWS), k)).astype(np.float32)
     print(f"{k} x {n}: ms per call by rows {ROWS}")
     for name, model in kernels.items():
         run = session(model).run
-        print(f"{name:26s}", " ".join(f"{ms(run, x[:rows], reps):8.3f}" for rows in ROWS), flush=True)
+        print(f"{name:30s}", " ".join(f"{ms(run, x[:rows], reps):8.3f}" for rows in ROWS), flush=True)
     run = session(kernels["integer GEMM (int8_gemm)"]).run
     full = run(None, {"x": x})[0]
     same = all(
