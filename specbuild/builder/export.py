@@ -7,8 +7,10 @@ state_specs()): export reads both and never runs or inspects the module to find 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import re
+import threading
 import warnings
 from pathlib import Path
 
@@ -144,12 +146,15 @@ def aliased_outputs(input_names: list[str]) -> dict[str, str]:
     return out
 
 
-def export_step(step: StepModule, onnx_path: Path, weight=None, transform=None, log=None) -> tuple[list, list]:
+def export_step(
+    step: StepModule, onnx_path: Path, weight=None, transform=None, log=None, before_write=None
+) -> tuple[list, list]:
     """Export to `onnx_path` (+ external data file). Returns (input names, output names).
 
     weight(name): the value of each fake parameter of the network (a skeleton, builder/lazy_network.py) by its name
     there, read when the file is written, one at a time; transform(model): a pass over the exported onnx_ir model
-    before it is written (weight quantization)."""
+    before it is written (weight quantization); before_write(): called once the trace is done, as the write starts
+    (work that may run beside the write: TorchOutputsAhead.start)."""
     from specbuild.builder import ir_weights
 
     args = example_inputs(step, t=6, w=4, capacity=11, past=3, batch=2)  # room for a pad row
@@ -165,6 +170,8 @@ def export_step(step: StepModule, onnx_path: Path, weight=None, transform=None, 
         raise SpecbuildError(f"ONNX export of the {step.plugin.name} step graph failed: {first[:300]}") from exc
     if transform is not None:
         transform(model)
+    if before_write is not None:
+        before_write()
     ir_weights.save(model, onnx_path, f"writing {onnx_path.name}", log=log)
     return inputs, outputs
 
@@ -316,10 +323,92 @@ NEAR_TIE = 100  # a choice within this many times the call's float differences o
 NEAR_TIE_FLOOR = 1e-5  # ... and within at least this much
 
 
+def check_calls(step: StepModule) -> list[tuple]:
+    """The calls validate_export runs through both: (t, w, capacity, past, temperature, batch, draft rows).
+
+    A prefill-like chain, a decode-like window, a padded one-token call, then two sequences of different lengths
+    (greedy and sampled rows) in one call (trees of several sequences are checked end to end by the runtime's tests);
+    a graph that drafts per row also drafts for the second row alone and for none."""
+    calls = [(7, 1, 8, 0, 0.0, 1, None), (5, 5, 16, 6, 0.8, 1, None), (1, 1, 8, 4, 0.0, 1, None)]
+    calls.append((2, 1, 12, 2, 0.8, 2, None))
+    if step.selects_rows:
+        calls += [(2, 2, 12, 2, 0.0, 2, [1]), (1, 1, 12, 2, 0.0, 2, [])]
+    return calls
+
+
+def _call_inputs(step: StepModule, call: tuple) -> tuple:
+    t, w, cap, past, temp, batch, rows = call
+    return example_inputs(step, t=t, w=w, capacity=cap, past=past, seed=t, temperature=temp, batch=batch,
+                          draft_rows=rows)  # fmt: skip
+
+
+def torch_outputs(step: StepModule) -> list[tuple]:
+    """Each of check_calls through the torch step, its outputs in order."""
+    with torch.no_grad():
+        return [tuple(step(*_call_inputs(step, call))) for call in check_calls(step)]
+
+
+def _holding(step: StepModule, hold: int):
+    """Within: a streamed reference keeps the weights it reads across its calls up to `hold` bytes
+    (lazy_network.LazyNetwork.holding); they are dropped when it ends."""
+    holding = getattr(step.net, "holding", None)
+    return holding(hold) if holding is not None else contextlib.nullcontext()
+
+
+class TorchOutputsAhead:
+    """torch_outputs computed in a thread of its own from `start()` on (a large float graph's: while its file is
+    written, which waits on the disk, so the reference's reads and calls take the time the write leaves), for
+    validate_export to compare ONNX Runtime's outputs with. Its memory (the weights it holds) is given back before
+    `result()` returns, so the graph's session never shares the machine with it."""
+
+    def __init__(self, step: StepModule, hold: int):
+        self._args, self._thread = (step, hold), None
+        self._outcome: tuple | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="specbuild-torch-reference", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        step, hold = self._args
+        try:
+            with _holding(step, hold):
+                self._outcome = (True, torch_outputs(step))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
+            self._outcome = (False, exc)
+        finally:
+            release_freed_memory()
+
+    def result(self) -> list[tuple]:
+        if self._thread is None:
+            self.start()
+        self._thread.join()
+        ok, value = self._outcome
+        if not ok:
+            raise value
+        return value
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's freed pages back to the system (glibc's malloc_trim; a no-op elsewhere): weights a reference
+    held and dropped would otherwise stay in the process's RSS beside the session loaded next."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def validate_export(
-    step: StepModule, onnx_path: Path, tolerance: float, threads: int = 1, prepack: bool = True, hold: int = 0
+    step: StepModule,
+    onnx_path: Path,
+    tolerance: float,
+    threads: int = 1,
+    prepack: bool = True,
+    hold: int = 0,
+    reference: TorchOutputsAhead | None = None,
 ) -> dict:
-    """Run torch and ONNX Runtime on a few calls, one of them batched; return {max_abs_diff, near_ties}.
+    """Run torch and ONNX Runtime on a few calls (check_calls), one of them batched; return {max_abs_diff,
+    near_ties}.
 
     Float outputs agree within `tolerance`; token outputs exactly, except in a call where torch made a choice at a
     near-tie (decision_margin below NEAR_TIE times the float differences of the call, or of the calls that agree where
@@ -328,12 +417,14 @@ def validate_export(
     compared whole (rows it must not touch included). prepack False:
     ONNX Runtime computes from the weights as stored (same float kernels, one copy of the weights in memory). hold:
     bytes of the weights a streamed torch reference (lazy_network.streamed) keeps across its calls once the session
-    is gone (its size: the build's peak stays the graph's weights).
+    is gone (its size: the build's peak stays the graph's weights). reference: the torch outputs computed ahead
+    (TorchOutputsAhead, its memory given back before the session loads); else they are computed after ONNX Runtime's.
     """
     import onnxruntime as ort
 
     from specbuild.runtime.backends.onnxruntime import run_bound
 
+    expected = reference.result() if reference is not None else None
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.log_severity_level = 3
@@ -343,37 +434,27 @@ def validate_export(
     names = [i.name for i in sess.get_inputs()]
     out_names = [o.name for o in sess.get_outputs()]
     aliases = aliased_outputs(names)
-    # prefill-like chain, decode-like window, a padded one-token call, then two sequences of different lengths
-    # (greedy and sampled rows) in one call (trees of several sequences are checked end to end by the runtime's tests);
-    # a graph that drafts per row also drafts for the second row alone and for none
-    calls = [(7, 1, 8, 0, 0.0, 1, None), (5, 5, 16, 6, 0.8, 1, None), (1, 1, 8, 4, 0.0, 1, None)]
-    calls.append((2, 1, 12, 2, 0.8, 2, None))
-    if step.selects_rows:
-        calls += [(2, 2, 12, 2, 0.0, 2, [1]), (1, 1, 12, 2, 0.0, 2, [])]
-    # every call through ONNX Runtime first, the session dropped before torch runs them: a large graph's weights and
-    # the torch reference's largest tensor are never in memory together
+    # every call through ONNX Runtime, then the session dropped before torch runs them (unless it ran them ahead): a
+    # large graph's weights and the torch reference's are never in memory together
     runs = []  # (call, its inputs, ONNX Runtime's outputs)
-    for t, w, cap, past, temp, batch, rows in calls:
-        args = example_inputs(
-            step, t=t, w=w, capacity=cap, past=past, seed=t, temperature=temp, batch=batch, draft_rows=rows
-        )
+    for call in check_calls(step):
+        args = _call_inputs(step, call)
         feeds = {n: (a.float() if a.dtype == torch.bfloat16 else a).numpy().copy() for n, a in zip(names, args)}
         got, _ = run_bound(sess, feeds, out_names, aliases)
         outputs = {name: np.array(got[name]) for name in out_names}  # owned: the session goes
-        runs.append(((t, w, cap, past, temp, batch, rows), args, outputs))
+        runs.append((call, args, outputs))
     del sess
-    holding = getattr(step.net, "holding", None)
-    with holding(hold) if holding is not None else contextlib.nullcontext():
-        return _compare_calls(step, runs, out_names, tolerance)
+    if expected is not None:
+        return _compare_calls(step, runs, expected, out_names, tolerance)
+    with _holding(step, hold):  # the near-ties' second look reads the held weights too
+        return _compare_calls(step, runs, torch_outputs(step), out_names, tolerance)
 
 
-def _compare_calls(step: StepModule, runs: list, out_names: list[str], tolerance: float) -> dict:
-    """validate_export's comparison: each call through the torch step against ONNX Runtime's outputs."""
+def _compare_calls(step: StepModule, runs: list, expected: list, out_names: list[str], tolerance: float) -> dict:
+    """validate_export's comparison: each call's torch outputs (`expected`) against ONNX Runtime's."""
     worst = 0.0  # of the calls whose outputs agree
     near_ties, diverged = [], []
-    for (t, w, _, _, temp, batch, rows), args, got in runs:
-        with torch.no_grad():
-            ref = step(*args)
+    for ((t, w, _, _, temp, batch, rows), args, got), ref in zip(runs, expected):
         _check_declared_outputs(step, dict(zip(out_names, ref)), batch if rows is None else len(rows), w)
         differ, call_worst = [], 0.0
         for name, r in zip(out_names, ref):

@@ -71,6 +71,28 @@ def test_a_graph_that_picks_another_token_is_refused_and_a_near_tie_is_counted(n
     assert result["near_ties"] > 0 and result["max_abs_diff"] < 1e-3
 
 
+def test_torch_outputs_computed_ahead_check_the_graph_the_same(none_graph, monkeypatch):
+    """A large float graph's torch calls run in a thread while its file is written (TorchOutputsAhead): the same
+    verdicts as computing them after ONNX Runtime's, and the thread's own failure reaches the build."""
+    step, path = none_graph
+
+    def ahead():
+        started = export.TorchOutputsAhead(step, hold=0)
+        started.start()
+        return started
+
+    assert export.validate_export(step, path, 1e-3, reference=ahead()) == export.validate_export(step, path, 1e-3)
+    with pytest.raises(SpecbuildError, match="output next_input_ids differs between torch and ONNX Runtime"):
+        export.validate_export(step, _plus_one(path, ef.NEXT_INPUT_IDS), 1e-3, reference=ahead())
+
+    def fails(step):
+        raise RuntimeError("the reference failed")
+
+    monkeypatch.setattr(export, "torch_outputs", fails)
+    with pytest.raises(RuntimeError, match="the reference failed"):
+        export.validate_export(step, path, 1e-3, reference=ahead())
+
+
 def test_a_float_output_off_is_refused_unless_a_choice_behind_it_was_a_near_tie(none_graph, monkeypatch):
     step, path = none_graph
     model = onnx.load(str(path), load_external_data=False)
