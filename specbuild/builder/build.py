@@ -14,6 +14,7 @@ from specbuild import engine_format as ef
 from specbuild.builder.options import BuildOptions
 from specbuild.builder.plan import BuildPlan, resolve
 from specbuild.fsutil import atomic_output_dir
+from specbuild.runtime.integrity import remember_verified
 
 
 def build_engine(checkpoint_dir, output_dir, options: BuildOptions, log=print) -> Path:
@@ -43,6 +44,7 @@ def build_plan(plan: BuildPlan, log=print) -> Path:
         log(f"heads: {plan.head_weights or 'float'}: {plan.head_weights_source}")
     with atomic_output_dir(plan.target) as tmp:
         manifest = write_engine(plan, tmp, log, started)
+    remember_verified(plan.target.path, manifest["checksums"])  # where the files now are: their first load
     log(f"engine written to {plan.target.shown} in {manifest['build_seconds']} s")
     return Path(plan.target.shown)
 

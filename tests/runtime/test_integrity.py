@@ -11,10 +11,12 @@ import pytest
 import yaml
 
 from specbuild import engine_format as ef
+from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine
 from specbuild.runtime.integrity import record_files, verify_once
 from tests.cli.test_cli import assert_one_line_error, invoke
+from tests.conftest import ORT_ONLY, quiet
 
 pytestmark = pytest.mark.xdist_group("tiny")
 
@@ -92,6 +94,19 @@ def test_hashes_are_checked_once_per_file_identity(tiny_engines, tmp_path, monke
     monkeypatch.setenv("SPECBUILD_CACHE_DIR", "off")
     (engine / ef.ENGINE_WEIGHTS).write_bytes(data)
     assert verify_once(engine, records) == total == verify_once(engine, records)
+
+
+def test_the_building_machine_does_not_hash_its_engine_again(tiny_checkpoints, tmp_path, monkeypatch):
+    """The build hashed every file it wrote: those identities count as verified, so the engine's first load there
+    hashes nothing; a file changed afterwards is hashed (and refused) all the same."""
+    monkeypatch.setenv("SPECBUILD_CACHE_DIR", str(tmp_path / "cache"))
+    options = BuildOptions(backends=ORT_ONLY)
+    engine = build_engine(tiny_checkpoints["llama_gqa_llama3rope"], tmp_path / "engine", options, log=quiet)
+    records = yaml.safe_load((engine / ef.ENGINE_MANIFEST).read_text())["checksums"]
+    assert verify_once(engine, records) == 0
+    flip_bytes(engine / ef.ENGINE_WEIGHTS, offset=1000)
+    with pytest.raises(SpecbuildError, match="sha256"):
+        Engine(engine, threads=1)
 
 
 def test_raised_max_seq_len_is_refused_on_load(tiny_engines, tmp_path):
