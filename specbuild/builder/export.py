@@ -342,10 +342,20 @@ def _call_inputs(step: StepModule, call: tuple) -> tuple:
                           draft_rows=rows)  # fmt: skip
 
 
-def torch_outputs(step: StepModule) -> list[tuple]:
-    """Each of check_calls through the torch step, its outputs in order."""
+def torch_outputs(step: StepModule, margins: bool = False) -> list[tuple[tuple, float | None]]:
+    """Each of check_calls through the torch step: (its outputs in order, the margin of the choices it made where
+    `margins`, else None: decision_margin's, from the same forward)."""
+    results = []
     with torch.no_grad():
-        return [tuple(step(*_call_inputs(step, call))) for call in check_calls(step)]
+        for call in check_calls(step):
+            args = _call_inputs(step, call)
+            if not margins:
+                results.append((tuple(step(*args)), None))
+                continue
+            with DecisionMargins() as seen:
+                outputs = tuple(step(*args))
+            results.append((outputs, seen.margin))
+    return results
 
 
 def _holding(step: StepModule, hold: int):
@@ -372,14 +382,14 @@ class TorchOutputsAhead:
     def _run(self) -> None:
         step, hold = self._args
         try:
-            with _holding(step, hold):
-                self._outcome = (True, torch_outputs(step))
+            with _holding(step, hold):  # the margins too: the weights are gone when a call's choices are looked at
+                self._outcome = (True, torch_outputs(step, margins=True))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
             self._outcome = (False, exc)
         finally:
             release_freed_memory()
 
-    def result(self) -> list[tuple]:
+    def result(self) -> list[tuple[tuple, float | None]]:
         if self._thread is None:
             self.start()
         self._thread.join()
@@ -451,10 +461,10 @@ def validate_export(
 
 
 def _compare_calls(step: StepModule, runs: list, expected: list, out_names: list[str], tolerance: float) -> dict:
-    """validate_export's comparison: each call's torch outputs (`expected`) against ONNX Runtime's."""
+    """validate_export's comparison: each call's torch outputs (`expected`: torch_outputs) against ONNX Runtime's."""
     worst = 0.0  # of the calls whose outputs agree
     near_ties, diverged = [], []
-    for ((t, w, _, _, temp, batch, rows), args, got), ref in zip(runs, expected):
+    for ((t, w, _, _, temp, batch, rows), args, got), (ref, margin) in zip(runs, expected):
         _check_declared_outputs(step, dict(zip(out_names, ref)), batch if rows is None else len(rows), w)
         differ, call_worst = [], 0.0
         for name, r in zip(out_names, ref):
@@ -467,14 +477,14 @@ def _compare_calls(step: StepModule, runs: list, expected: list, out_names: list
             elif not np.array_equal(r, g):
                 differ.append(name)
         if differ or call_worst > tolerance:
-            diverged.append((args, differ, call_worst, (t, w, temp, batch)))
+            diverged.append((args, margin, differ, call_worst, (t, w, temp, batch)))
         else:
             worst = max(worst, call_worst)
     # a call whose outputs diverged is a near-tie where torch made a choice there (a token, a tree node, a beam) closer
     # than NEAR_TIE times the float differences of the calls that agree: the other choice changes what follows it,
     # token outputs and the float states written for the chosen nodes alike
-    for args, differ, call_worst, call in diverged:
-        margin = decision_margin(step, args)
+    for args, margin, differ, call_worst, call in diverged:
+        margin = decision_margin(step, args) if margin is None else margin
         noise = call_worst if call_worst <= tolerance else worst
         if margin >= max(NEAR_TIE * noise, NEAR_TIE_FLOOR):
             if differ:
