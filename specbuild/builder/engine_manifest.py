@@ -66,7 +66,7 @@ def engine_fields(plan: BuildPlan, plugin, graphs: list[dict], directory: Path) 
         "validation": {
             "max_abs_diff": max(g["validation"]["max_abs_diff"] for g in graphs),
             "tolerance": plan.tolerance,
-            # calls whose token outputs differed where torch chose at a near-tie (export.validate_export)
+            # calls whose token outputs differed where torch chose at a near-tie (validation.validate_export)
             "near_ties": sum(g["validation"].get("near_ties", 0) for g in graphs),
         },
         "weights": {

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specbuild import engine_format as ef
-from specbuild.builder import export
+from specbuild.builder import export, validation
 from specbuild.builder.child_job import ChildJob
 from specbuild.builder.plan import BuildPlan
 from specbuild.builder.step import FusedStepModule, StepModule
@@ -79,10 +79,10 @@ class GraphKind:
             # a large one: its torch reference's calls run while the graph is written (the write waits on the disk),
             # then the graph on every core, from its weights as stored (one copy of them in memory)
             large = {} if small else large_validation(float_weight_bytes(plan), ahead=True)
-            ahead = None if small else export.TorchOutputsAhead(check, large.pop("hold"))
+            ahead = None if small else validation.TorchOutputsAhead(check, large.pop("hold"))
             export.export_step(step, path, weight=weight, log=log, before_write=ahead and ahead.start)
             self.after_export(path)
-            diff = export.validate_export(check, path, plan.tolerance, reference=ahead, **large)
+            diff = validation.validate_export(check, path, plan.tolerance, reference=ahead, **large)
             if quantize is not None:
                 rewrite_graph(path, quantize, log)
         else:  # the truncated network's trace and checks on the second core while this one writes the graph
@@ -150,7 +150,7 @@ class GraphKind:
             path = Path(tmp) / self.file
             export.export_step(step, path, weight=net.weight)
             self.after_export(path)
-            return export.validate_export(check, path, plan.tolerance, **large_validation(float_bytes(kept, plan)))
+            return validation.validate_export(check, path, plan.tolerance, **large_validation(float_bytes(kept, plan)))
 
 
 HELD_SHARE = 0.9  # of a large graph's weights its torch reference keeps across the validation's calls

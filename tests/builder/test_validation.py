@@ -10,7 +10,7 @@ import yaml
 from onnx import TensorProto, helper
 
 from specbuild import engine_format as ef
-from specbuild.builder import export, graphs
+from specbuild.builder import export, graphs, validation
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.network import LlamaNetwork
@@ -24,16 +24,16 @@ pytestmark = pytest.mark.xdist_group("tiny")
 
 
 def test_margins_of_selections_and_comparisons():
-    with export.DecisionMargins() as m:
+    with validation.DecisionMargins() as m:
         torch.tensor([[1.0, 3.0, 2.5]]).argmax(-1)
     assert m.margin == pytest.approx(0.5)
-    with export.DecisionMargins() as m:
+    with validation.DecisionMargins() as m:
         torch.topk(torch.tensor([5.0, 1.0, 4.0, 3.9]), 2)
     assert m.margin == pytest.approx(0.1)  # the boundary: 4.0 chosen over 3.9
-    with export.DecisionMargins() as m:
+    with validation.DecisionMargins() as m:
         _ = torch.tensor([0.30, 0.70]) <= torch.tensor(0.3005)
     assert m.margin == pytest.approx(0.0005, rel=1e-4)  # float32 values
-    with export.DecisionMargins() as m:
+    with validation.DecisionMargins() as m:
         _ = torch.arange(5) < 3  # integers: no rounding, no margin
     assert m.margin == float("inf")
 
@@ -62,12 +62,12 @@ def _plus_one(path, output, dtype=TensorProto.INT64):
 
 def test_a_graph_that_picks_another_token_is_refused_and_a_near_tie_is_counted(none_graph, monkeypatch):
     step, path = none_graph
-    assert export.validate_export(step, path, 1e-3)["near_ties"] == 0
+    assert validation.validate_export(step, path, 1e-3)["near_ties"] == 0
     broken = _plus_one(path, ef.NEXT_INPUT_IDS)
     with pytest.raises(SpecbuildError, match="output next_input_ids differs between torch and ONNX Runtime"):
-        export.validate_export(step, broken, 1e-3)
-    monkeypatch.setattr(export, "decision_margin", lambda step, args: 0.0)  # as if every choice were a tie
-    result = export.validate_export(step, broken, 1e-3)
+        validation.validate_export(step, broken, 1e-3)
+    monkeypatch.setattr(validation, "decision_margin", lambda step, args: 0.0)  # as if every choice were a tie
+    result = validation.validate_export(step, broken, 1e-3)
     assert result["near_ties"] > 0 and result["max_abs_diff"] < 1e-3
 
 
@@ -77,26 +77,27 @@ def test_torch_outputs_computed_ahead_check_the_graph_the_same(none_graph, monke
     step, path = none_graph
 
     def ahead():
-        started = export.TorchOutputsAhead(step, hold=0)
+        started = validation.TorchOutputsAhead(step, hold=0)
         started.start()
         return started
 
-    assert export.validate_export(step, path, 1e-3, reference=ahead()) == export.validate_export(step, path, 1e-3)
+    inline = validation.validate_export(step, path, 1e-3)
+    assert validation.validate_export(step, path, 1e-3, reference=ahead()) == inline
     broken = _plus_one(path, ef.NEXT_INPUT_IDS)
     with pytest.raises(SpecbuildError, match="output next_input_ids differs between torch and ONNX Runtime"):
-        export.validate_export(step, broken, 1e-3, reference=ahead())
+        validation.validate_export(step, broken, 1e-3, reference=ahead())
     # the margins come from the reference's own forwards (its weights are gone by then): no second look
-    monkeypatch.setattr(export, "decision_margin", lambda step, args: pytest.fail("a second look"))
-    real = export.torch_outputs
-    monkeypatch.setattr(export, "torch_outputs", lambda step, margins: [(o, 0.0) for o, _ in real(step, margins)])
-    assert export.validate_export(step, broken, 1e-3, reference=ahead())["near_ties"] > 0
+    monkeypatch.setattr(validation, "decision_margin", lambda step, args: pytest.fail("a second look"))
+    real = validation.torch_outputs
+    monkeypatch.setattr(validation, "torch_outputs", lambda step, margins: [(o, 0.0) for o, _ in real(step, margins)])
+    assert validation.validate_export(step, broken, 1e-3, reference=ahead())["near_ties"] > 0
 
     def fails(step, margins):
         raise RuntimeError("the reference failed")
 
-    monkeypatch.setattr(export, "torch_outputs", fails)
+    monkeypatch.setattr(validation, "torch_outputs", fails)
     with pytest.raises(RuntimeError, match="the reference failed"):
-        export.validate_export(step, path, 1e-3, reference=ahead())
+        validation.validate_export(step, path, 1e-3, reference=ahead())
 
 
 def test_a_float_output_off_is_refused_unless_a_choice_behind_it_was_a_near_tie(none_graph, monkeypatch):
@@ -105,9 +106,9 @@ def test_a_float_output_off_is_refused_unless_a_choice_behind_it_was_a_near_tie(
     floating = next(o.name for o in model.graph.output if o.type.tensor_type.elem_type == TensorProto.FLOAT)
     broken = _plus_one(path, floating, TensorProto.FLOAT)
     with pytest.raises(SpecbuildError, match="max abs diff 1 exceeds"):
-        export.validate_export(step, broken, 1e-3)
-    monkeypatch.setattr(export, "decision_margin", lambda step, args: 0.0)  # every call made a choice at a tie
-    assert export.validate_export(step, broken, 1e-3)["near_ties"] > 0
+        validation.validate_export(step, broken, 1e-3)
+    monkeypatch.setattr(validation, "decision_margin", lambda step, args: 0.0)  # every call made a choice at a tie
+    assert validation.validate_export(step, broken, 1e-3)["near_ties"] > 0
 
 
 @pytest.mark.parametrize(

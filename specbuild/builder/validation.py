@@ -1,0 +1,278 @@
+"""Validation of an exported step graph against torch: the same calls through ONNX Runtime and the torch step
+(`check_calls`, one of them batched), float outputs within a tolerance, token outputs exactly unless torch chose at
+a near-tie (`DecisionMargins`: counted, not refused).
+
+A large float graph's torch reference runs its calls while the graph file is written (`TorchOutputsAhead`, the
+write waiting on the disk), and gives its memory back before the graph's session loads."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specbuild.builder.export import aliased_outputs, example_inputs
+from specbuild.builder.step import StepModule
+from specbuild.builder.torch_dtypes import TORCH_DTYPES
+from specbuild.errors import SpecbuildError
+
+
+class DecisionMargins(torch.overrides.TorchFunctionMode):
+    """The smallest margin of the discrete choices a torch computation makes: how far the values behind each choice
+    were from choosing otherwise (argmax/argmin, max/min along a dim, topk, sort: the gap between the chosen and the
+    next value; a comparison of floats: the smallest nonzero |a - b|). A choice whose margin is below the numerical
+    difference of two implementations may come out either way in them."""
+
+    SELECTIONS = {"argmax", "argmin", "max", "min", "topk", "sort", "argsort"}
+    COMPARISONS = {"lt", "le", "gt", "ge", "__lt__", "__le__", "__gt__", "__ge__"}
+
+    def __init__(self):
+        super().__init__()
+        self.margin = float("inf")
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        try:
+            if name in self.COMPARISONS:
+                self._compared(*args[:2])
+            elif name in self.SELECTIONS and args and isinstance(args[0], torch.Tensor):
+                self._selected(name, args, kwargs)
+        except (TypeError, RuntimeError, IndexError):  # a form these do not cover: no margin from it
+            pass
+        return out
+
+    def _compared(self, a, b) -> None:
+        if not any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in (a, b)):
+            return
+        gap = (torch.as_tensor(a).double() - torch.as_tensor(b).double()).abs()
+        gap = gap[gap > 0]
+        if gap.numel():
+            self.margin = min(self.margin, float(gap.min()))
+
+    def _selected(self, name: str, args, kwargs) -> None:
+        x = args[0]
+        if not x.is_floating_point() or x.numel() < 2:
+            return
+        position = 2 if name == "topk" else 1  # where the dim argument sits
+        default = None if name in ("argmax", "argmin", "max", "min") else -1
+        dim = args[position] if len(args) > position else kwargs.get("dim", default)
+        if name in ("max", "min") and (dim is None or isinstance(dim, torch.Tensor)):
+            return  # the reduction to one value or the elementwise form: no choice of an index
+        if name in ("argmax", "argmin") and dim is None:
+            x, dim = x.reshape(-1), 0
+        dim = int(dim) if not isinstance(dim, int) else dim
+        count = x.shape[dim]
+        if count < 2:
+            return
+        keep = count if name not in ("topk", "argmax", "argmin", "max", "min") else min(count, 2)
+        if name == "topk":
+            keep = min(count, int(kwargs.get("k", args[1])) + 1)
+        ordered = torch.sort(x.double(), dim=dim, descending=True).values.narrow(dim, 0, keep)
+        gaps = (ordered.narrow(dim, 0, keep - 1) - ordered.narrow(dim, 1, keep - 1)).abs()
+        finite = gaps[torch.isfinite(gaps)]
+        if finite.numel():
+            self.margin = min(self.margin, float(finite.min()))
+
+
+def decision_margin(step: StepModule, args) -> float:
+    """The smallest margin of the discrete choices the torch step makes on one call (DecisionMargins)."""
+    with torch.no_grad(), DecisionMargins() as margins:
+        step(*args)
+    return margins.margin
+
+
+NEAR_TIE = 100  # a choice within this many times the call's float differences of another is a near-tie
+NEAR_TIE_FLOOR = 1e-5  # ... and within at least this much
+
+
+def check_calls(step: StepModule) -> list[tuple]:
+    """The calls validate_export runs through both: (t, w, capacity, past, temperature, batch, draft rows).
+
+    A prefill-like chain, a decode-like window, a padded one-token call, then two sequences of different lengths
+    (greedy and sampled rows) in one call (trees of several sequences are checked end to end by the runtime's tests);
+    a graph that drafts per row also drafts for the second row alone and for none."""
+    calls = [(7, 1, 8, 0, 0.0, 1, None), (5, 5, 16, 6, 0.8, 1, None), (1, 1, 8, 4, 0.0, 1, None)]
+    calls.append((2, 1, 12, 2, 0.8, 2, None))
+    if step.selects_rows:
+        calls += [(2, 2, 12, 2, 0.0, 2, [1]), (1, 1, 12, 2, 0.0, 2, [])]
+    return calls
+
+
+def _call_inputs(step: StepModule, call: tuple) -> tuple:
+    t, w, cap, past, temp, batch, rows = call
+    return example_inputs(step, t=t, w=w, capacity=cap, past=past, seed=t, temperature=temp, batch=batch,
+                          draft_rows=rows)  # fmt: skip
+
+
+def torch_outputs(step: StepModule, margins: bool = False) -> list[tuple[tuple, float | None]]:
+    """Each of check_calls through the torch step: (its outputs in order, the margin of the choices it made where
+    `margins`, else None: decision_margin's, from the same forward)."""
+    results = []
+    with torch.no_grad():
+        for call in check_calls(step):
+            args = _call_inputs(step, call)
+            if not margins:
+                results.append((tuple(step(*args)), None))
+                continue
+            with DecisionMargins() as seen:
+                outputs = tuple(step(*args))
+            results.append((outputs, seen.margin))
+    return results
+
+
+def _holding(step: StepModule, hold: int):
+    """Within: a streamed reference keeps the weights it reads across its calls up to `hold` bytes
+    (lazy_network.LazyNetwork.holding); they are dropped when it ends."""
+    holding = getattr(step.net, "holding", None)
+    return holding(hold) if holding is not None else contextlib.nullcontext()
+
+
+class TorchOutputsAhead:
+    """torch_outputs computed in a thread of its own from `start()` on (a large float graph's: while its file is
+    written, which waits on the disk, so the reference's reads and calls take the time the write leaves), for
+    validate_export to compare ONNX Runtime's outputs with. Its memory (the weights it holds) is given back before
+    `result()` returns, so the graph's session never shares the machine with it."""
+
+    def __init__(self, step: StepModule, hold: int):
+        self._args, self._thread = (step, hold), None
+        self._outcome: tuple | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="specbuild-torch-reference", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        step, hold = self._args
+        try:
+            with _holding(step, hold):  # the margins too: the weights are gone when a call's choices are looked at
+                self._outcome = (True, torch_outputs(step, margins=True))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
+            self._outcome = (False, exc)
+        finally:
+            release_freed_memory()
+
+    def result(self) -> list[tuple[tuple, float | None]]:
+        if self._thread is None:
+            self.start()
+        self._thread.join()
+        ok, value = self._outcome
+        if not ok:
+            raise value
+        return value
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's freed pages back to the system (glibc's malloc_trim; a no-op elsewhere): weights a reference
+    held and dropped would otherwise stay in the process's RSS beside the session loaded next."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def validate_export(
+    step: StepModule,
+    onnx_path: Path,
+    tolerance: float,
+    threads: int = 1,
+    prepack: bool = True,
+    hold: int = 0,
+    reference: TorchOutputsAhead | None = None,
+) -> dict:
+    """Run torch and ONNX Runtime on a few calls (check_calls), one of them batched; return {max_abs_diff,
+    near_ties}.
+
+    Float outputs agree within `tolerance`; token outputs exactly, except in a call where torch made a choice at a
+    near-tie (decision_margin below NEAR_TIE times the float differences of the call, or of the calls that agree where
+    its float outputs diverged too): there the two may differ, and such a call is counted (near_ties), not refused.
+    A fused graph runs with its KV buffers bound in place, as the runtime runs it, and its present buffers are
+    compared whole (rows it must not touch included). prepack False:
+    ONNX Runtime computes from the weights as stored (same float kernels, one copy of the weights in memory). hold:
+    bytes of the weights a streamed torch reference (lazy_network.streamed) keeps across its calls once the session
+    is gone (its size: the build's peak stays the graph's weights). reference: the torch outputs computed ahead
+    (TorchOutputsAhead, its memory given back before the session loads); else they are computed after ONNX Runtime's.
+    """
+    import onnxruntime as ort
+
+    from specbuild.runtime.backends.onnxruntime import run_bound
+
+    expected = reference.result() if reference is not None else None
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.log_severity_level = 3
+    if not prepack:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
+    sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    out_names = [o.name for o in sess.get_outputs()]
+    aliases = aliased_outputs(names)
+    # every call through ONNX Runtime, then the session dropped before torch runs them (unless it ran them ahead): a
+    # large graph's weights and the torch reference's are never in memory together
+    runs = []  # (call, its inputs, ONNX Runtime's outputs)
+    for call in check_calls(step):
+        args = _call_inputs(step, call)
+        feeds = {n: (a.float() if a.dtype == torch.bfloat16 else a).numpy().copy() for n, a in zip(names, args)}
+        got, _ = run_bound(sess, feeds, out_names, aliases)
+        outputs = {name: np.array(got[name]) for name in out_names}  # owned: the session goes
+        runs.append((call, args, outputs))
+    del sess
+    if expected is not None:
+        return _compare_calls(step, runs, expected, out_names, tolerance)
+    with _holding(step, hold):  # the near-ties' second look reads the held weights too
+        return _compare_calls(step, runs, torch_outputs(step), out_names, tolerance)
+
+
+def _compare_calls(step: StepModule, runs: list, expected: list, out_names: list[str], tolerance: float) -> dict:
+    """validate_export's comparison: each call's torch outputs (`expected`: torch_outputs) against ONNX Runtime's."""
+    worst = 0.0  # of the calls whose outputs agree
+    near_ties, diverged = [], []
+    for ((t, w, _, _, temp, batch, rows), args, got), (ref, margin) in zip(runs, expected):
+        _check_declared_outputs(step, dict(zip(out_names, ref)), batch if rows is None else len(rows), w)
+        differ, call_worst = [], 0.0
+        for name, r in zip(out_names, ref):
+            g = got[name]
+            r = r.float().numpy() if r.is_floating_point() else r.numpy()
+            if r.shape != g.shape:
+                raise SpecbuildError(f"export validation: output {name} has shape {g.shape}, torch gives {r.shape}")
+            if np.issubdtype(r.dtype, np.floating):
+                call_worst = max(call_worst, float(np.max(np.abs(r - g.astype(np.float32)))) if r.size else 0.0)
+            elif not np.array_equal(r, g):
+                differ.append(name)
+        if differ or call_worst > tolerance:
+            diverged.append((args, margin, differ, call_worst, (t, w, temp, batch)))
+        else:
+            worst = max(worst, call_worst)
+    # a call whose outputs diverged is a near-tie where torch made a choice there (a token, a tree node, a beam) closer
+    # than NEAR_TIE times the float differences of the calls that agree: the other choice changes what follows it,
+    # token outputs and the float states written for the chosen nodes alike
+    for args, margin, differ, call_worst, call in diverged:
+        margin = decision_margin(step, args) if margin is None else margin
+        noise = call_worst if call_worst <= tolerance else worst
+        if margin >= max(NEAR_TIE * noise, NEAR_TIE_FLOOR):
+            if differ:
+                raise SpecbuildError(
+                    f"export validation: output {differ[0]} differs between torch and ONNX Runtime (the closest "
+                    f"choice behind it was {margin:.3g} from another, float outputs differ by {call_worst:.3g})"
+                )
+            raise SpecbuildError(f"export validation: max abs diff {call_worst:.3g} exceeds {tolerance:g}")
+        near_ties.append((*call, differ, margin))
+    return {"max_abs_diff": worst, "near_ties": len(near_ties)}
+
+
+def _check_declared_outputs(step: StepModule, outputs: dict, batch: int, window: int) -> None:
+    """The mode's draft outputs have the dtype and shape its plugin declares (draft_outputs()); batch: the rows
+    drafted for; window: the call's acceptance window (ef.WINDOW)."""
+    for spec in step.plugin.draft_outputs():
+        value = outputs[spec.name]
+        shape = tuple({"B": batch, "W": window}.get(d, d) if isinstance(d, str) else d for d in spec.shape)
+        if tuple(value.shape) != shape or value.dtype != TORCH_DTYPES[spec.dtype]:
+            raise SpecbuildError(
+                f"the {step.plugin.name} plugin declares {spec.name} {spec.dtype} {list(shape)}, its graph gives "
+                f"{str(value.dtype).removeprefix('torch.')} {list(value.shape)}"
+            )
