@@ -177,10 +177,15 @@ class LoneCalls:
         kept = self.ms.get(tokens)
         self.ms[tokens] = ms if kept is None else kept + self.WEIGHT * (ms - kept)
 
+    @property
+    def plain_timed(self) -> bool:
+        """Whether a plain call (1 token) has been timed."""
+        return 1 in self.ms
+
     def costs(self, tokens: list[int]) -> list[float] | None:
         """ms of a call of each of `tokens`, interpolated between the counts timed (held past the last); None until
         a plain call (1 token) and a longer one have been timed."""
-        if 1 not in self.ms or len(self.ms) < 2:
+        if not self.plain_timed or len(self.ms) < 2:
             return None
         timed = sorted(self.ms)
         return np.interp(tokens, timed, [self.ms[t] for t in timed]).tolist()
@@ -305,7 +310,7 @@ class Speculation:
         self._same_choice += 1
         if tokens == 1 and self._same_choice >= EXPLORE_EVERY:
             tokens = longest  # kept from drafting: draft once to go on learning the acceptance
-        elif tokens > 1 and self._same_choice >= (REFRESH_PLAIN if 1 in self.lone.ms else EXPLORE_EVERY):
+        elif tokens > 1 and self._same_choice >= (REFRESH_PLAIN if self.lone.plain_timed else EXPLORE_EVERY):
             tokens = 1  # drafting: time a plain call
         else:
             return tokens
