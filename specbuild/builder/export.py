@@ -144,36 +144,44 @@ def aliased_outputs(input_names: list[str]) -> dict[str, str]:
 
 
 def export_step(
-    step: StepModule, onnx_path: Path, weight=None, transform=None, log=None, before_write=None
+    step: StepModule, onnx_path: Path, weight=None, transform=None, log=None, before_write=None, ahead=None
 ) -> tuple[list, list]:
     """Export to `onnx_path` (+ external data file). Returns (input names, output names).
 
     weight(name): the value of each fake parameter of the network (a skeleton, builder/lazy_network.py) by its name
     there, read when the file is written, one at a time; transform(model): a pass over the exported onnx_ir model
     before it is written (weight quantization); before_write(): called once the trace is done, as the write starts
-    (work that may run beside the write: validation.TorchOutputsAhead.start)."""
+    (work that may run beside the write: validation.TorchOutputsAhead.start); ahead: a weights_ahead.WeightsAhead
+    for this file (no transform), started here, writing the weights while the graph is traced."""
     from specbuild.builder import ir_weights
 
     args = example_inputs(step, t=6, w=4, capacity=11, past=3, batch=2)  # room for a pad row
     inputs, outputs = io_names(step)
     for logger in ("torch.onnx", "onnx_ir", "onnxscript"):  # their passes log every initializer at INFO
         logging.getLogger(logger).setLevel(logging.ERROR)
+    if ahead is not None:
+        ahead.start()
     try:
-        model = _export(step, args, inputs, outputs, weight, log)
-    except SpecbuildError:
+        try:
+            model = _export(step, args, inputs, outputs, weight, log, ahead)
+        except SpecbuildError:
+            raise
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SpecbuildError(f"ONNX export of the {step.plugin.name} step graph failed: {first[:300]}") from exc
+        if transform is not None:
+            transform(model)
+        if before_write is not None:
+            before_write()
+        ir_weights.save(model, onnx_path, f"writing {onnx_path.name}", log=log, ahead=ahead)
+    except BaseException:
+        if ahead is not None:  # its writers stopped before the error is reported
+            ahead.close()
         raise
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecbuildError(f"ONNX export of the {step.plugin.name} step graph failed: {first[:300]}") from exc
-    if transform is not None:
-        transform(model)
-    if before_write is not None:
-        before_write()
-    ir_weights.save(model, onnx_path, f"writing {onnx_path.name}", log=log)
     return inputs, outputs
 
 
-def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weight, log=None):
+def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weight, log=None, ahead=None):
     """The exported, optimized onnx_ir model of `step`, its fake weights lazy; its trace taken from trace_cache when
     a module of the same structure was exported before."""
     import onnxscript.rewriter.onnx_fusions
@@ -209,7 +217,7 @@ def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weigh
                 model = trace_cache.take(key, step) or model
         elif log is not None:
             log("reusing the exported graph of an earlier build of this structure (other weights: trace cache)")
-        ir_weights.make_lazy(model, weight)
+        ir_weights.make_lazy(model, weight, ahead)
         lean_export.optimize(model)
         onnxscript.rewriter.onnx_fusions.fuse(model)
     return model

@@ -76,13 +76,8 @@ class GraphKind:
         quantize = _quantizer(plan, heads, self.contrib_ops, counts)
         log(f"exporting {plan.mode} step graph for {name} ({plan.model.num_layers} layers, {plan.engine_dtype}) ...")
         if whole:
-            # a large one: its torch reference's calls run while the graph is written (the write waits on the disk),
-            # then the graph on every core, from its weights as stored (one copy of them in memory)
-            large = {} if small else large_validation(float_weight_bytes(plan), ahead=True)
-            ahead = None if small else validation.TorchOutputsAhead(check, large.pop("hold"))
-            export.export_step(step, path, weight=weight, log=log, before_write=ahead and ahead.start)
-            self.after_export(path)
-            diff = validation.validate_export(check, path, plan.tolerance, reference=ahead, **large)
+            large = {} if small else large_validation(float_weight_bytes(plan))
+            diff = self.export_validated(step, check, path, weight, plan.tolerance, large, log)
             if quantize is not None:
                 rewrite_graph(path, quantize, log)
         else:  # the truncated network's trace and checks on the second core while this one writes the graph
@@ -147,24 +142,36 @@ class GraphKind:
         truncated = dataclasses.replace(plan, checkpoint=ckpt)
         step, check = (self.module(truncated, n, plugin, False).eval() for n in (net, reference))
         with tempfile.TemporaryDirectory(prefix=".truncated-", dir=directory) as tmp:
-            path = Path(tmp) / self.file
-            export.export_step(step, path, weight=net.weight)
+            large = large_validation(float_bytes(kept, plan))
+            return self.export_validated(step, check, Path(tmp) / self.file, net.weight, plan.tolerance, large)
+
+    def export_validated(self, step, check, path: Path, weight, tolerance: float, large: dict, log=None) -> dict:
+        """Export `step` to `path` and validate it against torch's `check` (validate_export): where its weights come
+        from a checkpoint (`weight`), they are written while the graph is traced and the reference reads them from
+        the file (builder/weights_ahead.py); a large graph's reference (`large`: large_validation's settings) runs its
+        calls while the rest of the file is written, then the graph on every core, from its weights as stored."""
+        from specbuild.builder import weights_ahead
+
+        large = dict(large)
+        hold = large.pop("hold", 0)
+        ahead = weights_ahead.WeightsAhead(step, path, weight) if weight is not None else None
+        with weights_ahead.reading(check, ahead):
+            reference = validation.TorchOutputsAhead(check, 0 if ahead else hold) if large else None
+            export.export_step(step, path, weight=weight, log=log, before_write=reference and reference.start,
+                               ahead=ahead)  # fmt: skip
             self.after_export(path)
-            return validation.validate_export(check, path, plan.tolerance, **large_validation(float_bytes(kept, plan)))
+            return validation.validate_export(check, path, tolerance, reference=reference, **large)
 
 
-HELD_SHARE = 0.9  # of a large graph's weights its torch reference keeps across the validation's calls
-# ... when it runs its calls while the graph is written, beside the tensors being written: at the 1B shape 0.75
-# keeps the build's peak at the session's (5.5 GB; 0.9: 5.55-5.61 GB), for 1.3 s more of reads behind the write
-AHEAD_HELD_SHARE = 0.75
+HELD_SHARE = 0.75  # of a large graph's weights its torch reference keeps across the validation's calls
 
 
-def large_validation(weight_bytes: int, ahead: bool = False) -> dict:
+def large_validation(weight_bytes: int) -> dict:
     """validate_export's settings for a large graph of `weight_bytes` float weights: every core, ONNX Runtime
-    computing from the weights as stored (one copy of them in memory), the torch reference keeping most of its
-    weights across calls once the session is gone (reading and converting them again cost more than the calls),
-    below what the session held; ahead: the reference runs its calls while the graph is written (less held)."""
-    return dict(threads=0, prepack=False, hold=int((AHEAD_HELD_SHARE if ahead else HELD_SHARE) * weight_bytes))
+    computing from the weights as stored (one copy of them in memory), and the share of them a torch reference that
+    reads them from a checkpoint keeps across its calls (reading and converting them again cost more than the
+    calls; one reading them from the graph's own file keeps none: views of it cost nothing to make again)."""
+    return dict(threads=0, prepack=False, hold=int(HELD_SHARE * weight_bytes))
 
 
 TRUNCATED_LAYERS = 2  # layers of the network a large graph is validated on call by call (layer 0 and a later one)

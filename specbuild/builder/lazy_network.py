@@ -69,16 +69,31 @@ class LazyNetwork(LlamaNetwork):
     """LlamaNetwork whose weights are not held (see the module): it knows where to read them."""
 
     # where the weights come from, never what a step graph's trace reads (builder/trace_cache.py)
-    untraced_attributes = ("tensors", "_held", "_hold_left")
+    untraced_attributes = ("tensors", "_held", "_hold_left", "_source")
 
     def __init__(self, cfg: ModelConfig, tensors: Mapping, dtype: str):
         super().__init__(cfg)
         self.tensors, self.weight_dtype = tensors, FLOAT_DTYPES[dtype]
         self._held: dict[str, torch.Tensor] | None = None  # weights kept while holding() (the tied ones once)
         self._hold_left = 0
+        self._source = None  # while reading(): source(name) -> the weight in this dtype, or None (the checkpoint's)
 
     def weight(self, name: str) -> torch.Tensor:
+        if self._source is not None:
+            value = self._source(EMBED if name == LM_HEAD and self.cfg.tie_word_embeddings else name)
+            if value is not None:
+                return value
         return network_weight(self.tensors, name, self.weight_dtype, self.cfg.tie_word_embeddings)
+
+    @contextmanager
+    def reading(self, source):
+        """Within: weights are source(name) where that is not None (the engine's own file, as written: a view of
+        it, builder/weights_ahead.py), else read from the checkpoint."""
+        self._source = source
+        try:
+            yield self
+        finally:
+            self._source = None
 
     @contextmanager
     def holding(self, budget: int):

@@ -32,6 +32,21 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+_WRITTEN: dict[tuple, str] = {}  # (device, inode, size, mtime) of a file this process wrote -> its sha256
+
+
+def _written_key(path: Path) -> tuple:
+    st = path.stat()
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def remember_written(path, sha256: str) -> None:
+    """The sha256 of a file this process has just written, taken as it wrote it (the builder's weights file):
+    record_files takes it instead of reading the file again while the file is unchanged (same device, inode, size
+    and modification time; a rename keeps them, any write or a new file in its place does not)."""
+    _WRITTEN[_written_key(Path(path))] = sha256
+
+
 def record_files(engine_dir) -> dict[str, dict]:
     """{relative posix path: {"size": bytes, "sha256": hex}} for every file under engine_dir but engine.yaml."""
     engine_dir = Path(engine_dir)
@@ -40,7 +55,8 @@ def record_files(engine_dir) -> dict[str, dict]:
         name = path.relative_to(engine_dir).as_posix()
         if name == ef.ENGINE_MANIFEST:
             continue
-        records[name] = {"size": path.stat().st_size, HASH_ALGORITHM: file_sha256(path)}
+        digest = _WRITTEN.get(_written_key(path)) or file_sha256(path)
+        records[name] = {"size": path.stat().st_size, HASH_ALGORITHM: digest}
     return records
 
 

@@ -5,6 +5,7 @@ and never silent garbage with exit 0."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -107,6 +108,27 @@ def test_the_building_machine_does_not_hash_its_engine_again(tiny_checkpoints, t
     flip_bytes(engine / ef.ENGINE_WEIGHTS, offset=1000)
     with pytest.raises(SpecbuildError, match="sha256"):
         Engine(engine, threads=1)
+
+
+def test_a_digest_taken_as_a_file_was_written_counts_only_while_it_is_unchanged(tmp_path):
+    """remember_written: record_files takes the sha256 the writer took (a rename keeps it), and reads the file again
+    once it was written to or replaced."""
+    from specbuild.runtime import integrity
+
+    path = tmp_path / "weights.data"
+    path.write_bytes(b"x" * 5000)
+    integrity.remember_written(path, "0" * 64)  # what the writer says it took
+    path.rename(tmp_path / "weights.bin")
+    assert record_files(tmp_path)["weights.bin"]["sha256"] == "0" * 64
+    renamed = tmp_path / "weights.bin"
+    flip_bytes(renamed, offset=10)  # same size; its modification time is a later one (set: a coarse clock may not)
+    stat = renamed.stat()
+    os.utime(renamed, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**7))
+    assert record_files(tmp_path)["weights.bin"]["sha256"] == integrity.file_sha256(renamed)
+    integrity.remember_written(renamed, "1" * 64)
+    with open(renamed, "ab") as fh:  # another size
+        fh.write(b"y")
+    assert record_files(tmp_path)["weights.bin"]["sha256"] == integrity.file_sha256(renamed)
 
 
 def test_raised_max_seq_len_is_refused_on_load(tiny_engines, tmp_path):

@@ -1,0 +1,133 @@
+"""Weights written while the graph is traced (builder/weights_ahead.py): the engine holds the same tensors as one
+whose weights are all written after the trace; a planned layout the graph does not take is written again, never
+wrong; the torch reference reads the written bytes; a failed write fails the build; the file's checksum is taken
+as it is written."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from specbuild import engine_format as ef
+from specbuild.builder import weights_ahead
+from specbuild.builder.build import BuildOptions, build_engine
+from specbuild.builder.checkpoint import Checkpoint
+from specbuild.builder.lazy_network import skeleton
+from specbuild.builder.weights_file import WEIGHTS_FILE
+from specbuild.errors import SpecbuildError
+from specbuild.runtime import integrity
+from specbuild.runtime.engine import Engine
+from tests.conftest import ORT_ONLY, quiet
+
+pytestmark = pytest.mark.xdist_group("tiny")
+
+SHAPE = "qwen2_bias"  # untied lm_head, biases: every kind of network weight
+
+
+def _tensors(engine_dir) -> dict[str, np.ndarray]:
+    """Every initializer of the engine's ONNX Runtime graph by name, with its values."""
+    model = onnx.load(str(engine_dir / ef.ENGINE_ORT_ONNX))  # its weights from the engine directory
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+@pytest.fixture(scope="module")
+def unplanned(tiny_checkpoints, tmp_path_factory):
+    """The engine with nothing written ahead: every weight written after the trace."""
+    patch = pytest.MonkeyPatch()
+    patch.setattr(weights_ahead, "planned_weights", lambda step, weight: [])
+    try:
+        out = tmp_path_factory.mktemp("ahead") / "unplanned"
+        return build_engine(tiny_checkpoints[SHAPE], out, BuildOptions(backends=ORT_ONLY), log=quiet)
+    finally:
+        patch.undo()
+
+
+def test_the_engine_holds_the_same_tensors_as_one_written_after_the_trace(tiny_checkpoints, unplanned, tmp_path,
+                                                                          monkeypatch):  # fmt: skip
+    seen = []
+    finish = weights_ahead.WeightsAhead.finish
+
+    def recorded(self, advance=None):
+        finish(self, advance)
+        seen.append((len(self.entries), self.unclaimed(), self.sha256))
+
+    monkeypatch.setattr(weights_ahead.WeightsAhead, "finish", recorded)
+    engine_dir = build_engine(tiny_checkpoints[SHAPE], tmp_path / "e", BuildOptions(backends=ORT_ONLY), log=quiet)
+    # the layers' weights and the embedding were written ahead, each taken by the graph in its planned layout
+    ((planned, unclaimed, sha256),) = seen
+    assert planned >= 2 * 4 + 1 and unclaimed == []
+    want, got = _tensors(unplanned), _tensors(engine_dir)
+    assert want.keys() == got.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    # the checksum taken as the file was written is the file's
+    manifest = Engine(engine_dir).manifest
+    assert manifest["checksums"][WEIGHTS_FILE]["sha256"] == sha256 == integrity.file_sha256(engine_dir / WEIGHTS_FILE)
+
+
+def test_a_layout_the_graph_does_not_take_is_written_again(tiny_checkpoints, unplanned, tmp_path, monkeypatch):
+    planned = weights_ahead.planned_weights
+
+    def one_wrong(step, weight):  # a layer weight planned as it is, where the graph reads it transposed
+        entries = planned(step, weight)
+        wrong = next(e for e in entries if e.perm is not None)
+        wrong.perm, wrong.shape = None, wrong.shape[::-1]
+        wrong.make = lambda source=wrong.name.removeprefix("net."): weight(source).numpy()
+        return entries
+
+    monkeypatch.setattr(weights_ahead, "planned_weights", one_wrong)
+    lines = []
+    engine_dir = build_engine(tiny_checkpoints[SHAPE], tmp_path / "e", BuildOptions(backends=ORT_ONLY),
+                              log=lines.append)  # fmt: skip
+    assert any("in a layout the graph does not take" in line for line in lines)
+    want, got = _tensors(unplanned), _tensors(engine_dir)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    a, b = Engine(unplanned, threads=1), Engine(engine_dir, threads=1)
+    ids = [1, 5, 9, 3, 7]
+    assert (
+        a.generate(input_ids=ids, max_new_tokens=12).output_ids
+        == b.generate(input_ids=ids, max_new_tokens=12).output_ids
+    )
+
+
+def test_the_reference_reads_the_written_bytes_in_the_networks_layout(tiny_checkpoints, tmp_path):
+    from specbuild.builder.step import StepModule
+    from specbuild.plugins.none.graph import NonePlugin
+
+    ckpt = Checkpoint.load(tiny_checkpoints[SHAPE])
+    net = skeleton(ckpt.model, ckpt.tensors(), "float32")
+    step = StepModule(net, NonePlugin())
+    ahead = weights_ahead.WeightsAhead(step, tmp_path / "g.onnx", net.weight)
+    ahead.start()
+    try:
+        ahead.finish()
+        names = [e.name.removeprefix("net.") for e in ahead.entries]
+        assert any(e.perm == (1, 0) for e in ahead.entries) and "embed_tokens.weight" in names
+        for name in names:
+            view = ahead.tensor(name)
+            assert view is not None and view.shape == net.weight(name).shape
+            np.testing.assert_array_equal(view.numpy(), net.weight(name).numpy(), err_msg=name)
+        assert ahead.tensor("lm_head.weight") is None  # not written ahead: read from the checkpoint
+        assert ahead.sha256 == integrity.file_sha256(ahead.path)
+    finally:
+        ahead.close()
+    assert ahead.tensor(names[0]) is None  # let go of the file
+
+
+def test_a_failed_write_fails_the_build(tiny_checkpoints, tmp_path, monkeypatch):
+    planned = weights_ahead.planned_weights
+
+    def failing(step, weight):
+        entries = planned(step, weight)
+
+        def fail():
+            raise OSError("No space left on device")
+
+        entries[-1].make = fail
+        return entries
+
+    monkeypatch.setattr(weights_ahead, "planned_weights", failing)
+    with pytest.raises((SpecbuildError, OSError), match="No space left on device"):
+        build_engine(tiny_checkpoints[SHAPE], tmp_path / "e", BuildOptions(backends=ORT_ONLY), log=quiet)
+    assert not (tmp_path / "e").exists()
