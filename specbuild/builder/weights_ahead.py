@@ -1,12 +1,14 @@
 """A float graph's weights written while the graph is traced.
 
-The exporter's trace of a step graph runs on one core for seconds (11-15 s for EAGLE-3's drafting at the 1B shape)
-and reads none of the weights' values; writing them waits on the disk (5 GB in 15-19 s on the build machines). So
-`WeightsAhead` writes the weights the graph will hold first, on threads of its own, into the graph's data file, in
-the layouts the exported graph reads them in: an nn.Linear weight transposed ([in, out], the exporter's Transpose
-folded as builder/ir_weights.py folds it), any other as it is. Once traced, each initializer that is one of them
-points at its bytes (ir_weights.make_lazy claims it) and only the rest is written after them (ir_weights.save); a
-layout the trace did not take (a weight read otherwise) is written again the usual way, never a wrong one.
+The exporter's trace of a step graph runs on one core for seconds (11-18 s for EAGLE-3's drafting at the 1B shape)
+and reads none of the weights' values; writing them waits on the page cache and the disk (5 GB in 10-17 s on the
+build machines). So `WeightsAhead` writes the network's weights whose layout in the graph is known before the trace
+(planned_weights: the embedding as it is, the decoder layers' linear weights transposed, [in, out], as
+builder/ir_weights.py folds the exporter's Transpose) from the trace's start, on threads of its own, into the
+graph's data file. Once traced, each initializer that is one of them points at its bytes (ir_weights.make_lazy
+claims it) and the others follow on the same threads (ir_weights.save); a planned layout the graph did not take is
+a file written again the usual way, never a wrong one. A thread takes the file's sha256 as its regions are written
+(TrailingDigest), so the engine's checksum needs no pass of its own.
 
 The torch reference the graph is checked against reads the same bytes (`tensor`: a view of the file in the
 network's layout; `reading`), not the checkpoint: nothing converted again, nothing copied, only the views in use
@@ -96,7 +98,8 @@ def _stored(weight, source: str, perm) -> np.ndarray:
 
 
 class WeightsAhead:
-    """planned_weights(step, weight) written into `data_path` from start() on (see the module)."""
+    """planned_weights(step, weight) written into the data file of the graph at `onnx_path` from start() on, the
+    graph's other tensors after them (append); see the module."""
 
     def __init__(self, step: nn.Module, onnx_path: Path, weight):
         self.path = Path(f"{onnx_path}.data")  # where ir_weights.save puts the graph's data: the same file
