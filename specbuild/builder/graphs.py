@@ -153,10 +153,10 @@ class GraphKind:
         from specbuild.builder import weights_ahead
 
         large = dict(large)
-        hold = large.pop("hold", 0)
+        hold = large.pop("hold", 0)  # of what the reference reads from the checkpoint (not what `ahead` wrote)
         ahead = weights_ahead.WeightsAhead(step, path, weight) if weight is not None else None
         with weights_ahead.reading(check, ahead):
-            reference = validation.TorchOutputsAhead(check, 0 if ahead else hold) if large else None
+            reference = validation.TorchOutputsAhead(check, hold) if large else None
             export.export_step(step, path, weight=weight, log=log, before_write=reference and reference.start,
                                ahead=ahead)  # fmt: skip
             self.after_export(path)
@@ -168,9 +168,9 @@ HELD_SHARE = 0.75  # of a large graph's weights its torch reference keeps across
 
 def large_validation(weight_bytes: int) -> dict:
     """validate_export's settings for a large graph of `weight_bytes` float weights: every core, ONNX Runtime
-    computing from the weights as stored (one copy of them in memory), and the share of them a torch reference that
-    reads them from a checkpoint keeps across its calls (reading and converting them again cost more than the
-    calls; one reading them from the graph's own file keeps none: views of it cost nothing to make again)."""
+    computing from the weights as stored (one copy of them in memory), and how much of what a torch reference reads
+    from the checkpoint it keeps across its calls (reading and converting them again cost more than the calls; what
+    it reads from the graph's own file it keeps not: views of it cost nothing to make again)."""
     return dict(threads=0, prepack=False, hold=int(HELD_SHARE * weight_bytes))
 
 

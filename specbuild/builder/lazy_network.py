@@ -79,11 +79,16 @@ class LazyNetwork(LlamaNetwork):
         self._source = None  # while reading(): source(name) -> the weight in this dtype, or None (the checkpoint's)
 
     def weight(self, name: str) -> torch.Tensor:
-        if self._source is not None:
-            value = self._source(EMBED if name == LM_HEAD and self.cfg.tie_word_embeddings else name)
-            if value is not None:
-                return value
+        sourced = self._sourced(name)
+        if sourced is not None:
+            return sourced
         return network_weight(self.tensors, name, self.weight_dtype, self.cfg.tie_word_embeddings)
+
+    def _key(self, name: str) -> str:
+        return EMBED if name == LM_HEAD and self.cfg.tie_word_embeddings else name
+
+    def _sourced(self, name: str) -> torch.Tensor | None:
+        return self._source(self._key(name)) if self._source is not None else None
 
     @contextmanager
     def reading(self, source):
@@ -106,12 +111,16 @@ class LazyNetwork(LlamaNetwork):
             self._held, self._hold_left = None, 0
 
     def read_weight(self, name: str) -> torch.Tensor:
-        """weight(name), kept while holding() has room."""
+        """weight(name), kept while holding() has room, unless reading() gives it (a view of a file: made again for
+        nothing, and kept it would keep the file's pages mapped)."""
         if self._held is None:
             return self.weight(name)
-        key = EMBED if name == LM_HEAD and self.cfg.tie_word_embeddings else name
+        key = self._key(name)
         value = self._held.get(key)
         if value is None:
+            sourced = self._sourced(name)
+            if sourced is not None:
+                return sourced
             value = self.weight(name)
             size = value.numel() * value.element_size()
             if size <= self._hold_left:

@@ -12,7 +12,7 @@ from specbuild import engine_format as ef
 from specbuild.builder import weights_ahead
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.checkpoint import Checkpoint
-from specbuild.builder.lazy_network import skeleton
+from specbuild.builder.lazy_network import skeleton, streamed
 from specbuild.builder.weights_file import WEIGHTS_FILE
 from specbuild.errors import SpecbuildError
 from specbuild.runtime import integrity
@@ -110,6 +110,13 @@ def test_the_reference_reads_the_written_bytes_in_the_networks_layout(tiny_check
             np.testing.assert_array_equal(view.numpy(), net.weight(name).numpy(), err_msg=name)
         assert ahead.tensor("lm_head.weight") is None  # not written ahead: read from the checkpoint
         assert ahead.sha256 == integrity.file_sha256(ahead.path)
+        # a reference holding what it reads keeps what it converted from the checkpoint, not views of the file
+        reference = streamed(ckpt.model, ckpt.tensors(), "float32")
+        with reference.reading(ahead.tensor), reference.holding(1 << 30):
+            layer = reference.read_weight(names[-1])
+            np.testing.assert_array_equal(layer.numpy(), net.weight(names[-1]).numpy())
+            reference.read_weight("lm_head.weight")
+            assert list(reference._held) == ["lm_head.weight"]
     finally:
         ahead.close()
     assert ahead.tensor(names[0]) is None  # let go of the file
