@@ -73,10 +73,7 @@ def _written(ahead, name: str, perm, shape: ir.Shape, dtype: ir.DataType, as_nam
     if ahead is None:
         return None
     entry = ahead.claim(name, perm, tuple(shape), dtype.numpy())
-    if entry is None:
-        return None
-    return ir.ExternalTensor(ahead.path.name, entry.offset, entry.length, dtype, shape=shape, name=as_name,
-                             base_dir=ahead.path.parent)  # fmt: skip
+    return None if entry is None else ahead.external(entry, dtype, shape, as_name)
 
 
 def _transposed(tensor: ir.TensorProtocol, perm: list[int]):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnx_ir as ir
 import torch
 from torch import nn
 
@@ -207,6 +208,12 @@ class WeightsAhead:
         entry.claimed = True
         return entry
 
+    def external(self, entry: Planned, dtype, shape, name: str) -> ir.ExternalTensor:
+        """The graph's tensor `name` for `entry`: its bytes in the file, read by nothing (an optimizer's constant
+        folding, say) before they are written."""
+        return _BeingWritten(entry, self.path.name, entry.offset, entry.length, dtype, shape=shape, name=name,
+                             base_dir=self.path.parent)  # fmt: skip
+
     def unclaimed(self) -> list[str]:
         """Weights written ahead that no initializer took: their layout was not the graph's."""
         return [e.name for e in self.entries if not e.claimed]
@@ -225,6 +232,30 @@ class WeightsAhead:
                          offset=entry.offset)  # fmt: skip
         tensor = torch.from_numpy(np.frombuffer(view, dtype=entry.dtype).reshape(entry.shape))
         return tensor.permute(tuple(np.argsort(entry.perm).tolist())) if entry.perm is not None else tensor
+
+
+class _BeingWritten(ir.ExternalTensor):
+    """An external tensor whose bytes a WeightsAhead thread may still be writing: every read waits for the write
+    (a graph pass between the trace and the save may fold a small weight into a constant)."""
+
+    __slots__ = ("_entry",)
+
+    def __init__(self, entry: Planned, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._entry = entry
+
+    def _written(self) -> None:
+        self._entry.done.wait()
+        if not self._entry.written:
+            raise OSError(f"{self.name}: its write to {self.path} did not complete")
+
+    def _load(self):
+        self._written()
+        return super()._load()
+
+    def tofile(self, file) -> None:
+        self._written()
+        super().tofile(file)
 
 
 class TrailingDigest:

@@ -122,6 +122,32 @@ def test_the_reference_reads_the_written_bytes_in_the_networks_layout(tiny_check
     assert ahead.tensor(names[0]) is None  # let go of the file
 
 
+def test_a_weight_read_before_it_is_written_waits_for_its_write(tiny_checkpoints, tmp_path):
+    """A graph pass between the trace and the save may read a planned weight (the optimizer's rewrite rules read the
+    norms' values): it gets the written bytes, never the file's zeros before them."""
+    import threading
+
+    import onnx_ir as ir
+
+    from specbuild.builder.step import StepModule
+    from specbuild.plugins.none.graph import NonePlugin
+
+    ckpt = Checkpoint.load(tiny_checkpoints[SHAPE])
+    net = skeleton(ckpt.model, ckpt.tensors(), "float32")
+    ahead = weights_ahead.WeightsAhead(StepModule(net, NonePlugin()), tmp_path / "g.onnx", net.weight)
+    entry = ahead.entries[-1]
+    gate, make = threading.Event(), entry.make
+    entry.make = lambda: (gate.wait(), make())[1]  # its write waits until the read below has started
+    ahead.start()
+    try:
+        tensor = ahead.external(entry, ir.DataType.FLOAT, ir.Shape(entry.shape), "w")
+        threading.Timer(0.3, gate.set).start()
+        np.testing.assert_array_equal(tensor.numpy(), make())
+        ahead.finish()
+    finally:
+        ahead.close()
+
+
 def test_a_failed_write_fails_the_build(tiny_checkpoints, tmp_path, monkeypatch):
     planned = weights_ahead.planned_weights
 
