@@ -182,7 +182,6 @@ def validate_export(
     tolerance: float,
     threads: int = 1,
     prepack: bool = True,
-    hold: int = 0,
     reference: TorchOutputsAhead | None = None,
 ) -> dict:
     """Run torch and ONNX Runtime on a few calls (check_calls), one of them batched; return {max_abs_diff,
@@ -193,10 +192,9 @@ def validate_export(
     its float outputs diverged too): there the two may differ, and such a call is counted (near_ties), not refused.
     A fused graph runs with its KV buffers bound in place, as the runtime runs it, and its present buffers are
     compared whole (rows it must not touch included). prepack False:
-    ONNX Runtime computes from the weights as stored (same float kernels, one copy of the weights in memory). hold:
-    bytes of the weights a streamed torch reference (lazy_network.streamed) keeps across its calls once the session
-    is gone (its size: the build's peak stays the graph's weights). reference: the torch outputs computed ahead
-    (TorchOutputsAhead, its memory given back before the session loads); else they are computed after ONNX Runtime's.
+    ONNX Runtime computes from the weights as stored (same float kernels, one copy of the weights in memory).
+    reference: the torch outputs computed ahead (TorchOutputsAhead, which keeps what its streamed reference reads
+    within a budget and gives it back before the session loads); else they are computed after ONNX Runtime's.
     """
     import onnxruntime as ort
 
@@ -224,8 +222,7 @@ def validate_export(
     del sess
     if expected is not None:
         return _compare_calls(step, runs, expected, out_names, tolerance)
-    with _holding(step, hold):  # the near-ties' second look reads the held weights too
-        return _compare_calls(step, runs, torch_outputs(step), out_names, tolerance)
+    return _compare_calls(step, runs, torch_outputs(step), out_names, tolerance)
 
 
 def _compare_calls(step: StepModule, runs: list, expected: list, out_names: list[str], tolerance: float) -> dict:
