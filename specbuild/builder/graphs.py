@@ -160,9 +160,10 @@ class GraphKind:
             export.export_step(step, path, weight=weight, log=log, before_write=reference and reference.start,
                                ahead=ahead)  # fmt: skip
             self.after_export(path)
-            return validation.validate_export(check, path, tolerance, reference=reference, **large)
+            return validation.validate_export(check, path, tolerance, reference=reference, log=log, **large)
 
 
+SEGMENT_BYTES = 1024**3  # of weights a large graph's validation runs in one session (graph_segments.py)
 HELD_SHARE = 0.75  # of a large graph's weights its torch reference keeps across the validation's calls
 
 
@@ -170,8 +171,10 @@ def large_validation(weight_bytes: int) -> dict:
     """validate_export's settings for a large graph of `weight_bytes` float weights: every core, ONNX Runtime
     computing from the weights as stored (one copy of them in memory), and how much of what a torch reference reads
     from the checkpoint it keeps across its calls (reading and converting them again cost more than the calls; what
-    it reads from the graph's own file it keeps not: views of it cost nothing to make again)."""
-    return dict(threads=0, prepack=False, hold=int(HELD_SHARE * weight_bytes))
+    it reads from the graph's own file it keeps not: views of it cost nothing to make again), and the graph run in
+    segments of SEGMENT_BYTES of weights, one session at a time (validation.run_graph): a check of the whole graph
+    holds about one segment's weights."""
+    return dict(threads=0, prepack=False, hold=int(HELD_SHARE * weight_bytes), segment_bytes=SEGMENT_BYTES)
 
 
 TRUNCATED_LAYERS = 2  # layers of the network a large graph is validated on call by call (layer 0 and a later one)

@@ -183,6 +183,8 @@ def validate_export(
     threads: int = 1,
     prepack: bool = True,
     reference: TorchOutputsAhead | None = None,
+    segment_bytes: int | None = None,
+    log=None,
 ) -> dict:
     """Run torch and ONNX Runtime on a few calls (check_calls), one of them batched; return {max_abs_diff,
     near_ties}.
@@ -195,10 +197,10 @@ def validate_export(
     ONNX Runtime computes from the weights as stored (same float kernels, one copy of the weights in memory).
     reference: the torch outputs computed ahead (TorchOutputsAhead, which keeps what its streamed reference reads
     within a budget and gives it back before the session loads); else they are computed after ONNX Runtime's.
+    segment_bytes: a graph whose weights pass it runs in segments of about that many bytes of weights, one session
+    at a time (run_graph), reported through `log`.
     """
     import onnxruntime as ort
-
-    from specbuild.runtime.backends.onnxruntime import run_bound
 
     expected = reference.result() if reference is not None else None
     opts = ort.SessionOptions()
@@ -206,23 +208,57 @@ def validate_export(
     opts.log_severity_level = 3
     if not prepack:
         opts.add_session_config_entry("session.disable_prepacking", "1")
-    sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
-    names = [i.name for i in sess.get_inputs()]
-    out_names = [o.name for o in sess.get_outputs()]
-    aliases = aliased_outputs(names)
-    # every call through ONNX Runtime, then the session dropped before torch runs them (unless it ran them ahead): a
+    names, out_names = graph_io_names(onnx_path)
+    calls = check_calls(step)
+    args = [_call_inputs(step, call) for call in calls]
+    feeds = [{n: (a.float() if a.dtype == torch.bfloat16 else a).numpy().copy() for n, a in zip(names, call_args)}
+             for call_args in args]  # fmt: skip
+    # every call through ONNX Runtime, then its sessions dropped before torch runs them (unless it ran them ahead): a
     # large graph's weights and the torch reference's are never in memory together
-    runs = []  # (call, its inputs, ONNX Runtime's outputs)
-    for call in check_calls(step):
-        args = _call_inputs(step, call)
-        feeds = {n: (a.float() if a.dtype == torch.bfloat16 else a).numpy().copy() for n, a in zip(names, args)}
-        got, _ = run_bound(sess, feeds, out_names, aliases)
-        outputs = {name: np.array(got[name]) for name in out_names}  # owned: the session goes
-        runs.append((call, args, outputs))
-    del sess
+    outputs = run_graph(onnx_path, feeds, out_names, aliased_outputs(names), opts, segment_bytes, log)
+    runs = list(zip(calls, args, outputs))  # (call, its inputs, ONNX Runtime's outputs)
     if expected is not None:
         return _compare_calls(step, runs, expected, out_names, tolerance)
     return _compare_calls(step, runs, torch_outputs(step), out_names, tolerance)
+
+
+def graph_io_names(onnx_path: Path) -> tuple[list[str], list[str]]:
+    """The graph's input names (as its session lists them: initializers excluded) and output names, in order."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    weights = {t.name for t in graph.initializer}
+    return [i.name for i in graph.input if i.name not in weights], [o.name for o in graph.output]
+
+
+def run_graph(onnx_path: Path, feeds: list[dict], out_names: list[str], aliases: dict[str, str], opts,
+              segment_bytes: int | None = None, log=None) -> list[dict]:  # fmt: skip
+    """Each call's `feeds` through the graph (its KV buffers bound in place: `aliases`); each call's outputs, owned.
+    segment_bytes: run a graph whose weights pass it in segments of about that many bytes of weights, one session
+    at a time (graph_segments.py), so that its weights are never all in memory at once."""
+    import onnxruntime as ort
+
+    from specbuild.builder import graph_segments
+    from specbuild.runtime.backends.onnxruntime import run_bound
+
+    def run_segment(path: Path, calls: list[dict], wanted: list[str]) -> list[dict]:
+        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        results = []
+        for call in calls:
+            own = {o: i for o, i in aliases.items() if o in wanted and i in call}
+            got, _ = run_bound(sess, call, wanted, own)
+            # an in-place output is its input's buffer (a later segment reads it); the others owned: the session goes
+            results.append({n: got[n] if n in own else np.array(got[n]) for n in wanted})
+        del sess
+        release_freed_memory()
+        return results
+
+    values = None
+    if segment_bytes is not None:
+        values = graph_segments.run_segmented(onnx_path, feeds, segment_bytes, run_segment, log)
+    if values is None:
+        return run_segment(onnx_path, feeds, out_names)
+    return [{n: np.array(v[n]) for n in out_names} for v in values]
 
 
 def _compare_calls(step: StepModule, runs: list, expected: list, out_names: list[str], tolerance: float) -> dict:

@@ -11,13 +11,11 @@ from onnx import helper
 from specbuild import engine_format as ef
 from specbuild.builder import kv_int8
 from specbuild.builder.build import BuildOptions, build_engine
-from specbuild.builder.convert import convert_checkpoint
 from specbuild.errors import SpecbuildError
 from specbuild.runtime import row_invariance
 from specbuild.runtime.engine import Engine
 from tests.conftest import ORT_ONLY, full, quiet
-from tests.plugins.eagle_fixtures import write_eagle3_head
-from tests.plugins.medusa_helpers import toy_model
+from tests.plugins.eagle_fixtures import toy_eagle3_checkpoint
 from tests.runtime.test_scheduler import PROMPTS, _alone, _batched
 
 pytestmark = pytest.mark.xdist_group("kv_int8")
@@ -92,10 +90,7 @@ def test_onnx_runtime_caches_new_tokens_in_8_bits_and_attends_over_the_cache():
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
-    root = tmp_path_factory.mktemp("kv_int8")
-    model = toy_model("llama_gqa_llama3rope", root / "hf", vocab=12, seed=4)
-    write_eagle3_head(root / "eagle3", model.config, draft_vocab=8, seed=4)
-    return convert_checkpoint(root / "hf", root / "ckpt", heads={"eagle3": root / "eagle3"}, progress=False)
+    return toy_eagle3_checkpoint(tmp_path_factory.mktemp("kv_int8"), seed=4)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import yaml
 from onnx import TensorProto, helper
 
 from specbuild import engine_format as ef
-from specbuild.builder import export, graphs, validation
+from specbuild.builder import export, graph_segments, graphs, validation
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.checkpoint import Checkpoint
 from specbuild.builder.network import LlamaNetwork
@@ -109,6 +109,24 @@ def test_a_float_output_off_is_refused_unless_a_choice_behind_it_was_a_near_tie(
         validation.validate_export(step, broken, 1e-3)
     monkeypatch.setattr(validation, "decision_margin", lambda step, args: 0.0)  # every call made a choice at a tie
     assert validation.validate_export(step, broken, 1e-3)["near_ties"] > 0
+
+
+def test_a_graph_validated_in_segments_is_checked_alike(none_graph):
+    """A graph run segment by segment (segment_bytes: graph_segments.py) gets the whole graph's verdicts: passed
+    within the bound, refused where it picks another token or a float output is off."""
+    step, path = none_graph
+    graph = onnx.load(str(path), load_external_data=False).graph
+    budget = sum(graph_segments.initializer_bytes(t) for t in graph.initializer) // 4
+    logs = []
+    parts = validation.validate_export(step, path, 1e-3, segment_bytes=budget, log=logs.append)
+    whole = validation.validate_export(step, path, 1e-3)
+    assert parts["near_ties"] == whole["near_ties"] == 0 and parts["max_abs_diff"] < 1e-3
+    assert len(logs) >= 3 and logs[-1].startswith(f"segment {len(logs)}/{len(logs)} ")
+    with pytest.raises(SpecbuildError, match="output next_input_ids differs between torch and ONNX Runtime"):
+        validation.validate_export(step, _plus_one(path, ef.NEXT_INPUT_IDS), 1e-3, segment_bytes=budget)
+    floating = next(o.name for o in graph.output if o.type.tensor_type.elem_type == TensorProto.FLOAT)
+    with pytest.raises(SpecbuildError, match="max abs diff 1 exceeds"):
+        validation.validate_export(step, _plus_one(path, floating, TensorProto.FLOAT), 1e-3, segment_bytes=budget)
 
 
 @pytest.mark.parametrize(

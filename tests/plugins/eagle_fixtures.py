@@ -261,3 +261,14 @@ def write_eagle3_head(
     save_state(state, out_dir, fmt)
     (out_dir / "config.json").write_text(json.dumps(_draft_config(base_cfg, **extra)))
     return state
+
+
+def toy_eagle3_checkpoint(root: Path, seed: int) -> Path:
+    """A canonical checkpoint of a 12-token GQA toy (llama3 RoPE) with an EAGLE-3 head of an 8-token draft vocabulary,
+    under `root`."""
+    from specbuild.builder.convert import convert_checkpoint
+    from tests.plugins.medusa_helpers import toy_model
+
+    model = toy_model("llama_gqa_llama3rope", root / "hf", vocab=12, seed=seed)
+    write_eagle3_head(root / "eagle3", model.config, draft_vocab=8, seed=seed)
+    return convert_checkpoint(root / "hf", root / "ckpt", heads={"eagle3": root / "eagle3"}, progress=False)
