@@ -186,6 +186,7 @@ def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weigh
     a module of the same structure was exported before."""
     import onnxscript.rewriter.onnx_fusions
 
+    from specbuild import progress
     from specbuild.builder import cond_export, ir_weights, lean_export, lean_prepare, trace_cache
 
     dynamic = _dynamic_shapes(step)
@@ -194,7 +195,8 @@ def _export(step: StepModule, args, inputs: list[str], outputs: list[str], weigh
     except trace_cache.Uncacheable:
         key = None
     model = trace_cache.take(key, step) if key is not None else None
-    with warnings.catch_warnings(), torch.no_grad():
+    traced = f"tracing and optimizing the {step.plugin.name} step graph"
+    with warnings.catch_warnings(), torch.no_grad(), progress.waiting(traced, log):
         warnings.simplefilter("ignore")
         if model is None:
             # an If's branches checked from their graphs, and the program decomposed without a second trace, where

@@ -156,7 +156,7 @@ class GraphKind:
         hold = large.pop("hold", 0)  # of what the reference reads from the checkpoint (not what `ahead` wrote)
         ahead = weights_ahead.WeightsAhead(step, path, weight) if weight is not None else None
         with weights_ahead.reading(check, ahead):
-            reference = validation.TorchOutputsAhead(check, hold) if large else None
+            reference = validation.TorchOutputsAhead(check, hold, log) if large else None
             export.export_step(step, path, weight=weight, log=log, before_write=reference and reference.start,
                                ahead=ahead)  # fmt: skip
             self.after_export(path)

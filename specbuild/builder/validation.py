@@ -19,6 +19,7 @@ from specbuild.builder.export import aliased_outputs, example_inputs
 from specbuild.builder.step import StepModule
 from specbuild.builder.torch_dtypes import TORCH_DTYPES
 from specbuild.errors import SpecbuildError
+from specbuild.progress import steps
 
 
 class DecisionMargins(torch.overrides.TorchFunctionMode):
@@ -110,19 +111,22 @@ def _call_inputs(step: StepModule, call: tuple) -> tuple:
                           draft_rows=rows)  # fmt: skip
 
 
-def torch_outputs(step: StepModule, margins: bool = False) -> list[tuple[tuple, float | None]]:
+def torch_outputs(step: StepModule, margins: bool = False, log=None) -> list[tuple[tuple, float | None]]:
     """Each of check_calls through the torch step: (its outputs in order, the margin of the choices it made where
-    `margins`, else None: decision_margin's, from the same forward)."""
+    `margins`, else None: decision_margin's, from the same forward). log: where its progress lines go (a call of a
+    large network takes seconds), else none."""
     results = []
-    with torch.no_grad():
-        for call in check_calls(step):
+    calls = check_calls(step)
+    with torch.no_grad(), steps("the torch reference's calls", len(calls), enabled=log is not None, log=log) as done:
+        for call in calls:
             args = _call_inputs(step, call)
             if not margins:
                 results.append((tuple(step(*args)), None))
-                continue
-            with DecisionMargins() as seen:
-                outputs = tuple(step(*args))
-            results.append((outputs, seen.margin))
+            else:
+                with DecisionMargins() as seen:
+                    outputs = tuple(step(*args))
+                results.append((outputs, seen.margin))
+            done()
     return results
 
 
@@ -139,8 +143,8 @@ class TorchOutputsAhead:
     validate_export to compare ONNX Runtime's outputs with. Its memory (the weights it holds) is given back before
     `result()` returns, so the graph's session never shares the machine with it."""
 
-    def __init__(self, step: StepModule, hold: int):
-        self._args, self._thread = (step, hold), None
+    def __init__(self, step: StepModule, hold: int, log=None):
+        self._args, self._thread, self._log = (step, hold), None, log
         self._outcome: tuple | None = None
 
     def start(self) -> None:
@@ -151,7 +155,7 @@ class TorchOutputsAhead:
         step, hold = self._args
         try:
             with _holding(step, hold):  # the margins too: the weights are gone when a call's choices are looked at
-                self._outcome = (True, torch_outputs(step, margins=True))
+                self._outcome = (True, torch_outputs(step, margins=True, log=self._log))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
             self._outcome = (False, exc)
         finally:

@@ -9,6 +9,7 @@ import onnx
 import pytest
 
 from specbuild import engine_format as ef
+from specbuild import progress
 from specbuild.builder import graph_segments, graphs, validation
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.runtime.engine import Engine
@@ -76,11 +77,13 @@ def test_a_graph_validated_in_segments_gives_the_whole_graphs_outputs(eagle3_ckp
     monkeypatch.setattr(validation, "run_graph", both)
     monkeypatch.setattr(graphs, "SMALL_GRAPH_BYTES", 0)  # a large float graph: validated with large_validation
     monkeypatch.setattr(graphs, "SEGMENT_BYTES", _weight_bytes(graph) // 5)
+    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.1)  # the trace says it runs
     logs = []
     options = BuildOptions(backends=ORT_ONLY, speculative_mode="eagle3", **EAGLE3)
     parts = build_engine(eagle3_ckpt, tmp_path / "parts", options, log=lambda line: logs.append(str(line)))
     assert len(compared) == 1 and compared[0] >= 4  # the graph's check calls, through the segments
     assert sum(line.startswith("segment ") for line in logs) >= 5, logs
+    assert any(line.startswith("tracing and optimizing the eagle3 step graph: done in ") for line in logs), logs
     assert not [p for p in parts.iterdir() if ".segment" in p.name]  # the segments' files are gone
     a, b = Engine(eagle3_engine, threads=1), Engine(parts, threads=1)
     for ids in PROMPTS:

@@ -89,10 +89,11 @@ def test_torch_outputs_computed_ahead_check_the_graph_the_same(none_graph, monke
     # the margins come from the reference's own forwards (its weights are gone by then): no second look
     monkeypatch.setattr(validation, "decision_margin", lambda step, args: pytest.fail("a second look"))
     real = validation.torch_outputs
-    monkeypatch.setattr(validation, "torch_outputs", lambda step, margins: [(o, 0.0) for o, _ in real(step, margins)])
+    monkeypatch.setattr(validation, "torch_outputs",
+                        lambda step, margins, log=None: [(o, 0.0) for o, _ in real(step, margins)])  # fmt: skip
     assert validation.validate_export(step, broken, 1e-3, reference=ahead())["near_ties"] > 0
 
-    def fails(step, margins):
+    def fails(step, margins, log=None):
         raise RuntimeError("the reference failed")
 
     monkeypatch.setattr(validation, "torch_outputs", fails)
