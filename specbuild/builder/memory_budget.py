@@ -1,9 +1,10 @@
 """Whether this machine can hold the engine a build would write, said before any work (one line, with what would fit).
 
-A build's peak memory is the engine's weights (ONNX Runtime loads the written graph to check it, as the runtime will)
-plus a bounded working set (one decoder layer in float, the largest tensor, the truncated network it is validated
-on): the float weights of the whole model are never held (builder/lazy_network.py). So the estimate is the weights of
-the engine at its precision plus that working set, against the memory the machine has available now.
+Running an engine holds its weights (ONNX Runtime maps them) plus a working set; so does a quantized build's check of
+the whole graph on a prompt. A float build itself holds less (the float weights of the whole model are never held,
+builder/lazy_network.py, and its graph is checked in segments, builder/graph_segments.py), but an engine this machine
+cannot run is not worth writing. So the estimate is the weights of the engine at its precision plus a bounded working
+set (a few decoder layers in float, the largest tensor), against the memory the machine has available now.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def check_fits(tensors: Mapping, shapes, weights: str, block_size: int, tied: bo
     ]
     instead = f"; {' or '.join(fits)} would fit" if fits else "; no precision fits: free memory or use a larger machine"
     raise SpecbuildError(
-        f"--weights {weights}: the engine holds {_gb(sizes[weights])} of weights and the build needs about "
+        f"--weights {weights}: the engine holds {_gb(sizes[weights])} of weights and running it needs about "
         f"{_gb(need)}, more than the {_gb(available)} this machine has available{instead}"
     )
 
