@@ -36,7 +36,7 @@ def initializer_bytes(tensor: TensorProto) -> int:
     for entry in tensor.external_data:
         if entry.key == "length":
             return int(entry.value)
-    if tensor.data_location == TensorProto.EXTERNAL:  # no length recorded: the rest of the file from its offset
+    if tensor.data_location == TensorProto.EXTERNAL:  # no length recorded: its element count times their size
         count = int(np.prod(tensor.dims, dtype=np.int64))
         return count * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
     return tensor.ByteSize()
