@@ -68,16 +68,14 @@ def plan_segments(graph: GraphProto, budget: int) -> list[Segment]:
     sizes = {t.name: initializer_bytes(t) for t in graph.initializer}
     segments, current = [], Segment()
     for node in graph.node:
-        new = [n for n in dict.fromkeys(_reads(node)) if n in sizes and n not in current.initializers]
-        added = sum(sizes[n] for n in new)
-        if current.nodes and current.weight_bytes + added > budget:
+        weights = [n for n in dict.fromkeys(_reads(node)) if n in sizes]
+        new = [n for n in weights if n not in current.initializers]
+        if current.nodes and current.weight_bytes + sum(sizes[n] for n in new) > budget:
             segments.append(current)
-            current = Segment()
-            new = [n for n in dict.fromkeys(_reads(node)) if n in sizes]
-            added = sum(sizes[n] for n in new)
+            current, new = Segment(), weights
         current.nodes.append(node)
         current.initializers += new
-        current.weight_bytes += added
+        current.weight_bytes += sum(sizes[n] for n in new)
     if current.nodes:
         segments.append(current)
     _connect(graph, segments, set(sizes))
