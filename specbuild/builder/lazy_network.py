@@ -39,9 +39,12 @@ LAYER_PARAMETER = re.compile(r"layers\.(\d+)\.(.+)")
 def layer_weight(tensors: Mapping, index: int, name: str, dtype: torch.dtype) -> torch.Tensor:
     """Parameter `name` (e.g. `self_attn.qkv_proj.weight`) of packed decoder layer `index`, from the checkpoint's
     tensors (HF names), in `dtype`."""
+    return torch.cat(_layer_parts(tensors, index, name)).to(dtype)
+
+
+def _layer_parts(tensors: Mapping, index: int, name: str) -> list[torch.Tensor]:
     module, _, kind = name.rpartition(".")
-    parts = PACKED.get(module, (module,))
-    return torch.cat([tensors[f"model.layers.{index}.{part}.{kind}"] for part in parts]).to(dtype)
+    return [tensors[f"model.layers.{index}.{part}.{kind}"] for part in PACKED.get(module, (module,))]
 
 
 EMBED, LM_HEAD = "embed_tokens.weight", "lm_head.weight"  # the large parameters outside the layers
@@ -50,14 +53,23 @@ EMBED, LM_HEAD = "embed_tokens.weight", "lm_head.weight"  # the large parameters
 def network_weight(tensors: Mapping, name: str, dtype: torch.dtype, tied: bool = False) -> torch.Tensor:
     """A weight of the network by its name in LlamaNetwork (`layers.3.mlp.down_proj.weight`, `embed_tokens.weight`,
     `lm_head.weight`: the embedding's where `tied`)."""
+    match = LAYER_PARAMETER.fullmatch(name)
+    if match is not None:
+        return layer_weight(tensors, int(match.group(1)), match.group(2), dtype)
+    return weight_parts(tensors, name, tied)[0].to(dtype)
+
+
+def weight_parts(tensors: Mapping, name: str, tied: bool = False) -> list[torch.Tensor]:
+    """The checkpoint's tensors, as read (not converted), whose concatenation along their first axis is network
+    weight `name` (several for a packed projection: qkv_proj, gate_up_proj)."""
     if name == EMBED or (name == LM_HEAD and tied):
-        return tensors["model.embed_tokens.weight"].to(dtype)
+        return [tensors["model.embed_tokens.weight"]]
     if name == LM_HEAD:
-        return tensors["lm_head.weight"].to(dtype)
+        return [tensors["lm_head.weight"]]
     match = LAYER_PARAMETER.fullmatch(name)
     if match is None:
         raise KeyError(f"{name} is not a weight the network reads from the checkpoint")
-    return layer_weight(tensors, int(match.group(1)), match.group(2), dtype)
+    return _layer_parts(tensors, int(match.group(1)), match.group(2))
 
 
 def layer_parameters(layer: nn.Module) -> list[str]:
@@ -83,6 +95,13 @@ class LazyNetwork(LlamaNetwork):
         if sourced is not None:
             return sourced
         return network_weight(self.tensors, name, self.weight_dtype, self.cfg.tie_word_embeddings)
+
+    def weight_parts(self, name: str) -> list[torch.Tensor] | None:
+        """weight(name) before its conversion to the network's dtype, as the checkpoint tensors it joins
+        (`weight_parts`); None while reading() gives the weights."""
+        if self._source is not None:
+            return None
+        return weight_parts(self.tensors, name, self.cfg.tie_word_embeddings)
 
     def _key(self, name: str) -> str:
         return EMBED if name == LM_HEAD and self.cfg.tie_word_embeddings else name

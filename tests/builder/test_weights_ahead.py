@@ -6,6 +6,7 @@ as it is written."""
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import numpy_helper
 
 from specbuild import engine_format as ef
@@ -72,7 +73,7 @@ def test_a_layout_the_graph_does_not_take_is_written_again(tiny_checkpoints, unp
         entries = planned(step, weight)
         wrong = next(e for e in entries if e.perm is not None)
         wrong.perm, wrong.shape = None, wrong.shape[::-1]
-        wrong.make = lambda source=wrong.name.removeprefix("net."): weight(source).numpy()
+        wrong.make = lambda _, source=wrong.name.removeprefix("net."): iter([(0, weight(source).numpy())])
         return entries
 
     monkeypatch.setattr(weights_ahead, "planned_weights", one_wrong)
@@ -122,6 +123,43 @@ def test_the_reference_reads_the_written_bytes_in_the_networks_layout(tiny_check
     assert ahead.tensor(names[0]) is None  # let go of the file
 
 
+def _made(entry, make=None) -> np.ndarray:
+    """The whole array an entry's make gives in pieces (each copied before the next is made)."""
+    data = bytearray(entry.length)
+    for start, piece in (make or entry.make)(weights_ahead._Scratch()):
+        raw = piece.tobytes()
+        data[start : start + len(raw)] = raw
+    return np.frombuffer(bytes(data), dtype=entry.dtype).reshape(entry.shape)
+
+
+@pytest.mark.parametrize("stored, engine", [("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "float16")])
+def test_planned_weights_are_made_from_the_checkpoint_as_the_network_reads_them(
+    tiny_checkpoints, monkeypatch, stored, engine
+):
+    """Each weight written ahead, made in pieces through reused buffers from the checkpoint's unconverted tensors
+    (packed projections joined, layer weights moved in the checkpoint's dtype, then converted), is the network's
+    weight in its stored layout, byte for byte."""
+    from specbuild.builder.step import StepModule
+    from specbuild.plugins.none.graph import NonePlugin
+
+    monkeypatch.setattr(weights_ahead, "_PIECE_BYTES", 1000)  # the embedding in many pieces
+    ckpt = Checkpoint.load(tiny_checkpoints[SHAPE])
+    dtype = getattr(torch, stored)
+    tensors = ckpt.tensors().cast(lambda name: dtype, lambda tensor, name: tensor.to(dtype))
+    net = skeleton(ckpt.model, tensors, engine)
+    entries = weights_ahead.planned_weights(StepModule(net, NonePlugin()), net.weight)
+    names = {e.name.removeprefix("net.") for e in entries}
+    assert {"embed_tokens.weight", "layers.0.self_attn.qkv_proj.weight", "layers.0.mlp.down_proj.weight"} <= names
+    scratch = weights_ahead._Scratch()
+    for entry in entries:
+        want = net.weight(entry.name.removeprefix("net."))
+        if entry.perm is not None:
+            want = want.permute(entry.perm)
+        pieces = [(start, piece.copy()) for start, piece in entry.make(scratch)]
+        assert len(pieces) > 1 or entry.perm is not None, entry.name
+        np.testing.assert_array_equal(_made(entry), want.contiguous().numpy(), err_msg=entry.name)
+
+
 def test_a_weight_read_before_it_is_written_waits_for_its_write(tiny_checkpoints, tmp_path):
     """A graph pass between the trace and the save may read a planned weight (the optimizer's rewrite rules read the
     norms' values): it gets the written bytes, never the file's zeros before them."""
@@ -137,12 +175,12 @@ def test_a_weight_read_before_it_is_written_waits_for_its_write(tiny_checkpoints
     ahead = weights_ahead.WeightsAhead(StepModule(net, NonePlugin()), tmp_path / "g.onnx", net.weight)
     entry = ahead.entries[-1]
     gate, make = threading.Event(), entry.make
-    entry.make = lambda: (gate.wait(), make())[1]  # its write waits until the read below has started
+    entry.make = lambda scratch: (gate.wait(), make(scratch))[1]  # its write waits until the read below has started
     ahead.start()
     try:
         tensor = ahead.external(entry, ir.DataType.FLOAT, ir.Shape(entry.shape), "w")
         threading.Timer(0.3, gate.set).start()
-        np.testing.assert_array_equal(tensor.numpy(), make())
+        np.testing.assert_array_equal(tensor.numpy(), _made(entry, make))
         ahead.finish()
     finally:
         ahead.close()
@@ -154,7 +192,7 @@ def test_a_failed_write_fails_the_build(tiny_checkpoints, tmp_path, monkeypatch)
     def failing(step, weight):
         entries = planned(step, weight)
 
-        def fail():
+        def fail(scratch):
             raise OSError("No space left on device")
 
         entries[-1].make = fail
