@@ -8,6 +8,9 @@ is missing (extras.py), so the base install runs and inspects engines without to
 
 from __future__ import annotations
 
+import atexit
+import gc
+
 import click
 
 from specbuild.cli.bench import bench
@@ -27,6 +30,17 @@ from specbuild.cli.triton_repo import triton_repo
 @click.version_option(package_name="specbuild")
 def cli():
     """specbuild: ahead-of-time compiler for speculative decoding (HF checkpoint -> ONNX engine -> generation)."""
+    _freeze_at_exit()
+
+
+def _freeze_at_exit() -> None:
+    """At exit, gc.freeze: the cyclic collections the interpreter runs as it shuts down skip the objects a command
+    made. They walked every one of them (a large build's trace included): 1.2 s after a 1B eagle3 build had
+    finished. Every atexit handler still runs and the memory goes with the process; what a command writes, it
+    closes itself before it reports."""
+    if not getattr(_freeze_at_exit, "registered", False):
+        atexit.register(gc.freeze)
+        _freeze_at_exit.registered = True
 
 
 cli.add_command(convert)
