@@ -7,7 +7,11 @@ at the accepted nodes like the base cache); expansion happens inside the graph a
 
 from __future__ import annotations
 
+import contextlib
+from unittest import mock
+
 import torch
+from torch import nn
 
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
@@ -85,7 +89,8 @@ class FeatureDraftPlugin(ModePlugin):
     def __init__(self, checkpoint, net, settings):
         super().__init__()
         cfg = checkpoint.heads[self.head_key]
-        self.drafter = self.net_class(cfg, net.cfg)
+        with _uninitialized():  # load() overwrites every weight (strictly)
+            self.drafter = self.net_class(cfg, net.cfg)
         self.drafter.load(checkpoint.head_tensors(self.head_key))
         self.drafter.to(net.embed_tokens.weight.dtype)
         self._tree = settings["tree"]
@@ -163,3 +168,14 @@ class FeatureDraftPlugin(ModePlugin):
             "draft_vocab_size": self.drafter.draft_vocab,
             "expansion": self.expansion,
         }
+
+
+@contextlib.contextmanager
+def _uninitialized():
+    """Within: Linear and Embedding layers are made without their random initialisation, for a network whose
+    weights are all loaded next (an EAGLE-3 head at the 1B shape spent 0.74 s of its build drawing 145M numbers)."""
+    with (
+        mock.patch.object(nn.Linear, "reset_parameters", lambda self: None),
+        mock.patch.object(nn.Embedding, "reset_parameters", lambda self: None),
+    ):
+        yield
