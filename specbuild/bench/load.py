@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from specbuild.bench import decoding
 from specbuild.bench.sequential import engine_precision
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.scheduler import Request, Scheduler
@@ -69,14 +70,14 @@ def parse_concurrency(text: str) -> list[int]:
 
 # ---------------------------------------------------------------- load targets: submit / step / finished
 class SchedulerLoad:
-    """An engine's scheduler as a closed-loop target (greedy requests)."""
+    """An engine's scheduler as a closed-loop target."""
 
     def __init__(self, engine, concurrency: int, max_new_tokens: int):
         self.scheduler = Scheduler(engine, max_batch_size=min(concurrency, engine.layout.max_batch_size))
         self.max_new_tokens = max_new_tokens
 
-    def submit(self, ids: list[int]):
-        return self.scheduler.submit(Request(list(ids), max_new_tokens=self.max_new_tokens))
+    def submit(self, ids: list[int], sampling):
+        return self.scheduler.submit(Request(list(ids), max_new_tokens=self.max_new_tokens, sampling=sampling))
 
     def step(self) -> bool:
         return self.scheduler.step()
@@ -115,8 +116,9 @@ class LoopRun:
     steps: int  # target steps that did work
 
 
-def closed_loop(target, prompts: list[list[int]], concurrency: int) -> LoopRun:
-    """Every prompt through `target` with `concurrency` requests in flight (a new one as soon as one finishes)."""
+def closed_loop(target, prompts: list[list[int]], concurrency: int, sampling=None) -> LoopRun:
+    """Every prompt through `target` with `concurrency` requests in flight (a new one as soon as one finishes);
+    prompt i decodes with decoding.for_request(sampling, i)."""
     pending = list(enumerate(prompts))
     in_flight: dict[int, Any] = {}
     done: list[Finished | None] = [None] * len(prompts)
@@ -125,7 +127,7 @@ def closed_loop(target, prompts: list[list[int]], concurrency: int) -> LoopRun:
     while pending or in_flight:
         while pending and len(in_flight) < concurrency:
             index, ids = pending.pop(0)
-            in_flight[index] = target.submit(ids)
+            in_flight[index] = target.submit(ids, decoding.for_request(sampling, index))
         most = max(most, len(in_flight))
         if not target.step():
             raise SpecbuildError(f"the load target stopped with {len(in_flight)} requests unfinished")
@@ -199,7 +201,7 @@ def plain_ceiling(engine, concurrency: int, row: dict) -> float:
 
 class OpenVINOLoad:
     """OpenVINO GenAI's continuous batching (ContinuousBatchingPipeline, dynamic split-fuse) as a closed-loop target,
-    greedy on the same ids; TTFT and inter-token times from when each step's new tokens are read. Needs the
+    on the same ids; TTFT and inter-token times from when each step's new tokens are read. Needs the
     `openvino-genai` package and an OpenVINO model directory (see benchmark.OpenVINOTimer)."""
 
     def __init__(self, model_dir, threads: int | None, max_num_seqs: int, max_new_tokens: int):
@@ -216,17 +218,17 @@ class OpenVINOLoad:
         except Exception as exc:  # noqa: BLE001 - OpenVINO raises RuntimeError for unreadable models
             raise SpecbuildError(f"{model_dir}: OpenVINO GenAI cannot load it ({exc})") from None
         self.config = self.pipe.get_config()  # the model's EOS ids
-        self.config.do_sample = False
         self.max_new_tokens = max_new_tokens
         self.ov, self.status = ov, ov_genai.GenerationStatus
         self.label = f"OpenVINO GenAI CB {model_dir.name}{openvino_compute(ov)}"
         self._next_id = 0
         self._live: list[dict] = []
 
-    def submit(self, ids: list[int]) -> dict:
+    def submit(self, ids: list[int], sampling) -> dict:
         self._next_id += 1
         inputs = self.ov.Tensor(np.array([ids], dtype=np.int64))
         self.config.max_new_tokens = self.max_new_tokens  # the request keeps its own copy
+        decoding.set_openvino(self.config, sampling)
         request = {"handle": self.pipe.add_request(self._next_id, inputs, self.config), "ids": [], "times": []}
         request["arrival"] = time.perf_counter()
         self._live.append(request)
@@ -267,7 +269,8 @@ class StaticBatch:
     """A peer without continuous batching, run as its users batch prompts: the requests waiting when no batch runs
     start together, and the batch runs until every one of them has its tokens (EOS or max_new_tokens); a request
     submitted meanwhile waits for the next batch. Each step makes one token of every row (the first one's includes
-    the prompts), read when it is made. Subclasses start a batch (`_start`) and make its next tokens (`_next`)."""
+    the prompts), read when it is made. Subclasses start a batch (`_start`) and make its next tokens (`_next`); a
+    sampled batch draws with the settings of its first request (a static batch has one generator)."""
 
     def __init__(self, eos: set[int], max_new_tokens: int):
         self.eos = eos
@@ -275,8 +278,9 @@ class StaticBatch:
         self._waiting: list[dict] = []
         self._batch: list[dict] = []
 
-    def submit(self, ids: list[int]) -> dict:
+    def submit(self, ids: list[int], sampling) -> dict:
         request = {"ids": ids, "out": [], "times": [], "arrival": time.perf_counter(), "done": False}
+        request["sampling"] = sampling
         self._waiting.append(request)
         return request
 
@@ -344,7 +348,8 @@ class OrtGenAIBatch(StaticBatch):
             tokens[row, : len(request["ids"])] = request["ids"]
         params = og.GeneratorParams(self.model)
         length = max(longest + self.max_new_tokens, self.min_length)
-        params.set_search_options(do_sample=False, max_length=length, batch_size=len(requests))
+        search = decoding.genai_search_options(requests[0]["sampling"])
+        params.set_search_options(max_length=length, batch_size=len(requests), **search)
         self._generator = og.Generator(self.model, params)
         self._generator.append_tokens(tokens)
 
@@ -356,7 +361,7 @@ class OrtGenAIBatch(StaticBatch):
 class HFBatch(StaticBatch):
     """transformers with a static batch, as a transformers user runs many prompts (`generate` on a left-padded
     batch, its documented way): the prompts left-padded with an attention mask and their own positions, one forward
-    per token. Greedy, fp32, on the same ids (--hf-model-dir)."""
+    per token, fp32, on the same ids (--hf-model-dir)."""
 
     def __init__(self, model_dir, threads: int | None, max_new_tokens: int):
         import torch
@@ -388,6 +393,7 @@ class HFBatch(StaticBatch):
             mask[row, longest - len(request["ids"]) :] = 1
         positions = (mask.cumsum(1) - 1).clamp(min=0)
         self._state = {"tokens": tokens, "mask": mask, "positions": positions, "cache": None}
+        self._state["pick"] = decoding.hf_sampler(requests[0]["sampling"])
 
     def _next(self) -> list[int]:
         torch, state = self.torch, self._state
@@ -400,7 +406,7 @@ class HFBatch(StaticBatch):
                 **{self._cache_arg: state["cache"]},
                 **self._last_logits,
             )
-        tokens = out.logits[:, -1].argmax(-1)  # [B]
+        tokens = state["pick"](out.logits[:, -1])  # [B]
         state["cache"] = getattr(out, self._cache_arg)
         state["tokens"] = tokens.unsqueeze(1)
         state["positions"] = state["positions"][:, -1:] + 1
@@ -409,15 +415,15 @@ class HFBatch(StaticBatch):
 
 
 # ---------------------------------------------------------------- the run
-def measure(target, prompts: list[list[int]], concurrency: int, max_new_tokens: int) -> tuple[dict, list]:
+def measure(target, prompts: list[list[int]], concurrency: int, max_new_tokens: int, sampling=None):
     """A short warm-up loop (every batch size up to C seen once), then the measured closed loop: its row and outputs."""
     target.max_new_tokens = WARMUP_TOKENS
-    closed_loop(target, [prompts[i % len(prompts)] for i in range(concurrency)], concurrency)
+    closed_loop(target, [prompts[i % len(prompts)] for i in range(concurrency)], concurrency, sampling)
     target.max_new_tokens = max_new_tokens
     if hasattr(target, "prepare"):
         target.prepare()
     before = target.counters()
-    run = closed_loop(target, prompts, concurrency)
+    run = closed_loop(target, prompts, concurrency, sampling)
     row = {**summarize_load(run), "rss_mib": rss_mib()}
     counts = {name: value - before[name] for name, value in target.counters().items()}
     if counts:
@@ -436,6 +442,7 @@ def run_load(
     peers: list = (),
     log: Callable[[str], None] = print,
     repeats: int = 1,
+    sampling=None,
 ) -> dict[str, dict]:
     """{str(C): {"engines": {label: row}, "peers": {label: row}}}, concurrency outermost; with `repeats` > 1 every
     engine and peer runs that many rounds at each C, in turns (round 1 of each, then round 2, ...: a slow spell of
@@ -449,12 +456,12 @@ def run_load(
             for label, engine in zip(labels, engines):
                 log(f"concurrency {c}: {label}{of_round}")
                 target = SchedulerLoad(engine, c, max_new_tokens)
-                row, outs = measure(target, prompts, c, max_new_tokens)
+                row, outs = measure(target, prompts, c, max_new_tokens, sampling)
                 row["slots"] = target.scheduler.batch.slots
                 rounds.setdefault(("engines", label), []).append((row, outs))
             for peer in peers:
                 log(f"concurrency {c}: {peer.label}{of_round}")
-                rounds.setdefault(("peers", peer.label), []).append(measure(peer, prompts, c, max_new_tokens))
+                rounds.setdefault(("peers", peer.label), []).append(measure(peer, prompts, c, max_new_tokens, sampling))
         results[str(c)] = {"engines": {}, "peers": {}}
         for (kind, label), runs in rounds.items():
             results[str(c)][kind][label], outputs[label, c] = median_round(runs)
@@ -543,8 +550,10 @@ def run_load_benchmark(
     repeats: int = 1,
     ort_genai_dirs: list[str | Path] = (),
     hf_model_dir: str | Path | None = None,
+    sampling=None,
 ) -> dict[str, Any]:
-    """`specbuild bench --concurrency`: the report (settings, engines with their cost curves, rows per C)."""
+    """`specbuild bench --concurrency`: the report (settings, engines with their cost curves, rows per C); sampling:
+    the run's SamplingParams (None: greedy; request i seeded with its seed + i)."""
     from specbuild.bench.sequential import load_engines
     from specbuild.runtime.row_invariance import cpu_description
 
@@ -555,7 +564,7 @@ def run_load_benchmark(
     peers += [HFBatch(hf_model_dir, threads, max_new_tokens)] if hf_model_dir else []
     log("measuring each engine's call cost")
     curves = [cost_curve_report(e) for e in engines]
-    results = run_load(engines, labels, prompts, concurrency, max_new_tokens, peers, log, repeats)
+    results = run_load(engines, labels, prompts, concurrency, max_new_tokens, peers, log, repeats, sampling)
     return {
         "settings": {
             "prompt_sets": prompt_sets,
@@ -568,6 +577,7 @@ def run_load_benchmark(
             "openvino_dirs": [str(d) for d in openvino_dirs],
             "ort_genai_dirs": [str(d) for d in ort_genai_dirs],
             "hf_model_dir": str(hf_model_dir) if hf_model_dir else None,
+            "sampling": decoding.to_dict(sampling),
             "cpu": cpu_description(),
         },
         "engines": [
@@ -615,7 +625,8 @@ def load_table(report: dict[str, Any]):
     settings = report["settings"]
     lowest = min(settings["concurrency"])
     table = Table(
-        title=f"closed loop: {settings['requests']} requests ({', '.join(settings['prompt_sets'])}), greedy, max "
+        title=f"closed loop: {settings['requests']} requests ({', '.join(settings['prompt_sets'])}), "
+        f"{decoding.describe(settings.get('sampling'))}, max "
         f"{settings['max_new_tokens']} new tokens, C in flight (baseline {report['baseline'] or '-'}) on "
         f"{settings.get('cpu', 'this CPU')}",
         title_justify="left",

@@ -1,5 +1,6 @@
-"""`specbuild bench`: greedy generation over prompt sets on several engines, and optionally on other stacks, measured
-in one run with every engine and peer interleaved per prompt so that they share the machine's noise.
+"""`specbuild bench`: generation (greedy, or sampled: bench/decoding.py) over prompt sets on several engines, and
+optionally on other stacks, measured in one run with every engine and peer interleaved per prompt so that they share
+the machine's noise.
 
 Per prompt set and engine: tokens/s (overall and decode), TTFT, τ (mean tokens per decode step, bonus included),
 speed-up against the first plain-decoding (`none`) engine, η = speed-up / τ, `vs_fastest` (tokens/s relative to
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from specbuild import engine_format as ef
+from specbuild.bench import decoding
 from specbuild.errors import SpecbuildError
 from specbuild.host_memory import available_bytes
 from specbuild.modes.registry import get_mode
@@ -61,17 +63,16 @@ class Sample:
         return max(self.decode_s - self.decode_engine_s, 0.0)
 
 
-def timed_generate(engine, input_ids: list[int], max_new_tokens: int, ignore_eos: bool = False) -> Sample:
-    """Greedy generation; the runtime reports its engine time (prefill separately) and the host time."""
-    from specbuild.runtime.engine import SamplingParams
-
+def timed_generate(
+    engine, input_ids: list[int], max_new_tokens: int, ignore_eos: bool = False, sampling=None
+) -> Sample:
+    """One generation (greedy unless `sampling`); the runtime reports its engine time (prefill separately) and the
+    host time."""
     eos = engine.eos_ids
     if ignore_eos:
         engine.eos_ids = set()
     try:
-        res = engine.generate(
-            input_ids=input_ids, max_new_tokens=max_new_tokens, sampling=SamplingParams(), decode_text=False
-        )
+        res = engine.generate(input_ids=input_ids, max_new_tokens=max_new_tokens, sampling=sampling, decode_text=False)
     finally:
         engine.eos_ids = eos
     return Sample(
@@ -110,9 +111,9 @@ def summarize(samples: list[Sample], baseline: list[Sample] | None = None) -> di
 
 
 class HFTimer:
-    """transformers' greedy `generate` on the same ids: full generation and a 1-token generate for TTFT; with
-    `prompt_lookup` N, its prompt lookup decoding (`prompt_lookup_num_tokens=N`), what a transformers user would turn
-    on for speculation without a draft model."""
+    """transformers' `generate` on the same ids (greedy or sampled): full generation and a 1-token generate for
+    TTFT; with `prompt_lookup` N, its prompt lookup decoding (`prompt_lookup_num_tokens=N`), what a transformers user
+    would turn on for speculation without a draft model."""
 
     PROMPT_LOOKUP_TOKENS = 10
 
@@ -157,28 +158,30 @@ class HFTimer:
             raise SpecbuildError(f"{model_dir}: --hf-model-dir does not exist")
         return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
-    def _generate(self, ids: list[int], max_new_tokens: int):
+    def _generate(self, ids: list[int], max_new_tokens: int, sampling=None):
         torch = self.torch
         x = torch.tensor([ids], dtype=torch.long)
         extra = {"prompt_lookup_num_tokens": self.prompt_lookup} if self.prompt_lookup else {}
         if self.assistant is not None:
             extra["assistant_model"] = self.assistant
+        if not decoding.is_greedy(sampling):
+            torch.manual_seed(sampling.seed)
         with torch.inference_mode():
             start = time.perf_counter()
             out = self.model.generate(
                 input_ids=x,
                 attention_mask=torch.ones_like(x),
                 max_new_tokens=max_new_tokens,
-                do_sample=False,
+                **decoding.hf_generate_kwargs(sampling),
                 eos_token_id=self.eos_ids,
                 pad_token_id=self.eos_ids[0] if self.eos_ids else None,
                 **extra,
             )
             return time.perf_counter() - start, out[0, len(ids) :].tolist()
 
-    def sample(self, ids: list[int], max_new_tokens: int) -> Sample:
-        ttft, _ = self._generate(ids, 1)
-        total, out = self._generate(ids, max_new_tokens)
+    def sample(self, ids: list[int], max_new_tokens: int, sampling=None) -> Sample:
+        ttft, _ = self._generate(ids, 1, sampling)
+        total, out = self._generate(ids, max_new_tokens, sampling)
         return Sample(output_ids=out, steps=0, accepted=0, total_s=total, ttft_s=ttft, decode_engine_s=0.0)
 
 
@@ -225,11 +228,11 @@ class OrtGenAITimer:
         self.ngram = ngram
         self.label = f"ORT GenAI {Path(model_dir).name}" + (" n-gram" if ngram else "")
 
-    def sample(self, ids: list[int], max_new_tokens: int) -> Sample:
+    def sample(self, ids: list[int], max_new_tokens: int, sampling=None) -> Sample:
         og = self.og
         params = og.GeneratorParams(self.model)
         length = max(len(ids) + max_new_tokens, self.min_length)
-        params.set_search_options(do_sample=False, max_length=length, batch_size=1)
+        params.set_search_options(max_length=length, batch_size=1, **decoding.genai_search_options(sampling))
         if self.ngram:
             params.set_speculative_options(**self.NGRAM)
         gen = og.Generator(self.model, params)
@@ -301,9 +304,10 @@ class OpenVINOTimer:
         lookup = " prompt lookup" if prompt_lookup else ""
         self.label = f"OpenVINO GenAI {model_dir.name}{lookup}{openvino_compute(ov)}"
 
-    def sample(self, ids: list[int], max_new_tokens: int) -> Sample:
+    def sample(self, ids: list[int], max_new_tokens: int, sampling=None) -> Sample:
         config = self.ov_genai.GenerationConfig()
-        config.max_new_tokens, config.do_sample = max_new_tokens, False
+        config.max_new_tokens = max_new_tokens
+        decoding.set_openvino(config, sampling)
         if self.ngram:
             config.num_assistant_tokens = self.PROMPT_LOOKUP["num_assistant_tokens"]
             config.max_ngram_size = self.PROMPT_LOOKUP["max_ngram_size"]
@@ -399,7 +403,9 @@ def run_benchmark(
     allow_lossy: bool = False,
     openvino_dirs: list[str | Path] = (),
     hf_assistant_dir: str | Path | None = None,
+    sampling=None,
 ) -> dict[str, Any]:
+    """sampling: the run's SamplingParams (None: greedy); prompt i is seeded with its seed + i (bench/decoding.py)."""
     from specbuild.runtime.row_invariance import cpu_description
 
     engines, labels = load_engines(engine_dirs, max_new_tokens, threads, allow_lossy)
@@ -438,6 +444,7 @@ def run_benchmark(
             "hf_assistant_dir": str(hf_assistant_dir) if hf_assistant_dir else None,
             "ort_genai_dirs": [str(d) for d in ort_genai_dirs],
             "openvino_dirs": [str(d) for d in openvino_dirs],
+            "sampling": decoding.to_dict(sampling),
             "cpu": cpu_description(),  # speed and exactness are properties of this machine
         },
         "engines": [
@@ -461,10 +468,11 @@ def run_benchmark(
         for i, text in enumerate(texts):
             ids = codec.prompt_ids(text, is_chat(name) and codec.chat_template is not None)
             log(f"{name} {i + 1}/{len(texts)} ({len(ids)} prompt tokens)")
+            request = decoding.for_request(sampling, i)
             for k, eng in enumerate(engines):
-                samples[k].append(timed_generate(eng, ids, max_new_tokens))
+                samples[k].append(timed_generate(eng, ids, max_new_tokens, sampling=request))
             for k, peer in enumerate(peers):
-                peer_samples[k].append(peer.sample(ids, max_new_tokens))
+                peer_samples[k].append(peer.sample(ids, max_new_tokens, request))
         base = samples[base_idx] if base_idx is not None else None
         rows = {lab: summarize(s, base) for lab, s in zip(labels, samples)}
         for k, own in enumerate(own_none):  # lossless is relative to the none engine of the same weight precision
@@ -534,7 +542,8 @@ def render(report: dict[str, Any], console=None) -> None:
     settings = report["settings"]
     for name, res in report["results"].items():
         table = Table(
-            title=f"{name}: {settings['num_prompts']} prompts, greedy, max {settings['max_new_tokens']} new tokens "
+            title=f"{name}: {settings['num_prompts']} prompts, {decoding.describe(settings.get('sampling'))}, max "
+            f"{settings['max_new_tokens']} new tokens "
             f"(baseline {report['baseline'] or '-'}) on {settings.get('cpu', 'this CPU')}",
             title_justify="left",
         )

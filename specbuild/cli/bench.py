@@ -11,7 +11,7 @@ import click
 
 from specbuild.cli.extras import require_extra
 from specbuild.cli.handling import handle_errors
-from specbuild.cli.options import ALLOW_LOSSY_HELP, check_choice
+from specbuild.cli.options import ALLOW_LOSSY_HELP, check_choice, sampling_options, sampling_params
 from specbuild.cli.output import stderr_console
 from specbuild.errors import SpecbuildError
 
@@ -72,6 +72,7 @@ from specbuild.errors import SpecbuildError
     help="With --concurrency: rounds of every engine and peer at each concurrency, in turns; each row is its "
     "median round (the machine's slow spells fall on all of them).",
 )
+@sampling_options
 @handle_errors
 def bench(
     engine_dirs,
@@ -88,11 +89,17 @@ def bench(
     allow_lossy,
     concurrency,
     repeats,
+    temperature,
+    top_p,
+    top_k,
+    seed,
 ):
-    """Benchmark engines (interleaved per prompt) on HumanEval / MT-Bench prompts, greedy; with --concurrency, under
-    load (closed loop, in-flight batching)."""
+    """Benchmark engines (interleaved per prompt) on HumanEval / MT-Bench prompts, greedy or sampled (--temperature:
+    every engine and peer with the same settings, prompt i seeded with --seed + i); with --concurrency, under load
+    (closed loop, in-flight batching)."""
     from specbuild.bench.sequential import render, run_benchmark
 
+    sampling = sampling_params(temperature, top_p, top_k, seed)
     if hf_model_dir:
         require_extra("build", "bench --hf-model-dir")
     if hf_assistant_dir and not hf_model_dir:
@@ -106,7 +113,7 @@ def bench(
             )
         _bench_load(
             engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy,
-            repeats, ort_genai_dirs, hf_model_dir,
+            repeats, ort_genai_dirs, hf_model_dir, sampling,
         )  # fmt: skip
         return
     if repeats != 1:
@@ -126,6 +133,7 @@ def bench(
             allow_lossy=allow_lossy,
             openvino_dirs=list(openvino_dirs),
             hf_assistant_dir=hf_assistant_dir,
+            sampling=sampling,
         )
     render(report)
     if json_out:
@@ -163,7 +171,7 @@ def _write_plot(report: dict, json_out: Path) -> None:
 
 def _bench_load(
     engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy,
-    repeats=1, ort_genai_dirs=(), hf_model_dir=None,
+    repeats=1, ort_genai_dirs=(), hf_model_dir=None, sampling=None,
 ):  # fmt: skip
     """`bench --concurrency`: the closed-loop load benchmark (specbuild/bench/load.py)."""
     from specbuild.bench.load import parse_concurrency, render_load, run_load_benchmark
@@ -183,6 +191,7 @@ def _bench_load(
             repeats=repeats,
             ort_genai_dirs=list(ort_genai_dirs),
             hf_model_dir=hf_model_dir,
+            sampling=sampling,
         )
     render_load(report)
     if json_out:

@@ -43,3 +43,26 @@ def check_choice(option: str, value: str | None, choices) -> None:
 def mode_choice() -> OneLineChoice:
     """The --speculative-mode choice: every mode of the registry."""
     return OneLineChoice(mode_names())
+
+
+def sampling_options(command):
+    """--temperature, --top-p, --top-k and --seed on a command (its function takes them as keyword arguments; turn
+    them into a checked SamplingParams with `sampling_params`)."""
+    for option in reversed(
+        [
+            click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy; else >= 1e-5."),
+            click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off."),
+            click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),
+            click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sampled tokens."),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def sampling_params(temperature: float, top_p: float, top_k: int, seed: int):
+    """The SamplingParams the sampling options give, checked; an error names the flag (--top-p, ...)."""
+    from specbuild.runtime.sampling import SamplingParams
+
+    flags = {name: "--" + name.replace("_", "-") for name in ("temperature", "top_p", "top_k", "seed")}
+    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, names=flags)

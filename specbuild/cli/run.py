@@ -3,13 +3,12 @@ or token ids, streamed or as JSON."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import click
 
 from specbuild.cli.handling import handle_errors
-from specbuild.cli.options import ALLOW_LOSSY_HELP, check_choice
+from specbuild.cli.options import ALLOW_LOSSY_HELP, check_choice, sampling_options, sampling_params
 from specbuild.cli.output import generate_and_print
 from specbuild.errors import SpecbuildError
 
@@ -51,10 +50,7 @@ def parse_draft_options(pairs) -> dict:
 @click.option("--prompt", help="Prompt text (needs the engine's tokenizer).")
 @click.option("--input-ids", help="Prompt as comma-separated token ids, e.g. 1,2,3.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy; else >= 1e-5.")
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@sampling_options
 @click.option("--chat", is_flag=True, help="Wrap the prompt with the model's chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @click.option("--backend", help=f"One of {', '.join(BACKEND_CHOICES)} (default: tensorrt if the engine has a plan).")
@@ -98,7 +94,7 @@ def run(
     draft_options,
 ):
     """Generate from an engine directory."""
-    from specbuild.runtime.engine import Engine, SamplingParams
+    from specbuild.runtime.engine import Engine
 
     if (prompt is None) == (input_ids is None):
         raise SpecbuildError("give exactly one of --prompt TEXT or --input-ids 1,2,3")
@@ -109,8 +105,7 @@ def run(
         raise SpecbuildError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     check_choice("--backend", backend, BACKEND_CHOICES)
     check_choice("--graph", graph, BACKEND_CHOICES)
-    flags = {f.name: "--" + f.name.replace("_", "-") for f in dataclasses.fields(SamplingParams)}  # errors name them
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, names=flags)
+    sampling = sampling_params(temperature, top_p, top_k, seed)
     engine = Engine(
         engine_dir, backend=backend, threads=threads, graph=graph, allow_lossy=allow_lossy, speculation=speculation
     )

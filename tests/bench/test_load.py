@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from specbuild.bench.load import (
     Finished,
     OpenVINOLoad,
+    SchedulerLoad,
     closed_loop,
     median_round,
     parse_concurrency,
@@ -52,7 +53,7 @@ class CountingTarget:
     def __init__(self):
         self.live, self.most, self.submitted = [], 0, 0
 
-    def submit(self, ids):
+    def submit(self, ids, sampling):
         request = {"ids": ids, "left": len(ids) % 3 + 1}
         self.live.append(request)
         self.submitted += 1
@@ -325,3 +326,51 @@ def test_transformers_static_batch_gives_greedy_ids_through_the_closed_loop(tiny
     assert run.most_in_flight == 3 and all(0 <= r.ttft_s <= r.last_token_s <= r.latency_s for r in run.done)
     assert run.steps == 3 * MAX_NEW_TOKENS  # static: 7 prompts at 3 in flight are three batches
     assert peer.label == f"HF transformers static batch {hf.name}"
+
+
+def test_sampled_outputs_are_the_same_at_every_concurrency_and_equal_none(load_engines):
+    """`bench --temperature`: request i is seeded with seed + i, so a sampled request gives the same tokens at every
+    concurrency and in a speculative engine as in `none` (a seed does not depend on what was drafted or batched)."""
+    from specbuild.runtime.engine import Engine, SamplingParams
+
+    engines = [Engine(load_engines[m]) for m in ("none", "ngram")]
+    sampling = SamplingParams(temperature=0.9, top_p=0.9, seed=3)
+    results = run_load(engines, ["none", "ngram"], PROMPTS, [1, 3], MAX_NEW_TOKENS, log=quiet, sampling=sampling)
+    for c, res in results.items():
+        for label, row in res["engines"].items():
+            assert row["matches_baseline"] == len(PROMPTS), (c, label)
+    greedy = closed_loop(SchedulerLoad(engines[0], 3, MAX_NEW_TOKENS), PROMPTS, 3)
+    sampled = closed_loop(SchedulerLoad(engines[0], 3, MAX_NEW_TOKENS), PROMPTS, 3, sampling)
+    assert [r.output_ids for r in sampled.done] != [r.output_ids for r in greedy.done]
+
+
+def test_openvino_continuous_batching_gets_each_request_its_sampling(tmp_path, monkeypatch):
+    from specbuild.runtime.engine import SamplingParams
+
+    (tmp_path / "openvino_model.xml").write_text("<net/>")
+    calls = []
+    _fake_openvino(monkeypatch, calls)
+    peer = OpenVINOLoad(tmp_path, threads=2, max_num_seqs=4, max_new_tokens=3)
+    seen = []
+    add = peer.pipe.add_request
+    peer.pipe.add_request = lambda i, inputs, config: seen.append(dict(vars(config))) or add(i, inputs, config)
+    closed_loop(peer, PROMPTS[:3], 2, SamplingParams(temperature=0.7, top_k=5, top_p=0.9, seed=10))
+    assert [(s["do_sample"], s["temperature"], s["top_k"], s["top_p"], s["rng_seed"]) for s in seen] == [
+        (True, 0.7, 5, 0.9, 10 + i) for i in range(3)
+    ]
+
+
+def test_transformers_static_batch_samples_with_its_seed(tiny_hf_models):
+    """A sampled static batch draws after transformers' own warpers from a generator seeded by the batch's first
+    request: the same seed repeats its tokens, another seed gives others."""
+    from specbuild.bench.load import HFBatch
+    from specbuild.runtime.engine import SamplingParams
+
+    peer = HFBatch(tiny_hf_models["llama_gqa_llama3rope"], threads=1, max_new_tokens=MAX_NEW_TOKENS)
+    peer.eos = set()
+
+    def outputs(seed):
+        sampling = SamplingParams(temperature=1.5, top_k=20, top_p=0.95, seed=seed)
+        return [r.output_ids for r in closed_loop(peer, PROMPTS, 3, sampling).done]
+
+    assert outputs(1) == outputs(1) != outputs(2)

@@ -91,6 +91,11 @@ def test_ort_genai_peer_rows_are_greedy_and_its_ngram_is_lossless(tiny_hf_models
             assert sample.total_s > 0 and sample.ttft_s <= sample.total_s
             if ngram:  # a call emits at most its drafts + 1 (its plain fallback steps count; a re-anchor emits none)
                 assert sample.accepted == 23 <= (1 + OrtGenAITimer.NGRAM["max_draft_tokens"]) * sample.steps
+    from specbuild.runtime.engine import SamplingParams
+
+    timer = OrtGenAITimer(tmp_path / "genai", threads=1)  # sampled (bench --temperature): its seed repeats it
+    runs = [timer.sample(ids, 24, SamplingParams(temperature=1.5, top_p=0.95, seed=s)).output_ids for s in (3, 3, 4)]
+    assert runs[0] == runs[1] != runs[2] and runs[0] != want
     with pytest.raises(SpecbuildError, match="not an ONNX Runtime GenAI model directory"):
         OrtGenAITimer(hf, threads=1)
 
@@ -219,3 +224,47 @@ def test_engines_that_do_not_fit_together_are_refused_before_any_loads(tmp_path,
     monkeypatch.setattr("specbuild.runtime.engine.Engine", lambda *a, **k: pytest.fail("an engine was loaded"))
     with pytest.raises(SpecbuildError, match="run fewer engines per benchmark"):
         sequential.load_engines([small, large], 16, None, False)
+
+
+def test_transformers_rows_sample_with_the_request_seed(tiny_hf_models):
+    """`bench --temperature`: transformers' generate samples with the request's settings, seeded by its seed."""
+    from specbuild.bench.sequential import HFTimer
+    from specbuild.runtime.engine import SamplingParams
+    from tests.conftest import hf_greedy
+
+    model = HFTimer.load(tiny_hf_models["llama_gqa_llama3rope"], threads=1)
+    timer, ids = HFTimer(model, eos_ids=set()), [1, 5, 9, 3, 7]
+
+    def sampled(seed):
+        return timer.sample(ids, 12, SamplingParams(temperature=1.5, top_k=30, top_p=0.95, seed=seed)).output_ids
+
+    assert sampled(4) == sampled(4) != sampled(5)
+    assert sampled(4) != hf_greedy(model, ids, 12)
+
+
+def test_sampled_bench_seeds_each_prompt_and_says_so(tmp_path, monkeypatch):
+    """Prompt i of a sampled run is seeded with --seed + i in every engine and peer; the title says how it decoded;
+    a bad sampling option is one line naming its flag."""
+    from click.testing import CliRunner
+
+    from specbuild.bench import decoding
+    from specbuild.cli.main import cli
+    from specbuild.runtime.engine import SamplingParams
+
+    sampling = SamplingParams(temperature=0.7, top_p=0.9, seed=5)
+    assert [decoding.for_request(sampling, i).seed for i in range(3)] == [5, 6, 7]
+    assert decoding.for_request(None, 2) == SamplingParams() == decoding.for_request(SamplingParams(seed=9), 1)
+    record = decoding.to_dict(sampling)
+    assert decoding.describe(record) == "sampled (T 0.7, top-p 0.9, seed 5)" and decoding.describe(None) == "greedy"
+    report = {
+        "settings": {"num_prompts": 1, "max_new_tokens": 8, "sampling": record},
+        "baseline": None,
+        "results": {"mtbench": {"engines": {}, "peers": {}}},
+    }
+    from rich.console import Console
+
+    console = Console(record=True, width=240)
+    render(report, console)
+    assert "1 prompts, sampled (T 0.7, top-p 0.9, seed 5)" in console.export_text()
+    res = CliRunner().invoke(cli, ["bench", "--engine-dir", str(tmp_path), "--temperature", "0.7", "--top-p", "2"])
+    assert res.exit_code == 1 and res.output.strip() == "error: --top-p must be a number in (0, 1] (1 = off), got 2.0"
