@@ -70,8 +70,9 @@ MIN_ROWS = "min_rows"
 # drafting (what plain decoding under load needs; the draft network's state is still committed for every row).
 # Graphs of modes that draft in the graph have it; the dimension is named DRAFTED.
 DRAFT_ROWS = "draft_rows"
-# [B,W,V] float32: the distribution q each verified node was drawn from (draft-target; row 0, the root, unread); the
-# graph accepts node x with probability min(1, p(x)/q(x)) and draws the bonus from norm(max(p - q, 0))
+# [B,W,V] float32, in draft-target graphs built before sampled drafts were coupled to the target's draws (2026-12-06):
+# the q each verified node was drawn from, accepted with min(1, p(x)/q(x)). Today's graphs have no such input; the
+# runtime feeds an older graph zeros and gives its sampled requests no drafts (plugins/draft_target/drafter.py)
 DRAFT_PROBS = "draft_probs"
 # [B] bool (engines of a LongRoPE model built past original_max_position_embeddings): the row rotates with the long
 # factors. A sequence longer than that length is rotated with them at every position, its cache recomputed once when

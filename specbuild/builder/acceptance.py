@@ -11,7 +11,9 @@ when its token is its parent's y, and the bonus is the last accepted node's y. E
 F^-1(u_q) of the target distribution at its position q: the output is a sample of the base model, with the same
 acceptance rate as the rejection rule, and it is the same whatever was drafted, alone or batched (only the
 logits' rounding could differ). Temperature 0 uses p = one-hot(argmax), which turns the rule into exact greedy
-verification.
+verification. A drafter that samples (a draft model) draws each draft with the number of the position it takes,
+from its own distribution over the same token order (plugins/draft_target/drafter.py): then too the draft is
+accepted exactly when it is the target's own draw, and the output does not depend on what was drafted.
 
 Written with CumSum/compare formulations only (no CumProd, no bool Where chains) so the graph exports
 to plain ONNX that TensorRT parses.
@@ -190,8 +192,6 @@ def accept(
     rand_accept,
     rand_sample,
     typical=None,
-    draft_probs=None,
-    max_siblings: int = 1,
 ):
     """Verify a draft tree.
 
@@ -204,15 +204,10 @@ def accept(
     its parent's argmax and the bonus is the last accepted node's argmax -- the general rule below at temperature 0,
     without its vocabulary-wide probability, residual and CDF passes.
 
-    draft_probs [B,W,V] (optional): the distribution q each node's token was drawn from (stochastic drafters); the
-    sampling rule is then SpecInfer's recursive rejection (see `accept_with_draft_probs`), for trees whose nodes have
-    at most `max_siblings` children. Without it every draft is a point mass (the rule above).
+    Every draft is verified as a point mass: a drafter that samples its drafts draws each with the uniform number
+    of the position it takes (runtime/sampling.position_uniforms), so that it is accepted exactly when it is the
+    target's own draw there and a seed gives the same tokens whatever was drafted.
     """
-    if draft_probs is not None:
-        return accept_with_draft_probs(
-            logits, tokens, tree_mask, paths, temperature, top_k, top_p, rand_accept, rand_sample, draft_probs,
-            max_siblings,
-        )  # fmt: skip
     if typical is not None:
         return _accept_typical(
             logits, tokens, tree_mask, paths, temperature, top_k, top_p, rand_accept, rand_sample, typical=typical
@@ -276,75 +271,6 @@ def _walk(flags, depth, siblings_before, paths):
     earlier_accepted = (siblings_before * accepted_flag.unsqueeze(1)).sum(-1)
     chosen = accepted_flag * (earlier_accepted == 0).float()  # [B,W]: the first accepted child of each node
     return _best_path(chosen, paths)
-
-
-def accept_with_draft_probs(
-    logits, tokens, tree_mask, paths, temperature, top_k, top_p, rand_accept, rand_sample, draft_probs, max_siblings
-):
-    """Tree acceptance for drafts drawn from distributions q (Leviathan et al. 2023, arXiv:2211.17192;
-    Chen et al. 2023, arXiv:2302.01318; recursive rejection over siblings as in SpecInfer, arXiv:2305.09781).
-
-    The children x_1..x_k of a node are tried in node order against that node's target distribution p, as a
-    residual R_0 = p: child j is accepted with probability min(1, R_{j-1}(x_j) / q_j(x_j)); when rejected,
-    R_j = normalise(max(R_{j-1} - q_j, 0)). The first accepted child continues the walk; when all are rejected the
-    bonus token is drawn from the last residual. The output then follows p exactly whatever q is. With q_j a point
-    mass on x_j this is the rule of `accept`. Greedy (temperature 0) stays the exact argmax match. The rank loop is
-    unrolled `max_siblings` times (the most children any node has).
-    """
-    greedy = (temperature <= 0).all()
-    tokens = tokens.index_select(1, torch.arange(tokens.shape[1], device=tokens.device))
-    depth, parent, siblings_before = tree_structure(tree_mask)
-    operands = (
-        logits, tokens, parent, siblings_before, depth, paths, temperature, top_k, top_p, rand_accept, rand_sample,
-        draft_probs,
-    )  # fmt: skip
-
-    def sampled(*args):
-        return _accept_sampled_q(*args, max_siblings=max_siblings)
-
-    # one If for the whole walk, as in `accept`: the greedy branch never reads q, builds a residual or a CDF (outside
-    # the If, the residual's [B,W,V] concat, gather and cumsum ran on every greedy call)
-    return branch(greedy, _accept_greedy, sampled, operands)
-
-
-def _accept_sampled_q(
-    logits, tokens, parent, siblings_before, depth, paths, temperature, top_k, top_p, rand_accept, rand_sample,
-    draft_probs, max_siblings=1,
-):  # fmt: skip
-    """Recursive rejection against q (see `accept_with_draft_probs`); the bonus drawn from the last node's residual."""
-    flags, residual = _sampled_flags_q(
-        logits, tokens, parent, siblings_before, temperature, top_k, top_p, rand_accept, draft_probs, max_siblings
-    )
-    best_len, best_path, last_node = _walk(flags, depth, siblings_before, paths)
-    b, _, v = logits.shape
-    last_residual = residual.gather(1, last_node.view(b, 1, 1).expand(b, 1, v)).squeeze(1)  # [B,V]
-    bonus = _sample(last_residual, last_residual, rand_sample)
-    return _accepted(tokens, best_len, best_path, last_node, bonus)
-
-
-def _sampled_flags_q(
-    logits, tokens, parent, siblings_before, temperature, top_k, top_p, rand_accept, draft_probs, max_siblings
-):
-    """Each node's acceptance flag [B,W] and its residual [B,W,V] after all its children were rejected."""
-    b, w, v = logits.shape
-    residual = target_probs(logits, temperature, top_k, top_p)  # [B,m,V]: R_0 of every node as a parent
-    q = draft_probs.float()
-    rank = siblings_before.sum(-1)  # [B,n]: earlier siblings of node n
-    onehot = (tokens.unsqueeze(-1) == torch.arange(v, device=logits.device).view(1, 1, v)).float()  # [B,n,V]
-    q_token = (q * onehot).sum(-1)  # [B,n]: q_n(x_n)
-    flags = torch.zeros_like(q_token)
-    for j in range(max_siblings):
-        at_rank = (rank == float(j)).float() * parent.sum(-1)  # [B,n]: node n is its parent's child number j
-        r_token = (torch.matmul(parent, residual) * onehot).sum(-1)  # [B,n]: R_{j}(x_n) at n's parent
-        ratio = torch.where(q_token > 0, r_token / torch.where(q_token > 0, q_token, torch.ones_like(q_token)), 1.0)
-        flags = flags + at_rank * (rand_accept < ratio).float()
-        child_q = torch.matmul(parent.transpose(1, 2), at_rank.unsqueeze(-1) * q)  # [B,m,V]
-        has_child = torch.matmul(parent.transpose(1, 2), at_rank.unsqueeze(-1))  # [B,m,1]
-        rest = torch.clamp(residual - child_q, min=0.0)
-        mass = rest.sum(-1, keepdim=True)
-        rest = rest / torch.where(mass > 0, mass, torch.ones_like(mass))
-        residual = torch.where(has_child > 0, rest, residual)
-    return flags, residual
 
 
 def accept_root(logits, temperature, top_k, top_p, rand_accept):

@@ -84,10 +84,9 @@ def example_inputs(
     ]
     head = [input_ids, position_ids, tree_mask, pasts]
     rows = torch.arange(batch) if draft_rows is None else torch.as_tensor(draft_rows, dtype=torch.int64)
-    probs = torch.softmax(torch.randn(batch, w, cfg.vocab_size, generator=g) * 3, dim=-1)  # drafts' q (unrelated)
     long_rope = (torch.arange(batch) + seed) % 2 == 1  # long factors on some rows (calls of other seeds: others)
     fixed, tail = step.arrange(
-        head, step.kv_inputs(kv), [paths], sampling, [torch.zeros(min_rows, dtype=torch.bool)], states, [rows], [probs],
+        head, step.kv_inputs(kv), [paths], sampling, [torch.zeros(min_rows, dtype=torch.bool)], states, [rows],
         [long_rope],
     )  # fmt: skip
     return (*fixed, *tail)
@@ -109,9 +108,7 @@ def _dynamic_shapes(step: StepModule):
     ]
     min_rows = [{0: dim(ef.MIN_ROWS, min=1, max=64)}]
     rows = [{0: dim(ef.DRAFTED, min=0, max=ef.MAX_BATCH_SIZE)}]
-    fixed, tail = step.arrange(
-        head, step.kv_dims(b, c), [paths], sampling, min_rows, states, rows, [{0: b, 1: w}], [{0: b}]
-    )
+    fixed, tail = step.arrange(head, step.kv_dims(b, c), [paths], sampling, min_rows, states, rows, [{0: b}])
     return (*fixed, tuple(tail)) if tail else tuple(fixed)  # the var-positional inputs: one entry
 
 
@@ -126,7 +123,6 @@ def io_names(step: StepModule) -> tuple[list[str], list[str]]:
         [ef.MIN_ROWS],
         states,
         [ef.DRAFT_ROWS],
-        [ef.DRAFT_PROBS],
         [ef.ROPE_LONG],
     )
     return fixed + tail, step.output_names()

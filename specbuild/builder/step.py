@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils import _pytree
 
 from specbuild import engine_format as ef
-from specbuild.builder.acceptance import accept, accept_root, accept_with_draft_probs, branch
+from specbuild.builder.acceptance import accept, accept_root, branch
 from specbuild.errors import SpecbuildError
 from specbuild.modes.base import DraftContext, ModePlugin
 
@@ -44,36 +44,29 @@ class StepModule(nn.Module):
         self.state_names = [s.name for s in plugin.state_specs()]
         self.draft_output_names = [o.name for o in plugin.draft_outputs()] + plugin.state_output_names()
         self.selects_rows = plugin.selects_rows  # an ef.DRAFT_ROWS input, last
-        self.draft_probs = plugin.draft_probabilities  # an ef.DRAFT_PROBS input, before draft_rows
         # a mode that never drafts verifies a lone root: the acceptance block reduces to drawing the next token
         self.root_only = plugin.max_new_tokens_per_step() == 1 and typical is None
 
     # ---- the layout: where the KV cache goes (export reads these)
     def arrange(
-        self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list, rows: list, probs: list,
-        rope: list,
-    ):  # fmt: skip
+        self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list, rows: list, rope: list
+    ):
         """(fixed inputs, var-positional inputs) in forward's order, from the parts of one call (rows: the
-        draft_rows input, taken where `selects_rows`; probs: the draft_probs input, where `draft_probs`; rope: the
-        rope_long input, where the network takes it)."""
-        return [*head, *kv, *paths, *sampling], [*self._rope(rope), *states, *self._tail(rows, probs)]
+        draft_rows input, taken where `selects_rows`; rope: the rope_long input, where the network takes it)."""
+        return [*head, *kv, *paths, *sampling], [*self._rope(rope), *states, *(rows if self.selects_rows else [])]
 
     def _rope(self, rope: list) -> list:
         return rope if self.net.long_rope else []
-
-    def _tail(self, rows: list, probs: list) -> list:
-        return [*(probs if self.draft_probs else []), *(rows if self.selects_rows else [])]
 
     def split_rope(self, tail) -> tuple[torch.Tensor | None, tuple]:
         """(rope_long or None, the rest) from the start of forward's var-positional inputs after the step padding."""
         return (tail[0], tail[1:]) if self.net.long_rope else (None, tail)
 
-    def split_states(self, tail) -> tuple[list, torch.Tensor | None, torch.Tensor | None]:
-        """(mode states, draft_probs or None, draft_rows or None) from the end of forward's var-positional inputs."""
+    def split_states(self, tail) -> tuple[list, torch.Tensor | None]:
+        """(mode states, draft_rows or None) from the end of forward's var-positional inputs."""
         tail = list(tail)
         rows = tail.pop() if self.selects_rows else None
-        probs = tail.pop() if self.draft_probs else None
-        return tail, probs, rows
+        return tail, rows
 
     def kv_inputs(self, kv: torch.Tensor) -> list:
         """The KV cache [L,2,B,Hkv,C,D] as this layout takes it."""
@@ -111,16 +104,15 @@ class StepModule(nn.Module):
         hidden, new_kv, captured = self.net(
             input_ids, position_ids, tree_mask, past_length, kv_cache, self.plugin.capture_layers, long_rope
         )
-        states, draft_probs, draft_rows = self.split_states(states)
+        states, draft_rows = self.split_states(states)
         return self.accept_and_draft(
             hidden, captured, [new_kv], input_ids, position_ids, tree_mask, past_length, paths,
             (temperature, top_k, top_p, rand_accept, rand_sample), states, draft_rows=draft_rows,
-            draft_probs=draft_probs,
         )  # fmt: skip
 
     def accept_and_draft(
         self, hidden, captured, kv_out, input_ids, position_ids, tree_mask, past_length, paths, sampling, states,
-        min_rows=None, draft_rows=None, draft_probs=None,
+        min_rows=None, draft_rows=None,
     ):  # fmt: skip
         """Verification of the new tokens' tree, acceptance and the mode's drafting of the next tree (both graphs):
         the graph's outputs in output_names() order.
@@ -145,12 +137,7 @@ class StepModule(nn.Module):
                 torch.where(paths >= 0, paths - off, torch.full_like(paths, -1)),
             )
             sampling = (temperature, top_k, top_p, rand_accept, rand_sample)
-            if draft_probs is not None:  # drafts drawn from q: recursive rejection sampling against q
-                acc_tokens, num_acc, acc_nodes_w, last_w = accept_with_draft_probs(
-                    logits, *tree, *sampling, draft_probs, max_siblings=self.plugin.draft_siblings()
-                )
-            else:
-                acc_tokens, num_acc, acc_nodes_w, last_w = accept(logits, *tree, *sampling, typical=self.typical)
+            acc_tokens, num_acc, acc_nodes_w, last_w = accept(logits, *tree, *sampling, typical=self.typical)
         acc_nodes = torch.where(acc_nodes_w >= 0, acc_nodes_w + off, torch.full_like(acc_nodes_w, -1))
         ctx = DraftContext(
             net=self.net,
@@ -228,11 +215,11 @@ class FusedStepModule(StepModule):
         self.causal_chain = chain_drafts or plugin.max_new_tokens_per_step() == 1
 
     def arrange(
-        self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list, rows: list, probs: list,
-        rope: list,
-    ):  # fmt: skip
+        self, head: list, kv: list, paths: list, sampling: list, min_rows: list, states: list, rows: list, rope: list
+    ):
         padding = list(min_rows) if self.row_padding else []
-        return [*head, *paths, *sampling], [*padding, *self._rope(rope), *kv, *states, *self._tail(rows, probs)]
+        drafted = rows if self.selects_rows else []
+        return [*head, *paths, *sampling], [*padding, *self._rope(rope), *kv, *states, *drafted]
 
     def kv_inputs(self, kv: torch.Tensor) -> list:
         return [kv[i, j].clone() for i in range(kv.shape[0]) for j in range(2)]
@@ -276,8 +263,8 @@ class FusedStepModule(StepModule):
             min_rows=min_rows,
             long_rope=long_rope,
         )
-        states, draft_probs, draft_rows = self.split_states(tail[n_kv:])
+        states, draft_rows = self.split_states(tail[n_kv:])
         return self.accept_and_draft(
             hidden, captured, presents, input_ids, position_ids, tree_mask, past_length, paths,
-            (temperature, top_k, top_p, rand_accept, rand_sample), states, min_rows, draft_rows, draft_probs,
+            (temperature, top_k, top_p, rand_accept, rand_sample), states, min_rows, draft_rows,
         )  # fmt: skip

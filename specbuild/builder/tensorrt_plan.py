@@ -95,9 +95,6 @@ def optimization_profiles(cfg, plugin, max_seq_len: int, max_batch_size: int = 1
         per_sequence[ef.ROPE_LONG] = ((1,), (o,), (b,))
     if plugin.selects_rows:  # from no row drafted (plain calls) to every row
         per_sequence[ef.DRAFT_ROWS] = ((0,), (o,), (b,))
-    if plugin.draft_probabilities:  # the q of each verified node
-        v = cfg.vocab_size
-        per_sequence[ef.DRAFT_PROBS] = ((1, 1, v), (o, n, v), (b, n, v))
     return {
         ef.INPUT_IDS: ((1, 1), (o, n), (b, max_seq_len)),
         ef.POSITION_IDS: ((1, 1), (o, n), (b, max_seq_len)),

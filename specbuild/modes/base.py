@@ -106,9 +106,6 @@ class ModePlugin(nn.Module):
     # drafting happens in the graph and can be skipped per row: the graph takes ef.DRAFT_ROWS and draft() drafts
     # from ctx.drafting() (its draft outputs have one row per drafted row)
     selects_rows = False
-    # the runtime proposes drafts drawn from distributions q and feeds them (ef.DRAFT_PROBS): the graph accepts by
-    # rejection sampling against q (builder/acceptance.accept_with_draft_probs) instead of the point-mass rule
-    draft_probabilities = False
 
     def draft_outputs(self) -> list[OutputSpec]:
         """The outputs draft() returns besides the state outputs, in graph order (export reads this declaration)."""
@@ -193,11 +190,6 @@ class ModePlugin(nn.Module):
         {file name: numpy array written there}) for each (draft-target: the draft model's own engine); their graphs
         are listed with role ef.ROLE_DRAFT."""
         return []
-
-    def draft_siblings(self) -> int:
-        """The most children a node of a verified tree has, for the acceptance rule against draft probabilities
-        (it tries siblings one after another: unrolled that many times)."""
-        return 1
 
     def max_new_tokens_per_step(self) -> int:
         tree = self.tree()

@@ -20,6 +20,7 @@ import numpy as np
 from specbuild import engine_format as ef
 from specbuild.runtime.drafter import Drafter, Proposal, StepResult
 from specbuild.runtime.layout import Layout
+from specbuild.runtime.sampling import position_uniforms
 from specbuild.runtime.slots import StateSlots, new_slots
 
 
@@ -35,7 +36,6 @@ class Call:
     paths: np.ndarray
     window: int
     every_node: bool
-    draft_probs: np.ndarray | None = None  # [N,V] the q of each node (Proposal.draft_probs)
 
     @property
     def size(self) -> int:
@@ -62,7 +62,6 @@ class Call:
             proposal.paths[0],
             proposal.size,
             False,
-            proposal.draft_probs,
         )
 
 
@@ -80,7 +79,6 @@ class Sequence:
         self._rng = np.random.default_rng(sampling.seed)
         self._table = None
         self._table_size = layout.max_seq_len + 1
-        self._sibling_rng = None
         if self._per_position:
             self._bonus_rng = np.random.default_rng([sampling.seed, 1])
 
@@ -92,30 +90,13 @@ class Sequence:
         if self._greedy:
             return np.zeros(len(positions), dtype=np.float32)
         if self._table is None:
-            self._table = self._rng.random(self._table_size, dtype=np.float32)
+            self._table = position_uniforms(self.sampling.seed, self._table_size)
         return self._table[np.minimum(positions, self._table_size - 1)]
-
-    def sibling_uniforms(self, count: int) -> np.ndarray:
-        """Fresh uniform numbers for drafts that share their position with an earlier sibling in a call that accepts
-        against draft probabilities: the recursive rule tries each sibling with a number of its own (a stream of the
-        request's own, so a seeded request repeats its output, alone or batched)."""
-        if self._greedy:
-            return np.zeros(count, dtype=np.float32)
-        if self._sibling_rng is None:
-            self._sibling_rng = np.random.default_rng([self.sampling.seed, 2])
-        return self._sibling_rng.random(count, dtype=np.float32)
 
     def bonus_uniform(self) -> float:
         """The bonus draw of typical acceptance (and older graphs' residual draw)."""
         rng = self._bonus_rng if self._per_position else self._rng
         return float(rng.random(dtype=np.float32))
-
-
-def later_siblings(offsets: np.ndarray) -> np.ndarray:
-    """bool [N]: the nodes whose position offset an earlier node of the call has (siblings after the first)."""
-    later = np.ones(len(offsets), dtype=np.bool_)
-    later[np.unique(offsets, return_index=True)[1]] = False
-    return later
 
 
 # outputs with one entry per acceptance-window token: a row's are cut to its own tokens (padding rows dropped)
@@ -155,7 +136,7 @@ class Batch:
         self.sequences: list[Sequence] = []
         self.engine_s = 0.0
         self.calls = 0
-        self._zero_probs: np.ndarray | None = None  # the draft_probs of calls whose rows carry no q (greedy)
+        self._zero_probs: np.ndarray | None = None  # the draft_probs input of graphs that take one (see _feeds)
 
     @property
     def size(self) -> int:
@@ -225,20 +206,14 @@ class Batch:
             results.append(seq.last)
         return results
 
-    def _draft_probs(self, calls: list[Call], t: int, w: int) -> np.ndarray:
-        """[n,w,V] q of each row's window nodes; calls without q (greedy rows) share one zero buffer, kept between
-        calls of the same shape (the graph only reads it), instead of a fresh n x w x V array every step."""
-        shape = (len(calls), w, self.layout.draft_probs_vocab)
-        if all(c.draft_probs is None for c in calls):
-            if self._zero_probs is None or self._zero_probs.shape != shape:
-                self._zero_probs = np.zeros(shape, dtype=np.float32)
-            return self._zero_probs
-        probs = np.zeros(shape, dtype=np.float32)
-        first = t - w
-        for row, call in enumerate(calls):
-            if call.draft_probs is not None:
-                probs[row, : call.size - first] = call.draft_probs[first : call.size]
-        return probs
+    def _draft_probs(self, n: int, w: int) -> np.ndarray:
+        """[n,w,V] zeros, kept between calls of the same shape (the graph only reads it): the ef.DRAFT_PROBS input of
+        draft-target graphs built before drafts were coupled to the target's draws (they accepted against a q). Their
+        rows now carry greedy drafts or, sampled, roots alone: neither's acceptance depends on q."""
+        shape = (n, w, self.layout.draft_probs_vocab)
+        if self._zero_probs is None or self._zero_probs.shape != shape:
+            self._zero_probs = np.zeros(shape, dtype=np.float32)
+        return self._zero_probs
 
     def _feeds(self, calls: list[Call], t: int, w: int, lengths: list[int]) -> dict:
         n = len(calls)
@@ -267,10 +242,6 @@ class Batch:
             paths[row, np_row:, :dp_row] = call.paths[0]
             first = t - w  # window rows [t - w, size) are real
             rand_accept[row, : size - first] = seq.uniforms(positions[row, first:size] + 1)
-            if call.draft_probs is not None:  # q-rule siblings: a uniform each (not their position's, shared)
-                later = later_siblings(call.offsets[first:size])
-                if later.any():
-                    rand_accept[row, np.flatnonzero(later)] = seq.sibling_uniforms(int(later.sum()))
             rand_sample[row] = seq.bonus_uniform()
             sampling = seq.sampling
             temperature[row], top_k[row], top_p[row] = sampling.temperature, sampling.top_k, sampling.top_p
@@ -278,8 +249,8 @@ class Batch:
         feeds = {}
         if self.layout.rope_switch is not None:  # LongRoPE: the rows rotated with the long factors
             feeds[ef.ROPE_LONG] = np.fromiter((s.long_rope for s in self.sequences), dtype=np.bool_, count=n)
-        if self.layout.draft_probs_vocab:  # the q of each verified node (zeros: the root, point masses, prompts)
-            feeds[ef.DRAFT_PROBS] = self._draft_probs(calls, t, w)
+        if self.layout.draft_probs_vocab:  # an older draft-target graph's q input (never read now)
+            feeds[ef.DRAFT_PROBS] = self._draft_probs(n, w)
         return feeds | {
             ef.INPUT_IDS: ids,
             ef.POSITION_IDS: positions,

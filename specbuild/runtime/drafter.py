@@ -47,15 +47,14 @@ class StepResult:
 @dataclasses.dataclass
 class Proposal:
     """What one engine call verifies: tokens [1,N] (root first), mask [1,N,N] (bool, node i sees node j),
-    offsets [N] (depth = position offset from the root), paths [1,NP,DP] (node indices, -1 padded).
-    draft_probs [N,V]: for drafts drawn from distributions (a draft model), row i is the q node i was drawn from
-    (row 0, the root, unread); None: point-mass drafts."""
+    offsets [N] (depth = position offset from the root), paths [1,NP,DP] (node indices, -1 padded). Every draft is
+    verified as a point mass (builder/acceptance.py): a drafter that samples draws each draft with the uniform number
+    of the position it would take (sampling.position_uniforms)."""
 
     tokens: np.ndarray
     mask: np.ndarray
     offsets: np.ndarray
     paths: np.ndarray
-    draft_probs: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -68,8 +67,7 @@ class Proposal:
     def chain_prefix(self, tokens: int) -> Proposal:
         """The first `tokens` tokens of a chain (a proposal whose node i sits at depth i)."""
         offsets = self.offsets[:tokens]
-        probs = None if self.draft_probs is None else self.draft_probs[:tokens]
-        return Proposal(self.tokens[:, :tokens], self.mask[:, :tokens, :tokens], offsets, offsets[None, None], probs)
+        return Proposal(self.tokens[:, :tokens], self.mask[:, :tokens, :tokens], offsets, offsets[None, None])
 
     @classmethod
     def root(cls, token: int) -> Proposal:
@@ -82,12 +80,12 @@ class Proposal:
         )
 
     @classmethod
-    def chain(cls, tokens, draft_probs: np.ndarray | None = None) -> Proposal:
+    def chain(cls, tokens) -> Proposal:
         """`tokens` (root first) as a chain: node i at depth i sees nodes 0..i."""
         n = len(tokens)
         offsets = np.arange(n, dtype=np.int64)
         mask = np.tril(np.ones((n, n), dtype=np.bool_))[None]
-        return cls(np.asarray(tokens, dtype=np.int64).reshape(1, -1), mask, offsets, offsets[None, None], draft_probs)
+        return cls(np.asarray(tokens, dtype=np.int64).reshape(1, -1), mask, offsets, offsets[None, None])
 
     @classmethod
     def from_continuations(cls, root: int, continuations: Sequence[Sequence[int]]) -> Proposal:

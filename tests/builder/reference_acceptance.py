@@ -1,6 +1,6 @@
 """Plain, sequential references of tree acceptance: the position-coupled rule the step graph runs (each node's next
 token drawn by inverse CDF with its position's uniform; a child is accepted when it is that token) and SpecInfer's
-recursive rejection (with draft distributions q)."""
+recursive rejection of point-mass drafts, which accepts the same tokens at the same rate."""
 
 from __future__ import annotations
 
@@ -72,43 +72,6 @@ def reference_accept_rejection(logits, tokens, parents, temperature, top_k, top_
             else:
                 cdf = np.cumsum(residual)
                 bonus = min(int((cdf <= rand_sample * total).sum()), len(p) - 1)
-            out.append(bonus)
-            return out, nodes
-        out.append(int(tokens[chosen]))
-        nodes.append(chosen)
-        node = chosen
-
-
-def reference_accept_q(logits, tokens, parents, temperature, top_k, top_p, rand_accept, rand_sample, q):
-    """The same walk with drafts drawn from distributions: q[c] is the distribution node c's token came from.
-    Child c is accepted with probability min(1, R(x_c) / q_c(x_c)); a rejection leaves R = normalise((R - q_c)+)."""
-    n = len(tokens)
-    children = {i: [c for c in range(n) if parents[c] == i] for i in range(n)}
-    node, nodes, out = 0, [0], []
-    while True:
-        p = reference_probs(logits[node], temperature, top_k, top_p)
-        residual = p.copy()
-        chosen = None
-        for c in children[node]:
-            tok = int(tokens[c])
-            if temperature <= 0:
-                if tok == int(np.argmax(p)):
-                    chosen = c
-                    break
-                continue
-            ratio = residual[tok] / q[c][tok] if q[c][tok] > 0 else 1.0
-            if rand_accept[c] < ratio:
-                chosen = c
-                break
-            rest = np.maximum(residual - q[c], 0.0)
-            residual = rest / rest.sum() if rest.sum() > 0 else rest
-        if chosen is None:
-            if temperature <= 0:
-                bonus = int(np.argmax(logits[node]))
-            else:
-                total = residual.sum()
-                cdf = np.cumsum(residual)
-                bonus = min(int((cdf <= rand_sample * total).sum()), len(p) - 1) if total > 0 else 0
             out.append(bonus)
             return out, nodes
         out.append(int(tokens[chosen]))

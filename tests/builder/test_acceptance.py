@@ -102,47 +102,6 @@ def test_greedy_accepts_longest_matching_path_and_first_wins_ties():
     assert nodes == [0] and acc == [3]
 
 
-def _accept_q(tree, logits, tokens, q, temperature, top_k, top_p, ra, rs, batch=1):
-    def t(x, dtype=torch.float32):
-        return torch.as_tensor(np.asarray(x), dtype=dtype)
-
-    b = batch
-    siblings = max(int((tree.parents == i).sum()) for i in range(tree.size))
-    out = accept(
-        t(logits).expand(b, *np.shape(logits)) if logits.ndim == 2 else t(logits),
-        t(tokens, torch.int64).reshape(b, -1),
-        t(tree.ancestor_mask, torch.bool)[None].expand(b, -1, -1),
-        t(tree.paths, torch.int64)[None].expand(b, -1, -1),
-        t([temperature] * b),
-        t([top_k] * b, torch.int64),
-        t([top_p] * b),
-        t(ra).reshape(b, -1),
-        t(rs).reshape(b),
-        draft_probs=t(q).reshape(b, tree.size, -1),
-        max_siblings=max(siblings, 1),
-    )
-    return [x.numpy() for x in out]
-
-
-def test_draft_probabilities_follow_the_sequential_reference():
-    from tests.builder.reference_acceptance import reference_accept_q
-
-    rng = np.random.default_rng(0)
-    tree = Tree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [2, 0]])
-    for case in range(300):
-        vocab = int(rng.integers(2, 9))
-        logits = (rng.normal(size=(tree.size, vocab)) * rng.choice([0.5, 2.0, 5.0])).astype(np.float32)
-        q = rng.dirichlet(np.ones(vocab) * rng.choice([0.3, 1.0, 5.0]), size=tree.size)
-        tokens = np.array([rng.choice(vocab, p=q[i]) for i in range(tree.size)])
-        temperature = float(rng.choice([0.0, 0.7, 1.0, 1.5]))
-        top_k, top_p = int(rng.choice([0, 0, 3])), float(rng.choice([1.0, 1.0, 0.8]))
-        ra, rs = rng.random(tree.size).astype(np.float32), np.float32(rng.random())
-        acc, num, nodes, _ = _accept_q(tree, logits, tokens, q, temperature, top_k, top_p, ra, rs)
-        want_tokens, want_nodes = reference_accept_q(logits, tokens, tree.parents, temperature, top_k, top_p, ra, rs, q)
-        assert acc[0, : num[0]].tolist() == want_tokens, case
-        assert nodes[0, : num[0]].tolist() == want_nodes, case
-
-
 def test_the_drafts_never_change_the_sampled_tokens():
     """With each position's uniform fixed, whatever tree is verified (or none) the accepted tokens are the prefix of
     the tokens plain sampling draws: the output does not depend on what was drafted."""
@@ -163,26 +122,6 @@ def test_the_drafts_never_change_the_sampled_tokens():
         logits = chain_logits[tree.depths]
         acc, _ = run_accept(tree, logits, tokens, 1.0, 0, 1.0, u[tree.depths], 0.5)
         assert list(acc) == plain[: len(acc)]
-
-
-def test_draft_probabilities_keep_the_target_distribution():
-    """Drafts drawn from q far from p: the first output token still follows p exactly (chi-square, 40k draws)."""
-    from scipy.stats import chisquare
-
-    rng = np.random.default_rng(2)
-    tree = Tree.from_choices([[0], [1], [2], [0, 0], [1, 0]])
-    vocab, batch = 5, 40000
-    logits = rng.normal(size=(tree.size, vocab)).astype(np.float32)
-    p = np.exp(logits[0].astype(np.float64))
-    p /= p.sum()
-    q = rng.dirichlet(np.ones(vocab) * 0.5, size=tree.size)  # a poor drafter
-    tokens = np.stack([[rng.choice(vocab, p=q[i]) for i in range(tree.size)] for _ in range(batch)])
-    ra = rng.random((batch, tree.size)).astype(np.float32)
-    rs = rng.random(batch).astype(np.float32)
-    acc, num, _, _ = _accept_q(tree, logits, tokens, np.broadcast_to(q, (batch, *q.shape)), 1.0, 0, 1.0, ra, rs, batch)
-    first = np.bincount(acc[:, 0], minlength=vocab)
-    assert chisquare(first, p * batch).pvalue > 1e-3
-    assert (num > 1).mean() > 0.2  # drafts were accepted, not only bonus draws
 
 
 def test_top_token_is_the_first_argmax_in_an_exported_graph(tmp_path):

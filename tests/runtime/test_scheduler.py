@@ -18,55 +18,12 @@ from specbuild.runtime.speculation import (
     Shape,
     Speculation,
 )
-from tests.conftest import ORT_ONLY, Lazy, fast_first, full, quiet
+from tests.conftest import fast_first, full
+from tests.runtime.conftest import MODES, PROMPTS
 
 pytestmark = pytest.mark.xdist_group("batching")
 
-TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
-DYNAMIC = dict(eagle_top_k=3, eagle_depth=3, eagle_total_tokens=8)
-LOOKAHEAD = dict(lookahead_window=3, lookahead_ngram=3, lookahead_guesses=2)
-MODES = {
-    "none": {},
-    "ngram": {},
-    "medusa": dict(tree=TREE),
-    "eagle": DYNAMIC,
-    "eagle3": DYNAMIC,
-    "redrafter": {},
-    "lookahead": LOOKAHEAD,
-}
 WEIGHTS = ("fp32", "int4")
-
-_rng = np.random.default_rng(0)
-# 16 prompts of mixed lengths; repeats in them give prompt lookup something to copy
-PROMPTS = [[int(x) for x in _rng.integers(1, 12, size=int(_rng.integers(2, 30)))] for _ in range(16)]
-
-
-@pytest.fixture(scope="session")
-def mode_engines(tmp_path_factory):
-    """(mode, weights) -> engine dir: every mode on one toy model (12-token vocabulary, heads from the fixtures)."""
-    from specbuild.builder.build import BuildOptions, build_engine
-    from specbuild.builder.convert import convert_checkpoint
-    from tests.plugins.eagle_fixtures import write_eagle1_head, write_eagle3_head
-    from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
-    from tests.plugins.redrafter_fixtures import write_redrafter
-
-    root = tmp_path_factory.mktemp("batching")
-    model = toy_model("llama_gqa_llama3rope", root / "hf", seed=0)
-    h = model.config.hidden_size
-    write_medusa_heads(root / "medusa", "v2", h, 12, num_heads=3, seed=0)
-    write_eagle1_head(root / "eagle", model.config, seed=0)
-    write_eagle3_head(root / "eagle3", model.config, seed=0, draft_vocab=8)
-    write_redrafter(root / "redrafter", h, 12, 4 * h, 2, True, "model.safetensors", seed=0)
-    heads = {m: root / m for m in ("medusa", "eagle", "eagle3", "redrafter")}
-    ckpt = convert_checkpoint(root / "hf", root / "ckpt", heads=heads, progress=False)
-
-    def make(key):
-        mode, weights = key
-        extra = {} if mode == "none" else {"speculative_mode": mode}
-        opts = BuildOptions(backends=ORT_ONLY, weights=weights, max_seq_len=96, **extra, **MODES[mode])
-        return build_engine(ckpt, root / f"{mode}-{weights}", opts, log=quiet)
-
-    return Lazy(make)  # each engine built when a selected test first reads it
 
 
 def _sampling(i: int, temperature: float) -> SamplingParams:
@@ -120,17 +77,6 @@ def test_batched_output_equals_batch_one_output(mode_engines, mode, weights):
             assert scheduler.steps < sum(len(w) for w in want)  # requests did share calls
             if mode != "none" and policy == "always" and temperature == 0.0:
                 assert max(n for h in handles for n in h.accepted_per_step) > 1  # drafts were accepted
-
-
-@pytest.mark.parametrize("mode", fast_first(["eagle3", "medusa"], "a static tree: the fast tier checks EAGLE-3's"))
-def test_seeded_sampling_ignores_what_was_drafted(mode_engines, mode):
-    """The same seed gives the same tokens whether the steps verify drafts or only roots (per-position uniforms)."""
-    engine = Engine(mode_engines[mode, "fp32"], threads=1)
-    outputs = []
-    for policy in ("always", "off"):
-        _, handles = _batched(engine, 0.9, speculation=policy)
-        outputs.append([h.output_ids for h in handles])
-    assert outputs[0] == outputs[1]
 
 
 def test_chains_cut_short_give_the_batch_one_output(mode_engines, monkeypatch):

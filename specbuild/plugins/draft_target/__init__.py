@@ -1,7 +1,8 @@
 """`--speculative-mode draft-target`: a small draft model with the target's tokenizer proposes a chain of tokens
 from its own graph and KV cache (a second graph in the engine directory, role `draft`), or a top-k tree along that
-chain (--draft-top-k); the target graph verifies it with exact rejection sampling against the draft's
-probabilities q (recursive over siblings; greedy: exact argmax match)."""
+chain (--draft-top-k); the target graph verifies it as it verifies every mode's drafts: a draft is accepted when it
+is the target's own draw at its position (greedy: its argmax), sampled drafts being drawn with the target's number
+for that position so that they often are (runtime/sampling.position_uniforms)."""
 
 from specbuild.modes.spec import HOST_DRAFTED, NUM_DRAFT_TOKENS, ModeOption, ModeSpec
 
@@ -30,9 +31,10 @@ MODE = ModeSpec(
         ModeOption(
             "draft_top_k",
             "int",
-            "draft-target: a top-k tree: at each depth of the chain the draft's K most likely tokens (sampled: K "
-            "draws from q) are verified, the chain going on from the first (1 + K x depth tokens a step; default: "
-            "the measured choice recorded with the draft, else 1 = a chain).",
+            "draft-target: a top-k tree: at each depth of the chain the draft's K most likely tokens (sampled: its "
+            "draw and the K - 1 tokens next to it in the draft's CDF) are verified, the chain going on from the "
+            "first (1 + K x depth tokens a step; default: the measured choice recorded with the draft, else 1 = a "
+            "chain).",
             minimum=1,
         ),
         ModeOption(
@@ -47,8 +49,8 @@ MODE = ModeSpec(
             "draft_vocab_size",
             "int",
             "draft-target: the draft projects onto its N most frequent tokens (the draft model's draft_vocab.json) "
-            "instead of the whole vocabulary; q is 0 elsewhere, so acceptance stays exact (default: the measured "
-            "choice recorded with the draft, else the whole vocabulary).",
+            "instead of the whole vocabulary; the target draws every token, so the output is unchanged (default: the "
+            "measured choice recorded with the draft, else the whole vocabulary).",
             minimum=1,
         ),
     ),

@@ -1,6 +1,7 @@
-"""The draft-target mode's build side. The target's step graph drafts nothing: it verifies the chain the runtime's
-drafter proposes, against the q each draft was drawn from (an ef.DRAFT_PROBS input; exact rejection sampling, greedy
-an exact argmax match). The draft model becomes an engine of its own, built inside the engine directory
+"""The draft-target mode's build side. The target's step graph drafts nothing: it verifies the chain (or top-k tree)
+the runtime's drafter proposes as every mode's drafts are verified (a draft is accepted when it is the target's own
+draw at its position; plugins/draft_target/drafter.py draws sampled drafts coupled to it). The draft model becomes
+an engine of its own, built inside the engine directory
 (DRAFT_ENGINE_DIR): plain decoding of the draft network with its logits as an output, optionally projected onto
 the draft's most frequent tokens only (--draft-vocab-size; the ids of the kept rows are a file beside it)."""
 
@@ -40,7 +41,6 @@ class DraftCheckpoint(Checkpoint):
 
 class DraftTargetPlugin(HostDraftedPlugin):
     name = MODE.name
-    draft_probabilities = True
 
     @classmethod
     def check_options(cls, checkpoint, options) -> dict:
@@ -90,9 +90,6 @@ class DraftTargetPlugin(HostDraftedPlugin):
 
     def chain_drafts(self) -> bool:
         return self.settings["top_k"] == 1
-
-    def draft_siblings(self) -> int:
-        return self.settings["top_k"]
 
     def manifest(self) -> dict:
         s = self.settings
