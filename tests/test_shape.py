@@ -38,6 +38,12 @@ HOMONYMS = {
     ("top_k", "specbuild/runtime/sampling.py"): "a SamplingParams field, named in its errors",
     ("top_p", "specbuild/serve/*.py"): "an OpenAI request field",
     ("top_k", "specbuild/serve/*.py"): "an OpenAI request field (an extension, as vLLM's)",
+    ("temperature", "specbuild/bench/decoding.py"): "a peer's sampling setting (transformers, GenAI, OpenVINO)",
+    ("top_k", "specbuild/bench/decoding.py"): "a peer's sampling setting (transformers, GenAI, OpenVINO)",
+    ("top_p", "specbuild/bench/decoding.py"): "a peer's sampling setting (transformers, GenAI, OpenVINO)",
+    ("temperature", "specbuild/cli/options.py"): "a SamplingParams field, named by its flag in errors",
+    ("top_k", "specbuild/cli/options.py"): "a SamplingParams field, named by its flag in errors",
+    ("top_p", "specbuild/cli/options.py"): "a SamplingParams field, named by its flag in errors",
 }
 
 
