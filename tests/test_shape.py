@@ -22,6 +22,7 @@ RUNTIME_MUST_NOT_IMPORT = ("torch", "specbuild.builder", "specbuild.training")
 HOMONYMS = {
     ("kv_cache", "specbuild/*.py"): "engine.yaml graphs[].kv_cache, the KV layout",
     ("kv_cache", "specbuild/builder/*.py"): "engine.yaml graphs[].kv_cache, the KV layout",
+    ("kv_cache", "specbuild/builder/*/*.py"): "engine.yaml graphs[].kv_cache, the KV layout",
     ("kv_cache", "specbuild/runtime/*.py"): "engine.yaml graphs[].kv_cache, the KV layout",
     ("min_rows", "specbuild/runtime/exactness.py"): "a field of the exactness report (inspect, run --json)",
     ("min_rows", "specbuild/bench/sequential.py"): "a field of the exactness report (inspect, run --json)",
@@ -41,6 +42,8 @@ HOMONYMS = {
     ("temperature", "specbuild/bench/decoding.py"): "a peer's sampling setting (transformers, GenAI, OpenVINO)",
     ("top_k", "specbuild/bench/decoding.py"): "a peer's sampling setting (transformers, GenAI, OpenVINO)",
     ("top_p", "specbuild/bench/decoding.py"): "a peer's sampling setting (transformers, GenAI, OpenVINO)",
+    ("top_k", "specbuild/bench/peers/*.py"): "a peer's sampling setting (llama.cpp's generate)",
+    ("top_p", "specbuild/bench/peers/*.py"): "a peer's sampling setting (llama.cpp's generate)",
     ("temperature", "specbuild/cli/options.py"): "a SamplingParams field, named by its flag in errors",
     ("top_k", "specbuild/cli/options.py"): "a SamplingParams field, named by its flag in errors",
     ("top_p", "specbuild/cli/options.py"): "a SamplingParams field, named by its flag in errors",

@@ -217,7 +217,7 @@ def write_tokenizer(out_dir: Path, vocab_size: int, source: Path | None = None) 
     """tokenizer.json + tokenizer_config.json: SmolLM2's tokenizer (or `source`'s) with its BPE vocabulary padded by
     `<|reserved_N|>` tokens up to vocab_size (they decode, nothing encodes to them), and its chat template."""
     if source is None:
-        from specbuild.builder.default_model import prepare_smollm2
+        from specbuild.builder.checkpoint.default_model import prepare_smollm2
 
         source = prepare_smollm2()
     tok = json.loads((Path(source) / "tokenizer.json").read_text())

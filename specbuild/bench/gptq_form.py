@@ -8,11 +8,11 @@ dimension), `qzeros` (int32, zero point - 1 packed along the output dimension), 
 with config.json's `quantization_config` saying so and the tokenizer beside it.
 
 Why: GenAI 0.18's builder turns a float checkpoint into one in-memory ModelProto in fp32 before it quantizes
-(`ir.to_proto` in its `to_nbits`), ~4 bytes per parameter: an 8B model passed 22 GB and did not finish on a 24 GiB
-machine. From a GPTQ checkpoint it repacks the 4-bit weights it is given and only quantizes the lm_head. The
-quantization here is round-to-nearest, symmetric (zero point 8, scale = max |w| / 7 per group), the same kind as both
-builders' default int4, so the two engines run the same kernel (MatMulNBits) on weights of the same checkpoint; the
-comparison it serves is speed and memory, not accuracy. One input shard is held at a time.
+(`ir.to_proto` in its `to_nbits`), ~4 bytes per parameter: an 8B model does not fit a 24 GiB machine
+(docs/benchmarks/design-measurements.md). From a GPTQ checkpoint it repacks the 4-bit weights it is given and only
+quantizes the lm_head. The quantization here is round-to-nearest, symmetric (zero point 8, scale = max |w| / 7 per
+group), the same kind as both builders' default int4, so the two engines run the same kernel (MatMulNBits) on weights of
+the same checkpoint; the comparison it serves is speed and memory, not accuracy. One input shard is held at a time.
 """
 
 from __future__ import annotations

@@ -9,18 +9,15 @@ request: (last token - first token) / (tokens - 1), as vLLM and AIPerf define it
 (accepted tokens per decode step over all requests), the share of steps that drafted, and how many outputs equal
 those of the first `none` engine at the lowest concurrency. Each engine's cost curve (ms per call against rows per
 call, runtime/speculation.py) bounds what batching can give on this machine: a `none` engine's ceiling at C is the
-run's own prompt engine time plus full decode calls of min(C, slots) rows, at the curve's cost. OpenVINO GenAI's
-ContinuousBatchingPipeline runs the same prompts through the same closed loop as a peer (--openvino-model), and
-ONNX Runtime GenAI with a static batch (--ort-genai-model: at C, the requests waiting start together and run to
-their end, the kernel ceiling of ONNX Runtime beside our curve) and transformers with a static batch
-(--hf-model-dir: left-padded, one forward per token); each imported only then.
+run's own prompt engine time plus full decode calls of min(C, slots) rows, at the curve's cost. The peer stacks
+(bench/peers) run the same prompts through the same closed loop: OpenVINO GenAI's continuous batching, ONNX Runtime
+GenAI's and transformers' static batches (at C, the requests waiting start together and run to their end); the
+report's tables are bench/load_render.py's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import json
 import os
 import time
 from collections.abc import Callable
@@ -29,32 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from specbuild.bench import decoding
-from specbuild.bench.sequential import engine_precision
+from specbuild.bench import decoding, peers
+from specbuild.bench.engines import engine_precision, is_plain, load_engines, own_none
+from specbuild.bench.results import Finished
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.scheduler import Request, Scheduler
 
 CURVE_ROWS = (1, 2, 4, 8, 16, 32, 64)
 WARMUP_TOKENS = 4
-OPENVINO_CACHE_GB = 2
-
-
-@dataclasses.dataclass
-class Finished:
-    """One finished request of a closed loop; times in seconds after its submission."""
-
-    output_ids: list[int]
-    ttft_s: float
-    last_token_s: float
-    latency_s: float
-    accepted_per_step: list[int] = dataclasses.field(default_factory=list)
-    prefill_engine_s: float | None = None  # engine time of its prompt (our engines only)
-
-    @property
-    def itl_s(self) -> float | None:
-        """Mean inter-token latency (None for a request of one token)."""
-        n = len(self.output_ids)
-        return (self.last_token_s - self.ttft_s) / (n - 1) if n > 1 else None
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -199,221 +178,6 @@ def plain_ceiling(engine, concurrency: int, row: dict) -> float:
     return row["tokens"] / seconds if seconds > 0 else 0.0
 
 
-class OpenVINOLoad:
-    """OpenVINO GenAI's continuous batching (ContinuousBatchingPipeline, dynamic split-fuse) as a closed-loop target,
-    on the same ids; TTFT and inter-token times from when each step's new tokens are read. Needs the
-    `openvino-genai` package and an OpenVINO model directory (see benchmark.OpenVINOTimer)."""
-
-    def __init__(self, model_dir, threads: int | None, max_num_seqs: int, max_new_tokens: int):
-        from specbuild.bench.sequential import import_openvino, openvino_compute
-
-        model_dir, ov, ov_genai = import_openvino(model_dir)
-        scheduler_config = ov_genai.SchedulerConfig()
-        scheduler_config.cache_size = OPENVINO_CACHE_GB
-        scheduler_config.max_num_seqs = max_num_seqs
-        scheduler_config.dynamic_split_fuse = True
-        properties = {"INFERENCE_NUM_THREADS": threads} if threads else {}
-        try:
-            self.pipe = ov_genai.ContinuousBatchingPipeline(str(model_dir), scheduler_config, "CPU", properties)
-        except Exception as exc:  # noqa: BLE001 - OpenVINO raises RuntimeError for unreadable models
-            raise SpecbuildError(f"{model_dir}: OpenVINO GenAI cannot load it ({exc})") from None
-        self.config = self.pipe.get_config()  # the model's EOS ids
-        self.max_new_tokens = max_new_tokens
-        self.ov, self.status = ov, ov_genai.GenerationStatus
-        self.label = f"OpenVINO GenAI CB {model_dir.name}{openvino_compute(ov)}"
-        self._next_id = 0
-        self._live: list[dict] = []
-
-    def submit(self, ids: list[int], sampling) -> dict:
-        self._next_id += 1
-        inputs = self.ov.Tensor(np.array([ids], dtype=np.int64))
-        self.config.max_new_tokens = self.max_new_tokens  # the request keeps its own copy
-        decoding.set_openvino(self.config, sampling)
-        request = {"handle": self.pipe.add_request(self._next_id, inputs, self.config), "ids": [], "times": []}
-        request["arrival"] = time.perf_counter()
-        self._live.append(request)
-        return request
-
-    def step(self) -> bool:
-        if not self.pipe.has_non_finished_requests():
-            return False
-        self.pipe.step()
-        for request in self._live:
-            self._read(request)
-        return True
-
-    def _read(self, request: dict) -> None:
-        handle, now = request["handle"], time.perf_counter() - request["arrival"]
-        while handle.can_read():
-            for output in handle.read().values():
-                new = [int(t) for t in output.generated_ids]
-                request["ids"] += new
-                request["times"] += [now] * len(new)
-
-    def finished(self, request: dict) -> Finished | None:
-        status = request["handle"].get_status()
-        if status == self.status.RUNNING:
-            return None
-        self._read(request)
-        self._live.remove(request)
-        if status != self.status.FINISHED:
-            raise SpecbuildError(f"{self.label}: a request ended {status.name} (cache too small?)")
-        times = request["times"] or [time.perf_counter() - request["arrival"]]
-        return Finished(request["ids"], times[0], times[-1], time.perf_counter() - request["arrival"])
-
-    def counters(self) -> dict[str, int]:
-        return {}
-
-
-class StaticBatch:
-    """A peer without continuous batching, run as its users batch prompts: the requests waiting when no batch runs
-    start together, and the batch runs until every one of them has its tokens (EOS or max_new_tokens); a request
-    submitted meanwhile waits for the next batch. Each step makes one token of every row (the first one's includes
-    the prompts), read when it is made. Subclasses start a batch (`_start`) and make its next tokens (`_next`); a
-    sampled batch draws with the settings of its first request (a static batch has one generator)."""
-
-    def __init__(self, eos: set[int], max_new_tokens: int):
-        self.eos = eos
-        self.max_new_tokens = max_new_tokens
-        self._waiting: list[dict] = []
-        self._batch: list[dict] = []
-
-    def submit(self, ids: list[int], sampling) -> dict:
-        request = {"ids": ids, "out": [], "times": [], "arrival": time.perf_counter(), "done": False}
-        request["sampling"] = sampling
-        self._waiting.append(request)
-        return request
-
-    def step(self) -> bool:
-        if not self._batch:
-            if not self._waiting:
-                return False
-            self._batch, self._waiting = self._waiting, []
-            self._start(self._batch)
-        tokens, now = self._next(), time.perf_counter()
-        for request, token in zip(self._batch, tokens):
-            if not request["done"]:
-                request["out"].append(int(token))
-                request["times"].append(now - request["arrival"])
-                request["done"] = int(token) in self.eos or len(request["out"]) >= self.max_new_tokens
-        if all(r["done"] for r in self._batch):
-            self._batch = []
-            self._start([])
-        return True
-
-    def _start(self, requests: list[dict]) -> None:
-        """Set up a batch of `requests` (none: drop the finished batch's state)."""
-        raise NotImplementedError
-
-    def _next(self) -> list[int]:
-        """The batch's next token, one per row."""
-        raise NotImplementedError
-
-    def finished(self, request: dict) -> Finished | None:
-        if not request["done"]:
-            return None
-        times = request["times"]
-        return Finished(request["out"], times[0], times[-1], times[-1])
-
-    def counters(self) -> dict[str, int]:
-        return {}
-
-
-class OrtGenAIBatch(StaticBatch):
-    """ONNX Runtime GenAI with a static batch, the reference for what ONNX Runtime's kernels give a batch on this CPU
-    (GenAI has no continuous batching on CPU): the prompts padded on the right with its pad id (GenAI's convention:
-    with left padding a shorter prompt's output changes). Greedy on the same ids. Needs the `onnxruntime-genai`
-    package and a directory made by its model builder (see sequential.OrtGenAITimer)."""
-
-    def __init__(self, model_dir, threads: int | None, max_new_tokens: int):
-        from specbuild.bench.sequential import genai_min_length, open_genai_model
-
-        self.og, self.model = open_genai_model(model_dir, threads)
-        self.min_length = genai_min_length(model_dir)
-        config = json.loads((Path(model_dir) / "genai_config.json").read_text())["model"]
-        eos = config.get("eos_token_id", [])
-        super().__init__(set(eos if isinstance(eos, list) else [eos]), max_new_tokens)
-        self.pad = int(config.get("pad_token_id", next(iter(self.eos), 0)))
-        self.label = f"ORT GenAI static batch {Path(model_dir).name}"
-        self._generator = None
-
-    def _start(self, requests: list[dict]) -> None:
-        if not requests:
-            self._generator = None
-            return
-        og = self.og
-        longest = max(len(r["ids"]) for r in requests)
-        tokens = np.full((len(requests), longest), self.pad, dtype=np.int32)
-        for row, request in enumerate(requests):
-            tokens[row, : len(request["ids"])] = request["ids"]
-        params = og.GeneratorParams(self.model)
-        length = max(longest + self.max_new_tokens, self.min_length)
-        search = decoding.genai_search_options(requests[0]["sampling"])
-        params.set_search_options(max_length=length, batch_size=len(requests), **search)
-        self._generator = og.Generator(self.model, params)
-        self._generator.append_tokens(tokens)
-
-    def _next(self) -> list[int]:
-        self._generator.generate_next_token()
-        return list(self._generator.get_next_tokens())
-
-
-class HFBatch(StaticBatch):
-    """transformers with a static batch, as a transformers user runs many prompts (`generate` on a left-padded
-    batch, its documented way): the prompts left-padded with an attention mask and their own positions, one forward
-    per token, fp32, on the same ids (--hf-model-dir)."""
-
-    def __init__(self, model_dir, threads: int | None, max_new_tokens: int):
-        import torch
-
-        from specbuild.bench.sequential import HFTimer
-
-        self.torch = torch
-        self.model = HFTimer.load(model_dir, threads)
-        eos = self.model.generation_config.eos_token_id
-        super().__init__(set(eos if isinstance(eos, list) else [] if eos is None else [eos]), max_new_tokens)
-        pad = self.model.generation_config.pad_token_id
-        self.pad = int(pad if pad is not None else next(iter(sorted(self.eos)), 0))
-        params = inspect.signature(self.model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.x
-        self._last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}  # as generate's prefill
-        self.label = f"HF transformers static batch {Path(model_dir).name}"
-        self._state: dict | None = None
-
-    def _start(self, requests: list[dict]) -> None:
-        if not requests:
-            self._state = None
-            return
-        torch = self.torch
-        longest = max(len(r["ids"]) for r in requests)
-        tokens = torch.full((len(requests), longest), self.pad, dtype=torch.long)
-        mask = torch.zeros((len(requests), longest), dtype=torch.long)
-        for row, request in enumerate(requests):  # left padding: every prompt ends at the last column
-            tokens[row, longest - len(request["ids"]) :] = torch.tensor(request["ids"])
-            mask[row, longest - len(request["ids"]) :] = 1
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
-        self._state = {"tokens": tokens, "mask": mask, "positions": positions, "cache": None}
-        self._state["pick"] = decoding.hf_sampler(requests[0]["sampling"])
-
-    def _next(self) -> list[int]:
-        torch, state = self.torch, self._state
-        with torch.inference_mode():
-            out = self.model(
-                input_ids=state["tokens"],  # [B, L] the padded prompts, then [B, 1] each step's tokens
-                attention_mask=state["mask"],  # [B, past + L]
-                position_ids=state["positions"],  # [B, L]
-                use_cache=True,
-                **{self._cache_arg: state["cache"]},
-                **self._last_logits,
-            )
-        tokens = state["pick"](out.logits[:, -1])  # [B]
-        state["cache"] = getattr(out, self._cache_arg)
-        state["tokens"] = tokens.unsqueeze(1)
-        state["positions"] = state["positions"][:, -1:] + 1
-        state["mask"] = torch.cat([state["mask"], torch.ones_like(state["tokens"])], dim=1)
-        return tokens.tolist()
-
-
 # ---------------------------------------------------------------- the run
 def measure(target, prompts: list[list[int]], concurrency: int, max_new_tokens: int, sampling=None):
     """A short warm-up loop (every batch size up to C seen once), then the measured closed loop: its row and outputs."""
@@ -485,17 +249,13 @@ def compare_rows(results: dict[str, dict], outputs: dict, engines: list, labels:
     `none` engine's), speed-up over the own-precision `none` engine at the same C (peers: over the first `none`),
     scaling over the same row at the lowest C, tokens/s against the first peer at the same C, and for `none`
     engines the cost curve's ceiling and the share of it achieved."""
-    plain = [_is_plain(e) for e in engines]
-    precision = [engine_precision(e) for e in engines]
-    own_none = {
-        label: next((labels[i] for i in range(len(engines)) if plain[i] and precision[i] == mine), None)
-        for label, mine in zip(labels, precision)
-    }
+    plain = [is_plain(e) for e in engines]
+    reference = dict(zip(labels, own_none(engines, labels)))
     baseline = next((lab for lab, p in zip(labels, plain) if p), None)
     lowest = min(int(c) for c in results)
     for c, res in results.items():
         first_peer = next(iter(res["peers"].values()), None)
-        rows = [(label, row, "engines", own_none[label]) for label, row in res["engines"].items()]
+        rows = [(label, row, "engines", reference[label]) for label, row in res["engines"].items()]
         rows += [(label, row, "peers", baseline) for label, row in res["peers"].items()]
         for label, row, kind, ref in rows:
             got = outputs[label, int(c)]
@@ -507,8 +267,8 @@ def compare_rows(results: dict[str, dict], outputs: dict, engines: list, labels:
             row["speedup"] = _ratio(row, res["engines"].get(ref))
             row["scaling"] = _ratio(row, results[str(lowest)][kind][label])
             row["vs_peer"] = _ratio(row, first_peer) if row is not first_peer else None
-        for label, engine, is_plain in zip(labels, engines, plain):
-            if is_plain:
+        for label, engine, plain_engine in zip(labels, engines, plain):
+            if plain_engine:
                 row = res["engines"][label]
                 row["ceiling_tokens_per_s"] = plain_ceiling(engine, int(c), row)
                 row["ceiling_share"] = row["tokens_per_s"] / row["ceiling_tokens_per_s"]
@@ -546,25 +306,23 @@ def run_load_benchmark(
     threads: int | None = None,
     log: Callable[[str], None] = print,
     allow_lossy: bool = False,
-    openvino_dirs: list[str | Path] = (),
     repeats: int = 1,
-    ort_genai_dirs: list[str | Path] = (),
-    hf_model_dir: str | Path | None = None,
+    peer_args: dict | None = None,
     sampling=None,
 ) -> dict[str, Any]:
-    """`specbuild bench --concurrency`: the report (settings, engines with their cost curves, rows per C); sampling:
-    the run's SamplingParams (None: greedy; request i seeded with its seed + i)."""
-    from specbuild.bench.sequential import load_engines
+    """`specbuild bench --concurrency`: the report (settings, engines with their cost curves, rows per C). peer_args:
+    the peer stacks' options by keyword (bench/peers); sampling: the run's SamplingParams (None: greedy; request i
+    seeded with its seed + i)."""
     from specbuild.runtime.row_invariance import cpu_description
 
+    peer_args = peer_args or {}
+    peers.check(peer_args, under_load=True)
     engines, labels = load_engines(engine_dirs, max_new_tokens, threads, allow_lossy)
     prompts = interleaved_prompts(engines[0], prompt_sets, num_prompts)
-    peers = [OpenVINOLoad(d, threads, max(concurrency), max_new_tokens) for d in openvino_dirs]
-    peers += [OrtGenAIBatch(d, threads, max_new_tokens) for d in ort_genai_dirs]
-    peers += [HFBatch(hf_model_dir, threads, max_new_tokens)] if hf_model_dir else []
+    targets = peers.load_peers(peer_args, threads, max(concurrency), max_new_tokens)
     log("measuring each engine's call cost")
     curves = [cost_curve_report(e) for e in engines]
-    results = run_load(engines, labels, prompts, concurrency, max_new_tokens, peers, log, repeats, sampling)
+    results = run_load(engines, labels, prompts, concurrency, max_new_tokens, targets, log, repeats, sampling)
     return {
         "settings": {
             "prompt_sets": prompt_sets,
@@ -574,9 +332,7 @@ def run_load_benchmark(
             "concurrency": concurrency,
             "threads": threads,
             "repeats": repeats,
-            "openvino_dirs": [str(d) for d in openvino_dirs],
-            "ort_genai_dirs": [str(d) for d in ort_genai_dirs],
-            "hf_model_dir": str(hf_model_dir) if hf_model_dir else None,
+            **peers.settings(peer_args),
             "sampling": decoding.to_dict(sampling),
             "cpu": cpu_description(),
         },
@@ -593,111 +349,6 @@ def run_load_benchmark(
             }
             for label, e, curve in zip(labels, engines, curves)
         ],
-        "baseline": next((lab for lab, e in zip(labels, engines) if _is_plain(e)), None),
+        "baseline": next((lab for lab, e in zip(labels, engines) if is_plain(e)), None),
         "load": results,
     }
-
-
-def _is_plain(engine) -> bool:
-    from specbuild.modes.registry import get_mode
-
-    return get_mode(engine.manifest["speculative_mode"]).baseline
-
-
-# ---------------------------------------------------------------- rendering
-def _fmt(value, spec: str, scale: float = 1.0) -> str:
-    return "-" if value is None else format(value * scale, spec)
-
-
-def _same(row: dict) -> str:
-    same = f"{row['matches_baseline']}/{row['requests']}" if "matches_baseline" in row else "-"
-    if "matches_own_none" in row:
-        same += f" (own {row['matches_own_none']}/{row['requests']})"
-    if row.get("rounds_same_outputs") is False:
-        same += " rounds differ"
-    return same
-
-
-def load_table(report: dict[str, Any]):
-    from rich.markup import escape
-    from rich.table import Table
-
-    settings = report["settings"]
-    lowest = min(settings["concurrency"])
-    table = Table(
-        title=f"closed loop: {settings['requests']} requests ({', '.join(settings['prompt_sets'])}), "
-        f"{decoding.describe(settings.get('sampling'))}, max "
-        f"{settings['max_new_tokens']} new tokens, C in flight (baseline {report['baseline'] or '-'}) on "
-        f"{settings.get('cpu', 'this CPU')}",
-        title_justify="left",
-    )
-    cols = ["C", "engine", "tok/s", "vs none", f"vs C={lowest}", "vs peer", "TTFT ms p50/p99", "ITL ms p50/p99"]
-    cols += ["τ", "drafted %", "pad %", "ceiling %", "steps", "RSS MiB", "same"]
-    for col in cols:
-        table.add_column(col, justify="left" if col == "engine" else "right")
-    for c, res in report["load"].items():
-        for label, r in [*res["engines"].items(), *res["peers"].items()]:
-            table.add_row(
-                c,
-                escape(label),
-                _tokens_per_s(r),
-                _fmt(r.get("speedup"), ".2f"),
-                _fmt(r.get("scaling"), ".2f"),
-                _fmt(r.get("vs_peer"), ".2f"),
-                f"{_fmt(r['ttft_p50_ms'], '.0f')}/{_fmt(r['ttft_p99_ms'], '.0f')}",
-                f"{_fmt(r['itl_p50_ms'], '.1f')}/{_fmt(r['itl_p99_ms'], '.1f')}",
-                _fmt(r.get("tau"), ".2f"),
-                _fmt(r.get("drafted_share"), ".0f", 100),
-                _fmt(r.get("padding_share"), ".0f", 100),
-                _fmt(r.get("ceiling_share"), ".0f", 100),
-                str(r["steps"]),
-                _fmt(r["rss_mib"], ".0f"),
-                _same(r),
-            )
-        table.add_section()
-    return table
-
-
-def _tokens_per_s(row: dict) -> str:
-    """The row's tokens/s, and the range of its rounds where it had several."""
-    rounds = row.get("rounds_tokens_per_s")
-    text = _fmt(row["tokens_per_s"], ".1f")
-    return f"{text} ({min(rounds):.0f}-{max(rounds):.0f})" if rounds else text
-
-
-def curve_table(report: dict[str, Any]):
-    from rich.markup import escape
-    from rich.table import Table
-
-    table = Table(
-        title="call cost: ms per call (ms per row) against rows per call (sequences x tokens, up to the KV slots)",
-        title_justify="left",
-    )
-    table.add_column("engine", justify="left")
-    table.add_column("slots", justify="right")
-    table.add_column("KV MiB/slot", justify="right")
-    for r in CURVE_ROWS:
-        table.add_column(str(r), justify="right")
-    for engine in report["engines"]:
-        curve = engine["cost_curve"]
-        cells = [f"{p['ms']:.1f} ({p['ms_per_row']:.2f})" for p in curve["rows_curve"]]
-        table.add_row(escape(engine["label"]), str(curve["slots"]), f"{engine['kv_mib_per_slot']:.1f}", *cells)
-    return table
-
-
-def render_load(report: dict[str, Any], console=None) -> None:
-    if console is None:
-        from rich.console import Console
-
-        console = Console()
-        console = console if console.is_terminal else Console(width=200)  # a pipe or a file: no wrapped rows
-    console.print(load_table(report))
-    console.print(curve_table(report))
-    for c, res in report["load"].items():
-        for label, r in res["engines"].items():
-            if "ceiling_tokens_per_s" in r:
-                console.print(
-                    f"C={c} {label}: ceiling {r['ceiling_tokens_per_s']:.1f} tok/s (the prompts' engine time, then "
-                    f"full calls of {r['slots']} rows, no host time), achieved {100 * r['ceiling_share']:.0f} %",
-                    markup=False,
-                )

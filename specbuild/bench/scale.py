@@ -139,7 +139,8 @@ def run(args, log=print) -> dict:
         for precision, engine in engines.items():
             peer = genai.get(GENAI_PRECISIONS.get(precision, ""))
             result = run_benchmark([engine], args.prompts.split(","), args.num_prompts, args.max_new_tokens,
-                                   threads=args.threads, log=log, ort_genai_dirs=[peer] if peer else [])  # fmt: skip
+                                   threads=args.threads, log=log,
+                                   peer_args={"ort_genai_dirs": [peer] if peer else []})  # fmt: skip
             report["speed"][precision] = {
                 "sets": {
                     name: {

@@ -6,28 +6,21 @@ Per prompt set and engine: tokens/s (overall and decode), TTFT, τ (mean tokens 
 speed-up against the first plain-decoding (`none`) engine, η = speed-up / τ, `vs_fastest` (tokens/s relative to
 the fastest other row of the run), host overhead per decode step (ms and as a share of engine time), and whether
 the output equals, token for token, that of the first `none` engine and of the `none` engine of the same weights
-and activations. Peers, timed on the same token ids: transformers' `generate` (greedy and prompt lookup,
---hf-model-dir), ONNX Runtime GenAI (greedy and n-gram, --ort-genai-model) and OpenVINO GenAI (greedy and prompt
-lookup, --openvino-model). The report records the CPU, and each engine's exactness verdict on it. `--context-sweep`
-times host and engine ms/step of the first engine at ~64 vs ~1024 tokens of context.
+and activations. Peers (bench/peers: transformers, ONNX Runtime GenAI, OpenVINO GenAI, llama.cpp) are timed on the
+same token ids. The report records the CPU, and each engine's exactness verdict on it. `--context-sweep` times host
+and engine ms/step of the first engine at ~64 vs ~1024 tokens of context.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from specbuild import engine_format as ef
-from specbuild.bench import decoding
+from specbuild.bench import decoding, peers
+from specbuild.bench.engines import is_plain, load_engines, own_none
+from specbuild.bench.results import Sample
 from specbuild.errors import SpecbuildError
-from specbuild.host_memory import available_bytes
-from specbuild.modes.registry import get_mode
 from specbuild.prompts import is_chat, load_prompt_set
 
 SWEEP_CONTEXTS = (64, 1024)
@@ -37,30 +30,6 @@ SWEEP_TEXT = (
     "in one call of the target model, so every accepted draft saves a full forward pass. "
 )
 WARMUP_PROMPT = "Hello, world"
-
-
-@dataclasses.dataclass
-class Sample:
-    """One timed generation."""
-
-    output_ids: list[int]
-    steps: int
-    accepted: int  # tokens accepted over all decode steps (bonus included)
-    total_s: float
-    ttft_s: float
-    decode_engine_s: float  # engine time of the decode steps (prefill excluded)
-
-    @property
-    def tokens(self) -> int:
-        return len(self.output_ids)
-
-    @property
-    def decode_s(self) -> float:
-        return max(self.total_s - self.ttft_s, 0.0)
-
-    @property
-    def decode_host_s(self) -> float:
-        return max(self.decode_s - self.decode_engine_s, 0.0)
 
 
 def timed_generate(
@@ -110,263 +79,6 @@ def summarize(samples: list[Sample], baseline: list[Sample] | None = None) -> di
     return out
 
 
-class HFTimer:
-    """transformers' `generate` on the same ids (greedy or sampled): full generation and a 1-token generate for
-    TTFT; with `prompt_lookup` N, its prompt lookup decoding (`prompt_lookup_num_tokens=N`), what a transformers user
-    would turn on for speculation without a draft model."""
-
-    PROMPT_LOOKUP_TOKENS = 10
-
-    def __init__(self, model, eos_ids, prompt_lookup: int | None = None, assistant=None, assistant_name: str = ""):
-        import torch
-
-        self.torch = torch
-        self.model = model
-        self.eos_ids = sorted(eos_ids) or None
-        self.prompt_lookup = prompt_lookup
-        self.assistant = assistant  # a draft model: transformers' assisted generation
-        self.label = "HF transformers" + (f" prompt lookup {prompt_lookup}" if prompt_lookup else "")
-        if assistant is not None:
-            self.label = f"HF transformers assisted generation ({assistant_name})"
-        self.ngram = bool(prompt_lookup)
-
-    @staticmethod
-    def load_assistant(assistant_dir, target):
-        """The draft model in `assistant_dir` for transformers' assisted generation (a mode's own draft format where
-        one claims the directory, else any transformers model directory)."""
-        from transformers import AutoModelForCausalLM
-
-        from specbuild.modes.registry import load_object, modes
-
-        if not Path(assistant_dir).is_dir():
-            raise SpecbuildError(f"{assistant_dir}: --hf-assistant-dir does not exist")
-        for spec in modes().values():
-            if spec.hf_assistant:
-                model = load_object(spec.hf_assistant)(Path(assistant_dir), target)
-                if model is not None:
-                    return model
-        return AutoModelForCausalLM.from_pretrained(str(assistant_dir), dtype=target.dtype).eval()
-
-    @staticmethod
-    def load(model_dir, threads: int | None):
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        if threads:
-            torch.set_num_threads(threads)
-        if not Path(model_dir).is_dir():
-            raise SpecbuildError(f"{model_dir}: --hf-model-dir does not exist")
-        return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-
-    def _generate(self, ids: list[int], max_new_tokens: int, sampling=None):
-        torch = self.torch
-        x = torch.tensor([ids], dtype=torch.long)
-        extra = {"prompt_lookup_num_tokens": self.prompt_lookup} if self.prompt_lookup else {}
-        if self.assistant is not None:
-            extra["assistant_model"] = self.assistant
-        if not decoding.is_greedy(sampling):
-            torch.manual_seed(sampling.seed)
-        with torch.inference_mode():
-            start = time.perf_counter()
-            out = self.model.generate(
-                input_ids=x,
-                attention_mask=torch.ones_like(x),
-                max_new_tokens=max_new_tokens,
-                **decoding.hf_generate_kwargs(sampling),
-                eos_token_id=self.eos_ids,
-                pad_token_id=self.eos_ids[0] if self.eos_ids else None,
-                **extra,
-            )
-            return time.perf_counter() - start, out[0, len(ids) :].tolist()
-
-    def sample(self, ids: list[int], max_new_tokens: int, sampling=None) -> Sample:
-        ttft, _ = self._generate(ids, 1, sampling)
-        total, out = self._generate(ids, max_new_tokens, sampling)
-        return Sample(output_ids=out, steps=0, accepted=0, total_s=total, ttft_s=ttft, decode_engine_s=0.0)
-
-
-def open_genai_model(model_dir, threads: int | None):
-    """(onnxruntime_genai, its Model on the CPU) of a directory made by its model builder; one-line errors."""
-    try:
-        import onnxruntime_genai as og
-    except ImportError:
-        raise SpecbuildError(
-            "--ort-genai-model needs the onnxruntime-genai package (pip install onnxruntime-genai)"
-        ) from None
-    model_dir = Path(model_dir)
-    if not (model_dir / "genai_config.json").is_file():
-        raise SpecbuildError(f"{model_dir}: not an ONNX Runtime GenAI model directory (no genai_config.json)")
-    config = og.Config(str(model_dir))
-    config.clear_providers()  # CPU
-    if threads:
-        options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
-        config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
-    try:
-        return og, og.Model(config)
-    except Exception as exc:  # onnxruntime-genai raises RuntimeError for unreadable models
-        raise SpecbuildError(f"{model_dir}: ONNX Runtime GenAI cannot load it ({exc})") from None
-
-
-def genai_min_length(model_dir) -> int:
-    """The least max_length a GenAI generator of this model takes: a model with a sliding window (Gemma 3) keeps a
-    cache of at least the window; a shorter max_length is refused. Generation stops at max_new_tokens anyway."""
-    config = json.loads((Path(model_dir) / "genai_config.json").read_text())
-    window = ((config.get("model") or {}).get("decoder") or {}).get("sliding_window") or {}
-    return int(window.get("window_size") or 0)
-
-
-class OrtGenAITimer:
-    """ONNX Runtime GenAI (what a CPU user would run instead) on the same ids: greedy, or with its built-in n-gram
-    speculation (`ngram_size` 3, 4 draft tokens). Needs the `onnxruntime-genai` package and a model directory made
-    by its model builder (`python -m onnxruntime_genai.models.builder -i HF_DIR -o DIR -p int4 -e cpu`)."""
-
-    NGRAM = {"ngram_size": 3, "max_draft_tokens": 4}
-
-    def __init__(self, model_dir, threads: int | None, ngram: bool = False):
-        self.og, self.model = open_genai_model(model_dir, threads)
-        self.min_length = genai_min_length(model_dir)
-        self.ngram = ngram
-        self.label = f"ORT GenAI {Path(model_dir).name}" + (" n-gram" if ngram else "")
-
-    def sample(self, ids: list[int], max_new_tokens: int, sampling=None) -> Sample:
-        og = self.og
-        params = og.GeneratorParams(self.model)
-        length = max(len(ids) + max_new_tokens, self.min_length)
-        params.set_search_options(max_length=length, batch_size=1, **decoding.genai_search_options(sampling))
-        if self.ngram:
-            params.set_speculative_options(**self.NGRAM)
-        gen = og.Generator(self.model, params)
-        start = time.perf_counter()
-        gen.append_tokens(ids)
-        ttft = None
-        while not gen.is_done() and gen.token_count() - len(ids) < max_new_tokens:
-            gen.generate_next_token()
-            if ttft is None:
-                ttft = time.perf_counter() - start
-        total = time.perf_counter() - start
-        out = list(gen.get_sequence(0))[len(ids) : len(ids) + max_new_tokens]
-        steps = accepted = 0
-        if self.ngram:
-            stats = gen.get_speculative_stats()
-            # its decode calls: those of speculative rounds (verify and re-anchor) and the plain steps it fell back
-            # to where no n-gram matched (target_forward_passes alone leaves those out: a τ above its draft length),
-            # less the prompt's call, which it counts as a fallback step
-            calls = int(stats.get("target_forward_passes", 0)) + int(stats.get("standard_fallback_steps", 0))
-            steps = max(calls - 1, 0)
-            accepted = len(out) - 1 if steps else 0
-        return Sample(out, steps, accepted, total, ttft or total, decode_engine_s=0.0)
-
-
-def import_openvino(model_dir):
-    """(model dir, openvino, openvino_genai) for an OpenVINO model directory; one-line errors otherwise."""
-    model_dir = Path(model_dir)
-    if not (model_dir / "openvino_model.xml").is_file():
-        raise SpecbuildError(f"{model_dir}: not an OpenVINO model directory (no openvino_model.xml)")
-    try:
-        import openvino as ov
-        import openvino_genai as ov_genai
-    except ImportError:
-        missing = "--openvino-model needs the openvino-genai package (pip install openvino-genai)"
-        raise SpecbuildError(missing) from None
-    return model_dir, ov, ov_genai
-
-
-def openvino_compute(ov) -> str:
-    """' (bf16 compute)' where OpenVINO's CPU plugin computes below f32 by default (its INFERENCE_PRECISION_HINT is
-    bf16 on CPUs with AVX-512 BF16 or AMX, whatever the model's weights): a row label must say so, its output then
-    differs from fp32 greedy; '' otherwise."""
-    try:
-        precision = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
-    except Exception:  # noqa: BLE001 - an OpenVINO without the property: label as before
-        return ""
-    return "" if precision == "f32" else f" ({precision} compute)"
-
-
-class OpenVINOTimer:
-    """OpenVINO GenAI's LLMPipeline (what an Intel/AMD CPU user would also run) on the same ids: greedy, or with its
-    prompt lookup (`num_assistant_tokens` 5, `max_ngram_size` 3, its documented example). Needs the `openvino-genai`
-    package and an OpenVINO model directory made by optimum-intel (`optimum-cli export openvino --model HF_DIR --task
-    text-generation-with-past --weight-format int4 --group-size 64 DIR`; docs/benchmarking.md: setting it up
-    offline)."""
-
-    PROMPT_LOOKUP = {"num_assistant_tokens": 5, "max_ngram_size": 3}
-
-    def __init__(self, model_dir, threads: int | None, prompt_lookup: bool = False):
-        model_dir, ov, ov_genai = import_openvino(model_dir)
-        self.ov, self.ov_genai, self.ngram = ov, ov_genai, prompt_lookup
-        properties = {"INFERENCE_NUM_THREADS": threads} if threads else {}
-        if prompt_lookup:
-            properties["prompt_lookup"] = True
-        try:
-            self.pipe = ov_genai.LLMPipeline(str(model_dir), "CPU", **properties)
-        except Exception as exc:  # noqa: BLE001 - OpenVINO raises RuntimeError for unreadable models
-            raise SpecbuildError(f"{model_dir}: OpenVINO GenAI cannot load it ({exc})") from None
-        lookup = " prompt lookup" if prompt_lookup else ""
-        self.label = f"OpenVINO GenAI {model_dir.name}{lookup}{openvino_compute(ov)}"
-
-    def sample(self, ids: list[int], max_new_tokens: int, sampling=None) -> Sample:
-        config = self.ov_genai.GenerationConfig()
-        config.max_new_tokens = max_new_tokens
-        decoding.set_openvino(config, sampling)
-        if self.ngram:
-            config.num_assistant_tokens = self.PROMPT_LOOKUP["num_assistant_tokens"]
-            config.max_ngram_size = self.PROMPT_LOOKUP["max_ngram_size"]
-        inputs = self.ov.Tensor(np.array([ids], dtype=np.int64))
-        start = time.perf_counter()
-        result = self.pipe.generate(inputs, config)
-        total = time.perf_counter() - start
-        out = [int(t) for t in result.tokens[0]][:max_new_tokens]
-        ttft = float(result.perf_metrics.get_ttft().mean) / 1000.0  # ms
-        return Sample(out, 0, 0, total, min(ttft, total) if ttft > 0 else total, decode_engine_s=0.0)
-
-
-def _label(path: Path, mode: str, used: set[str]) -> str:
-    label = f"{path.name} ({mode})"
-    while label in used:
-        label += "'"
-    used.add(label)
-    return label
-
-
-def engine_precision(engine) -> tuple:
-    """(weights, activations, KV cache) of an engine: engines that differ in any give other tokens."""
-    weights = engine.manifest.get("weights", {})
-    kv_cache = weights.get(ef.GRAPH_KV_CACHE_DTYPE, ef.KV_CACHE_FLOAT)
-    return weights.get("precision"), weights.get("activations", "float"), kv_cache
-
-
-def load_engines(engine_dirs, max_new_tokens: int, threads: int | None, allow_lossy: bool) -> tuple[list, list[str]]:
-    """The engines to benchmark and their row labels, after the checks every benchmark makes."""
-    from specbuild.runtime.engine import Engine
-
-    if not engine_dirs:
-        raise SpecbuildError("give at least one --engine-dir")
-    if max_new_tokens < 1:
-        raise SpecbuildError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    check_engines_fit(engine_dirs, available_bytes())
-    engines, labels, used = [], [], set()
-    for d in engine_dirs:
-        engine = Engine(d, threads=threads, allow_lossy=allow_lossy)
-        engines.append(engine)
-        labels.append(_label(Path(d), engine.manifest["speculative_mode"], used))
-    return engines, labels
-
-
-def check_engines_fit(engine_dirs, available: int | None) -> None:
-    """The engines are loaded side by side (every prompt runs through each in turn) and ONNX Runtime holds at least
-    their files while they are: refuse, before loading any, engines whose files exceed the `available` bytes."""
-    sizes = {str(d): sum(f.stat().st_size for f in Path(d).rglob("*") if f.is_file()) for d in engine_dirs}
-    total = sum(sizes.values())
-    if available is None or total <= available:
-        return
-    largest = max(sizes, key=sizes.get)
-    raise SpecbuildError(
-        f"--engine-dir: the {len(sizes)} engines take {total / 1e9:.1f} GB together, more than the "
-        f"{available / 1e9:.1f} GB this machine has available, and a benchmark holds them all at once: run fewer "
-        f"engines per benchmark (the largest, {largest}, takes {sizes[largest] / 1e9:.1f} GB)"
-    )
-
-
 def context_sweep(engine, max_new_tokens: int, log: Callable[[str], None]) -> dict[str, Any]:
     """Host and engine ms per decode step at ~64 and ~1024 tokens of context (EOS ignored)."""
     if engine.max_seq_len < SWEEP_MIN_SEQ_LEN:
@@ -395,55 +107,37 @@ def run_benchmark(
     prompt_sets: list[str],
     num_prompts: int = 8,
     max_new_tokens: int = 128,
-    hf_model_dir: str | Path | None = None,
     threads: int | None = None,
     sweep: bool = False,
     log: Callable[[str], None] = print,
-    ort_genai_dirs: list[str | Path] = (),
     allow_lossy: bool = False,
-    openvino_dirs: list[str | Path] = (),
-    hf_assistant_dir: str | Path | None = None,
+    peer_args: dict | None = None,
     sampling=None,
 ) -> dict[str, Any]:
-    """sampling: the run's SamplingParams (None: greedy); prompt i is seeded with its seed + i (bench/decoding.py)."""
+    """The report of one run. peer_args: the peer stacks' options by keyword (bench/peers: e.g. {"ort_genai_dirs":
+    [...]}); sampling: the run's SamplingParams (None: greedy), prompt i seeded with its seed + i
+    (bench/decoding.py)."""
     from specbuild.runtime.row_invariance import cpu_description
 
+    peer_args = peer_args or {}
+    peers.check(peer_args, under_load=False)
     engines, labels = load_engines(engine_dirs, max_new_tokens, threads, allow_lossy)
     prompts = {name: load_prompt_set(name, num_prompts) for name in prompt_sets}
-    plain = [get_mode(e.manifest["speculative_mode"]).baseline for e in engines]
-    base_idx = next((i for i, e in enumerate(engines) if plain[i]), None)
-    # an engine's reference is the none engine of the same precision (int8 activations or cache change output)
-    precision = [engine_precision(e) for e in engines]
-    own_none = [next((i for i in range(len(engines)) if plain[i] and precision[i] == p), None) for p in precision]
-    codec = engines[0].codec
-    peers: list = []
-    if hf_model_dir:
-        model = HFTimer.load(hf_model_dir, threads)
-        peers += [HFTimer(model, engines[0].eos_ids, n) for n in (None, HFTimer.PROMPT_LOOKUP_TOKENS)]
-        if hf_assistant_dir:
-            assistant = HFTimer.load_assistant(hf_assistant_dir, model)
-            peers.append(
-                HFTimer(model, engines[0].eos_ids, assistant=assistant, assistant_name=Path(hf_assistant_dir).name)
-            )
-    peers += [OrtGenAITimer(d, threads, ngram) for d in ort_genai_dirs for ngram in (False, True)]
-    peers += [OpenVINOTimer(d, threads, lookup) for d in openvino_dirs for lookup in (False, True)]
+    timers = peers.sequential_peers(peer_args, threads, engines[0].eos_ids)
     log("warming up")
-    warm = codec.encode(WARMUP_PROMPT)
+    warm = engines[0].codec.encode(WARMUP_PROMPT)
     for eng in engines:
         timed_generate(eng, warm, 4)
-    for peer in peers:
-        peer.sample(warm, 4)
-
+    for timer in timers:
+        timer.sample(warm, 4)
+    baseline = next((lab for lab, e in zip(labels, engines) if is_plain(e)), None)
     report: dict[str, Any] = {
         "settings": {
             "prompt_sets": prompt_sets,
             "num_prompts": num_prompts,
             "max_new_tokens": max_new_tokens,
             "threads": threads,
-            "hf_model_dir": str(hf_model_dir) if hf_model_dir else None,
-            "hf_assistant_dir": str(hf_assistant_dir) if hf_assistant_dir else None,
-            "ort_genai_dirs": [str(d) for d in ort_genai_dirs],
-            "openvino_dirs": [str(d) for d in openvino_dirs],
+            **peers.settings(peer_args),
             "sampling": decoding.to_dict(sampling),
             "cpu": cpu_description(),  # speed and exactness are properties of this machine
         },
@@ -459,45 +153,52 @@ def run_benchmark(
             }
             for lab, e in zip(labels, engines)
         ],
-        "baseline": labels[base_idx] if base_idx is not None else None,
+        "baseline": baseline,
         "results": {},
     }
+    rows = dict(zip(labels, engines))
     for name, texts in prompts.items():
-        samples: list[list[Sample]] = [[] for _ in engines]
-        peer_samples: list[list[Sample]] = [[] for _ in peers]
-        for i, text in enumerate(texts):
-            ids = codec.prompt_ids(text, is_chat(name) and codec.chat_template is not None)
-            log(f"{name} {i + 1}/{len(texts)} ({len(ids)} prompt tokens)")
-            request = decoding.for_request(sampling, i)
-            for k, eng in enumerate(engines):
-                samples[k].append(timed_generate(eng, ids, max_new_tokens, sampling=request))
-            for k, peer in enumerate(peers):
-                peer_samples[k].append(peer.sample(ids, max_new_tokens, request))
-        base = samples[base_idx] if base_idx is not None else None
-        rows = {lab: summarize(s, base) for lab, s in zip(labels, samples)}
-        for k, own in enumerate(own_none):  # lossless is relative to the none engine of the same weight precision
-            if own is not None and own != base_idx:
-                rows[labels[k]]["own_none"] = labels[own]
-                rows[labels[k]]["matches_own_none"] = sum(
-                    a.output_ids == b.output_ids for a, b in zip(samples[k], samples[own])
-                )
-        set_report: dict[str, Any] = {"engines": rows}
-        base_tps = rows[labels[base_idx]]["tokens_per_s"] if base_idx is not None else None
-        set_report["peers"] = {}
-        for peer, peer_runs in zip(peers, peer_samples):
-            row = summarize(peer_runs, base)
-            for key in ("host_ms_per_step", "host_share", "engine_ms_per_step"):
-                row.pop(key)
-            if not peer.ngram or not row["steps"]:  # transformers does not say how many steps it took
-                row.pop("tau")
-            row.pop("steps")
-            row["speedup"] = row["tokens_per_s"] / base_tps if base_tps else None
-            set_report["peers"][peer.label] = row
-        add_relative_speed(rows, labels[base_idx] if base_idx is not None else None, set_report["peers"])
-        report["results"][name] = set_report
+        report["results"][name] = _run_set(name, texts, rows, timers, baseline, max_new_tokens, sampling, log)
     if sweep:
         report["context_sweep"] = {"engine": labels[0], **context_sweep(engines[0], max_new_tokens, log)}
     return report
+
+
+def _run_set(name, texts, engines: dict, timers: list, baseline, max_new_tokens, sampling, log) -> dict[str, Any]:
+    """One prompt set: every prompt through each engine (labels -> engines) and each peer in turn, then the rows."""
+    codec = next(iter(engines.values())).codec
+    samples: dict[str, list[Sample]] = {label: [] for label in engines}
+    peer_samples: list[list[Sample]] = [[] for _ in timers]
+    for i, text in enumerate(texts):
+        ids = codec.prompt_ids(text, is_chat(name) and codec.chat_template is not None)
+        log(f"{name} {i + 1}/{len(texts)} ({len(ids)} prompt tokens)")
+        request = decoding.for_request(sampling, i)
+        for label, eng in engines.items():
+            samples[label].append(timed_generate(eng, ids, max_new_tokens, sampling=request))
+        for k, timer in enumerate(timers):
+            peer_samples[k].append(timer.sample(ids, max_new_tokens, request))
+    base = samples[baseline] if baseline is not None else None
+    rows = {label: summarize(s, base) for label, s in samples.items()}
+    # lossless is relative to the none engine of the same precision (int8 activations or cache change the output)
+    for label, own in zip(engines, own_none(list(engines.values()), list(engines))):
+        if own is not None and own != baseline:
+            rows[label]["own_none"] = own
+            rows[label]["matches_own_none"] = sum(
+                a.output_ids == b.output_ids for a, b in zip(samples[label], samples[own])
+            )
+    base_tps = rows[baseline]["tokens_per_s"] if baseline is not None else None
+    peer_rows = {}
+    for timer, runs in zip(timers, peer_samples):
+        row = summarize(runs, base)
+        for key in ("host_ms_per_step", "host_share", "engine_ms_per_step"):
+            row.pop(key)
+        if not timer.ngram or not row["steps"]:  # transformers does not say how many steps it took
+            row.pop("tau")
+        row.pop("steps")
+        row["speedup"] = row["tokens_per_s"] / base_tps if base_tps else None
+        peer_rows[timer.label] = row
+    add_relative_speed(rows, baseline, peer_rows)
+    return {"engines": rows, "peers": peer_rows}
 
 
 def add_relative_speed(rows: dict[str, dict], baseline: str | None, peers: dict[str, dict] | None = None) -> None:

@@ -1,5 +1,6 @@
-"""`specbuild bench`: engines (and optionally transformers, ONNX Runtime GenAI, OpenVINO GenAI) timed on the
-benchmark prompt sets, one prompt at a time (specbuild/bench/sequential.py) or under load with --concurrency
+"""`specbuild bench`: engines, and the peer stacks a user could run instead (their options come from
+specbuild/bench/peers: transformers, ONNX Runtime GenAI, OpenVINO GenAI, llama.cpp), timed on the benchmark prompt
+sets, one prompt at a time (specbuild/bench/sequential.py) or under load with --concurrency
 (specbuild/bench/load.py)."""
 
 from __future__ import annotations
@@ -16,6 +17,16 @@ from specbuild.cli.output import stderr_console
 from specbuild.errors import SpecbuildError
 
 
+def peer_options(command):
+    """The peer stacks' options (bench/peers), each arriving as a keyword of the command."""
+    from specbuild.bench.peers import options
+
+    for option in reversed(options()):
+        path = click.Path(path_type=Path)
+        command = click.option(option.flag, option.dest, type=path, multiple=option.multiple, help=option.help)(command)
+    return command
+
+
 @click.command()
 @click.option("--engine-dir", "engine_dirs", multiple=True, required=True, type=click.Path(path_type=Path))
 @click.option(
@@ -26,33 +37,6 @@ from specbuild.errors import SpecbuildError
 )
 @click.option("--num-prompts", type=int, default=8, show_default=True, help="Prompts per set.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option(
-    "--hf-model-dir",
-    type=click.Path(path_type=Path),
-    help="Also time transformers' generate (with --concurrency, a static batch of the requests waiting).",
-)
-@click.option(
-    "--hf-assistant-dir",
-    type=click.Path(path_type=Path),
-    help="With --hf-model-dir: also time transformers' assisted generation with this draft model (e.g. the draft "
-    "shipped for SmolLM2, specbuild/data/heads/smollm2-draft).",
-)
-@click.option(
-    "--ort-genai-model",
-    "ort_genai_dirs",
-    multiple=True,
-    type=click.Path(path_type=Path),
-    help="Also time ONNX Runtime GenAI on this model directory (greedy and its n-gram speculation; with "
-    "--concurrency, a static batch of the requests waiting); needs the onnxruntime-genai package.",
-)
-@click.option(
-    "--openvino-model",
-    "openvino_dirs",
-    multiple=True,
-    type=click.Path(path_type=Path),
-    help="Also time OpenVINO GenAI on this model directory (greedy and its prompt lookup); needs the openvino-genai "
-    "package.",
-)
 @click.option("--threads", type=int, help="Threads for ONNX Runtime (and torch with --hf-model-dir).")
 @click.option("--context-sweep", is_flag=True, help="Host/engine ms per step at ~64 vs ~1024 context tokens.")
 @click.option("--json-out", type=click.Path(path_type=Path), help="Write all numbers to this JSON file.")
@@ -73,16 +57,13 @@ from specbuild.errors import SpecbuildError
     "median round (the machine's slow spells fall on all of them).",
 )
 @sampling_options
+@peer_options
 @handle_errors
 def bench(
     engine_dirs,
     prompts,
     num_prompts,
     max_new_tokens,
-    hf_model_dir,
-    hf_assistant_dir,
-    ort_genai_dirs,
-    openvino_dirs,
     threads,
     context_sweep,
     json_out,
@@ -93,27 +74,29 @@ def bench(
     top_p,
     top_k,
     seed,
+    **peer_args,
 ):
     """Benchmark engines (interleaved per prompt) on HumanEval / MT-Bench prompts, greedy or sampled (--temperature:
     every engine and peer with the same settings, prompt i seeded with --seed + i); with --concurrency, under load
     (closed loop, in-flight batching)."""
+    from specbuild.bench import peers
     from specbuild.bench.sequential import render, run_benchmark
 
     sampling = sampling_params(temperature, top_p, top_k, seed)
-    if hf_model_dir:
-        require_extra("build", "bench --hf-model-dir")
-    if hf_assistant_dir and not hf_model_dir:
-        raise SpecbuildError("--hf-assistant-dir drafts for transformers' generate: give --hf-model-dir too")
+    for stack in peers.given(peer_args):
+        if stack.extra:
+            require_extra(stack.extra, f"bench {stack.options[0].flag}")
+    peers.check(peer_args, under_load=concurrency is not None)
     sets = _prompt_sets(prompts)
     if concurrency is not None:
-        if hf_assistant_dir or context_sweep:
+        if context_sweep:
             raise SpecbuildError(
-                "--concurrency runs the load benchmark: --hf-assistant-dir and --context-sweep belong to the "
-                "one-at-a-time benchmark (run it without --concurrency)"
+                "--concurrency runs the load benchmark: --context-sweep belongs to the one-at-a-time benchmark (run "
+                "it without --concurrency)"
             )
         _bench_load(
-            engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy,
-            repeats, ort_genai_dirs, hf_model_dir, sampling,
+            engine_dirs, sets, concurrency, num_prompts, max_new_tokens, threads, json_out, allow_lossy, repeats,
+            peer_args, sampling,
         )  # fmt: skip
         return
     if repeats != 1:
@@ -125,14 +108,11 @@ def bench(
             sets,
             num_prompts=num_prompts,
             max_new_tokens=max_new_tokens,
-            hf_model_dir=hf_model_dir,
             threads=threads,
             sweep=context_sweep,
             log=lambda msg: status.update(f"benchmarking: {msg}"),
-            ort_genai_dirs=list(ort_genai_dirs),
             allow_lossy=allow_lossy,
-            openvino_dirs=list(openvino_dirs),
-            hf_assistant_dir=hf_assistant_dir,
+            peer_args=peer_args,
             sampling=sampling,
         )
     render(report)
@@ -170,11 +150,12 @@ def _write_plot(report: dict, json_out: Path) -> None:
 
 
 def _bench_load(
-    engine_dirs, sets, concurrency, num_prompts, max_new_tokens, openvino_dirs, threads, json_out, allow_lossy,
-    repeats=1, ort_genai_dirs=(), hf_model_dir=None, sampling=None,
+    engine_dirs, sets, concurrency, num_prompts, max_new_tokens, threads, json_out, allow_lossy, repeats, peer_args,
+    sampling,
 ):  # fmt: skip
     """`bench --concurrency`: the closed-loop load benchmark (specbuild/bench/load.py)."""
-    from specbuild.bench.load import parse_concurrency, render_load, run_load_benchmark
+    from specbuild.bench.load import parse_concurrency, run_load_benchmark
+    from specbuild.bench.load_render import render_load
 
     levels = parse_concurrency(concurrency)
     with stderr_console().status("benchmarking under load ...", spinner="dots") as status:
@@ -187,10 +168,8 @@ def _bench_load(
             threads=threads,
             log=lambda msg: status.update(f"benchmarking: {msg}"),
             allow_lossy=allow_lossy,
-            openvino_dirs=list(openvino_dirs),
             repeats=repeats,
-            ort_genai_dirs=list(ort_genai_dirs),
-            hf_model_dir=hf_model_dir,
+            peer_args=peer_args,
             sampling=sampling,
         )
     render_load(report)

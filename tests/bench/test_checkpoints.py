@@ -10,9 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specbuild.bench.checkpoints import SHAPES, model_tensors, write_checkpoint
-from specbuild.builder.fused_tensors import unfuse
-from specbuild.builder.model_config import ModelConfig
-from specbuild.builder.weights_io import spec_of
+from specbuild.builder.checkpoint.fused_tensors import unfuse
+from specbuild.builder.checkpoint.model_config import ModelConfig
+from specbuild.builder.checkpoint.weights_io import spec_of
 
 
 def test_a_tiny_checkpoint_is_sharded_loadable_and_chats(tmp_path):

@@ -1,28 +1,20 @@
-"""`specbuild bench --concurrency`: the closed loop keeps C requests in flight and finishes every prompt, greedy
-outputs are the same at every concurrency, the report holds its fields and renders, OpenVINO GenAI's continuous
-batching is driven the same way (a recording stand-in: no OpenVINO needed), and a bad --concurrency is one line."""
+"""`specbuild bench --concurrency`: the closed loop keeps C requests in flight and finishes every prompt, greedy and
+seeded outputs are the same at every concurrency, the report holds its fields and renders, and a bad --concurrency
+is one line. (The peers under load: tests/bench/peers/.)"""
 
 import json
-import sys
-import types
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from specbuild.bench.load import (
-    Finished,
-    OpenVINOLoad,
-    SchedulerLoad,
-    closed_loop,
-    median_round,
-    parse_concurrency,
-    render_load,
-    run_load,
-)
+from specbuild.bench.load import SchedulerLoad, closed_loop, median_round, parse_concurrency, run_load
+from specbuild.bench.load_render import render_load
+from specbuild.bench.results import Finished
 from specbuild.cli.main import cli
 from specbuild.errors import SpecbuildError
-from tests.conftest import ORT_ONLY, full, quiet
+from tests.helpers import ORT_ONLY, quiet
+from tests.tiers import full
 
 pytestmark = pytest.mark.xdist_group("bench_load")
 
@@ -120,84 +112,6 @@ def test_greedy_outputs_are_the_same_at_every_concurrency_and_the_report_has_its
     assert results["1"]["engines"]["ngram"]["scaling"] == 1
 
 
-def _fake_openvino(monkeypatch, calls):
-    """openvino_genai's ContinuousBatchingPipeline stand-in: every step adds one token (its id = the step) to each
-    running request, which finishes after max_new_tokens."""
-
-    class Handle:
-        def __init__(self, config):
-            self.left, self.new, self.status = config.max_new_tokens, [], "RUNNING"
-
-        def can_read(self):
-            return bool(self.new)
-
-        def read(self):
-            out, self.new = types.SimpleNamespace(generated_ids=self.new), []
-            return {0: out}
-
-        def get_status(self):
-            return getattr(Status, self.status)
-
-    class Pipeline:
-        def __init__(self, path, scheduler_config, device, properties):
-            calls.append(("load", device, properties, dict(vars(scheduler_config))))
-            self.handles, self.steps = [], 0
-
-        def get_config(self):
-            return types.SimpleNamespace(max_new_tokens=None, do_sample=True)
-
-        def add_request(self, request_id, inputs, config):
-            calls.append(("add", request_id, inputs.ids, config.max_new_tokens, config.do_sample))
-            self.handles.append(Handle(config))
-            return self.handles[-1]
-
-        def has_non_finished_requests(self):
-            return any(h.status == "RUNNING" for h in self.handles)
-
-        def step(self):
-            self.steps += 1
-            for h in self.handles:
-                if h.status == "RUNNING":
-                    h.new.append(self.steps)
-                    h.left -= 1
-                    h.status = "FINISHED" if h.left == 0 else "RUNNING"
-
-    Status = types.SimpleNamespace(RUNNING="RUNNING", FINISHED="FINISHED")
-    genai = types.ModuleType("openvino_genai")
-    genai.ContinuousBatchingPipeline, genai.SchedulerConfig, genai.GenerationStatus = (
-        Pipeline,
-        types.SimpleNamespace,
-        Status,
-    )
-    ov = types.ModuleType("openvino")
-    ov.Tensor = lambda array: types.SimpleNamespace(ids=array.tolist(), dtype=array.dtype)
-    hint = types.SimpleNamespace(get_type_name=lambda: "bf16")  # a CPU with AVX-512 BF16: OpenVINO computes in bf16
-    ov.Core = lambda: types.SimpleNamespace(get_property=lambda device, name: hint)
-    monkeypatch.setitem(sys.modules, "openvino_genai", genai)
-    monkeypatch.setitem(sys.modules, "openvino", ov)
-
-
-def test_openvino_continuous_batching_runs_the_same_closed_loop(tmp_path, monkeypatch):
-    with pytest.raises(SpecbuildError, match="not an OpenVINO model directory"):
-        OpenVINOLoad(tmp_path, threads=1, max_num_seqs=4, max_new_tokens=3)
-    (tmp_path / "openvino_model.xml").write_text("<net/>")
-    calls = []
-    _fake_openvino(monkeypatch, calls)
-    peer = OpenVINOLoad(tmp_path, threads=2, max_num_seqs=4, max_new_tokens=3)
-    run = closed_loop(peer, PROMPTS[:5], 2)
-    (_, device, properties, scheduler), *adds = calls
-    assert device == "CPU" and properties == {"INFERENCE_NUM_THREADS": 2}
-    assert scheduler["max_num_seqs"] == 4 and scheduler["dynamic_split_fuse"] is True
-    assert [a[2] for a in adds] == [[p] for p in PROMPTS[:5]] and {a[3:] for a in adds} == {(3, False)}
-    assert peer.label == f"OpenVINO GenAI CB {tmp_path.name} (bf16 compute)"  # not fp32 greedy: the row says so
-    assert run.most_in_flight == 2 and all(len(r.output_ids) == 3 for r in run.done)
-    assert run.done[0].output_ids == [1, 2, 3] and run.done[2].output_ids == [4, 5, 6]  # joined when one left
-    assert all(0 <= r.ttft_s <= r.last_token_s <= r.latency_s for r in run.done)
-    monkeypatch.setitem(sys.modules, "openvino_genai", None)  # not installed
-    with pytest.raises(SpecbuildError, match="pip install openvino-genai"):
-        OpenVINOLoad(tmp_path, threads=1, max_num_seqs=4, max_new_tokens=3)
-
-
 def _invoke(*args):
     return CliRunner().invoke(cli, ["bench", *map(str, args)], catch_exceptions=False)
 
@@ -212,7 +126,7 @@ def test_a_bad_concurrency_is_one_line_before_any_engine_loads(tmp_path, value):
 
 def test_concurrency_refuses_the_one_at_a_time_peers(tmp_path):
     res = _invoke("--engine-dir", tmp_path, "--concurrency", "1,4", "--context-sweep")
-    assert res.exit_code == 1 and "belong to the one-at-a-time benchmark" in res.output
+    assert res.exit_code == 1 and "belongs to the one-at-a-time benchmark" in res.output
 
 
 @full("a load benchmark on two engines")
@@ -277,57 +191,6 @@ def test_render_shows_peers_and_own_none(load_engines):
     assert "1/2 (own 2/2)" in text and "OpenVINO GenAI CB ov4" in text and "2.0 (1.00)" in text
 
 
-@full("ONNX Runtime GenAI's model builder on a tiny model")
-def test_ort_genai_static_batch_gives_greedy_ids_through_the_closed_loop(tiny_hf_models, tmp_path):
-    """The static-batch reference row: prompts of different lengths batched (padded) give transformers' greedy
-    ids one by one; a request submitted while a batch runs waits for the next one."""
-    pytest.importorskip("onnxruntime_genai")
-    import shutil
-    import subprocess
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from specbuild.bench.load import OrtGenAIBatch
-    from tests.conftest import hf_greedy, write_char_tokenizer
-
-    hf = shutil.copytree(tiny_hf_models["llama_gqa_llama3rope"], tmp_path / "hf")
-    write_char_tokenizer(hf)
-    builder = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", hf, "-o", tmp_path / "genai"]
-    subprocess.run([*map(str, builder), "-p", "fp32", "-e", "cpu"], check=True, capture_output=True)
-    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
-    peer = OrtGenAIBatch(tmp_path / "genai", threads=1, max_new_tokens=MAX_NEW_TOKENS)
-    assert peer.label == "ORT GenAI static batch genai"
-    run = closed_loop(peer, PROMPTS, 3)
-    assert [r.output_ids for r in run.done] == [hf_greedy(model, ids, MAX_NEW_TOKENS) for ids in PROMPTS]
-    assert run.most_in_flight == 3 and all(0 <= r.ttft_s <= r.last_token_s <= r.latency_s for r in run.done)
-    # static: 7 prompts at 3 in flight are three batches of MAX_NEW_TOKENS steps (EOS aside: random ids)
-    assert run.steps == 3 * MAX_NEW_TOKENS
-    with pytest.raises(SpecbuildError, match="not an ONNX Runtime GenAI model directory"):
-        OrtGenAIBatch(hf, threads=1, max_new_tokens=4)
-
-
-def test_transformers_static_batch_gives_greedy_ids_through_the_closed_loop(tiny_hf_models):
-    """The transformers row under load: prompts of different lengths, left-padded in one batch, give transformers'
-    own greedy ids one by one; a request submitted while a batch runs waits for the next one."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from specbuild.bench.load import HFBatch
-    from tests.conftest import hf_greedy
-
-    hf = tiny_hf_models["llama_gqa_llama3rope"]
-    peer = HFBatch(hf, threads=1, max_new_tokens=MAX_NEW_TOKENS)
-    peer.eos = set()  # random weights: run every request to max_new_tokens, as hf_greedy's generate may not stop
-    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None
-    run = closed_loop(peer, PROMPTS, 3)
-    assert [r.output_ids for r in run.done] == [hf_greedy(model, ids, MAX_NEW_TOKENS) for ids in PROMPTS]
-    assert run.most_in_flight == 3 and all(0 <= r.ttft_s <= r.last_token_s <= r.latency_s for r in run.done)
-    assert run.steps == 3 * MAX_NEW_TOKENS  # static: 7 prompts at 3 in flight are three batches
-    assert peer.label == f"HF transformers static batch {hf.name}"
-
-
 def test_sampled_outputs_are_the_same_at_every_concurrency_and_equal_none(load_engines):
     """`bench --temperature`: request i is seeded with seed + i, so a sampled request gives the same tokens at every
     concurrency and in a speculative engine as in `none` (a seed does not depend on what was drafted or batched)."""
@@ -342,35 +205,3 @@ def test_sampled_outputs_are_the_same_at_every_concurrency_and_equal_none(load_e
     greedy = closed_loop(SchedulerLoad(engines[0], 3, MAX_NEW_TOKENS), PROMPTS, 3)
     sampled = closed_loop(SchedulerLoad(engines[0], 3, MAX_NEW_TOKENS), PROMPTS, 3, sampling)
     assert [r.output_ids for r in sampled.done] != [r.output_ids for r in greedy.done]
-
-
-def test_openvino_continuous_batching_gets_each_request_its_sampling(tmp_path, monkeypatch):
-    from specbuild.runtime.engine import SamplingParams
-
-    (tmp_path / "openvino_model.xml").write_text("<net/>")
-    calls = []
-    _fake_openvino(monkeypatch, calls)
-    peer = OpenVINOLoad(tmp_path, threads=2, max_num_seqs=4, max_new_tokens=3)
-    seen = []
-    add = peer.pipe.add_request
-    peer.pipe.add_request = lambda i, inputs, config: seen.append(dict(vars(config))) or add(i, inputs, config)
-    closed_loop(peer, PROMPTS[:3], 2, SamplingParams(temperature=0.7, top_k=5, top_p=0.9, seed=10))
-    assert [(s["do_sample"], s["temperature"], s["top_k"], s["top_p"], s["rng_seed"]) for s in seen] == [
-        (True, 0.7, 5, 0.9, 10 + i) for i in range(3)
-    ]
-
-
-def test_transformers_static_batch_samples_with_its_seed(tiny_hf_models):
-    """A sampled static batch draws after transformers' own warpers from a generator seeded by the batch's first
-    request: the same seed repeats its tokens, another seed gives others."""
-    from specbuild.bench.load import HFBatch
-    from specbuild.runtime.engine import SamplingParams
-
-    peer = HFBatch(tiny_hf_models["llama_gqa_llama3rope"], threads=1, max_new_tokens=MAX_NEW_TOKENS)
-    peer.eos = set()
-
-    def outputs(seed):
-        sampling = SamplingParams(temperature=1.5, top_k=20, top_p=0.95, seed=seed)
-        return [r.output_ids for r in closed_loop(peer, PROMPTS, 3, sampling).done]
-
-    assert outputs(1) == outputs(1) != outputs(2)

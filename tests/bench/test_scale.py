@@ -16,7 +16,8 @@ def test_a_command_is_measured_in_its_own_process():
 
 
 def test_a_command_with_a_child_process_is_measured_whole():
-    """Both processes' memory at once: a build checks its graph in a child while it writes (builder/child_job.py)."""
+    """Both processes' memory at once: a build checks its graph in a child while it writes
+    (builder/export/child_job.py)."""
     child = "b = bytearray(300 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(1.5)"
     parent = (f"import subprocess, sys; b = bytearray(300 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096]); "
               f"subprocess.run([sys.executable, '-c', {child!r}], check=True); print('done')")  # fmt: skip
