@@ -80,10 +80,9 @@ class Handle:
         self.done = threading.Event()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._prefilled = 0  # prompt tokens in the staging slot
-        self._prefill_ids: list[int] = request.ids  # what the staging slot prefills: the prompt (or see _recompute)
+        self._prefill_ids: list[int] = request.ids  # what the staging slot prefills: the prompt (or see restage)
         self._staging: Batch | None = None
         self._staged_s = 0.0  # engine seconds of the staging slot counted in prefill_engine_s
-        self._cancelled = False
 
     @property
     def finished(self) -> bool:
@@ -132,8 +131,45 @@ class Handle:
                 return
             yield item
 
-    # ---- called by the scheduler
-    def _emit(self, tokens: list[int], eos_ids, codec) -> None:
+    # ---- its state, changed by the scheduler through these
+    def stage(self, sequence: Sequence, staging: Batch, ids: list[int] | None = None) -> None:
+        """The request's sequence is prefilled in `staging` (a one-slot batch holding it): its prompt, or `ids`."""
+        self.sequence, self._staging = sequence, staging
+        self._prefill_ids = self.request.ids if ids is None else ids
+        self._prefilled = 0
+        self._staged_s = 0.0
+
+    def restage(self, staging: Batch) -> None:
+        """Prefill every token again (prompt and output) in `staging` (LongRoPE's switch: Scheduler._recompute)."""
+        self.stage(self.sequence, staging, [*self.request.ids, *self.output_ids])
+
+    @property
+    def prefill_left(self) -> int:
+        """Tokens of the staged prefill not run yet."""
+        return len(self._prefill_ids) - self._prefilled
+
+    def prefill(self, budget: int | None, drafting: bool):
+        """Run the next chunk of the staged prefill (at most `budget` tokens; None: the rest) in the staging slot:
+        (its StepResult, the tokens it ran). The chunk's engine time counts as the request's prefill time."""
+        start = self._prefilled
+        end = len(self._prefill_ids) if budget is None else min(len(self._prefill_ids), start + budget)
+        result = self._staging.run([Call.prompt(self._prefill_ids[start:end])], drafting)[0]
+        self.prefill_engine_s += self._staging.engine_s - self._staged_s
+        self._staged_s = self._staging.engine_s
+        self._prefilled = end
+        return result, end - start
+
+    def unstage(self) -> Batch:
+        """The staging slot, its prefill done (the sequence's caches join the running batch from it)."""
+        staging, self._staging = self._staging, None
+        return staging
+
+    def record_step(self, verified: int, accepted: int) -> None:
+        """A decode step verified `verified` tokens (drafts + root) of this request and accepted `accepted`."""
+        self.drafted_per_step.append(verified - 1)
+        self.accepted_per_step.append(accepted)
+
+    def emit(self, tokens: list[int], eos_ids, codec) -> None:
         """Take a step's accepted tokens up to EOS, the length limit or a stop string; stream the new ones."""
         request = self.request
         stop, count = None, len(tokens)
@@ -161,7 +197,8 @@ class Handle:
         if stop is not None:
             self.stop_reason = stop
 
-    def _finish(self, reason: str | None = None, error: BaseException | None = None) -> None:
+    def finish(self, reason: str | None = None, error: BaseException | None = None) -> None:
+        """The request ends (`reason`: why, unless its tokens already said; `error`: what failed)."""
         if self.stop_reason is None:
             self.stop_reason = reason
         self.error = error
@@ -304,7 +341,7 @@ class Scheduler:
                 self._admitting.remove(handle)
             elif handle.sequence is not None and id(handle.sequence) in self._running:
                 self._leave(handle)
-            handle._finish("cancelled")
+            handle.finish("cancelled")
 
     def _admit(self) -> None:
         """Waiting requests take the free KV slots (their prefill starts this step)."""
@@ -316,14 +353,11 @@ class Scheduler:
             request = handle.request
             try:
                 drafter = self.engine.new_drafter(request.ids, request.sampling, request.draft_options)
-                handle.sequence = Sequence(self.layout, request.sampling, drafter)
-                handle.sequence.long_rope = self.layout.long_rope(len(request.ids))
-                handle._staging = Batch(
-                    self.layout, self.engine.backend, 1, initial_capacity(self.layout, len(request.ids))
-                )
-                handle._staging.add(handle.sequence)
+                sequence = Sequence(self.layout, request.sampling, drafter)
+                sequence.long_rope = self.layout.long_rope(len(request.ids))
+                handle.stage(sequence, self._staging_batch(sequence, len(request.ids)))
             except Exception as exc:  # noqa: BLE001 - a request's failure ends that request only
-                handle._finish("error", exc)
+                handle.finish("error", exc)
                 continue
             self._admitting.append(handle)
 
@@ -331,30 +365,22 @@ class Scheduler:
         """The next chunk (at most `budget` tokens) of a request's prompt (or, recomputed at LongRoPE's switch, of all
         its tokens: _recompute) in its staging slot; after the last one the request joins the batch. Returns the
         tokens prefilled."""
-        ids = handle._prefill_ids
-        start = handle._prefilled
-        end = min(len(ids), start + budget) if self.chunked else len(ids)
-        staging = handle._staging
         try:
-            result = staging.run([Call.prompt(ids[start:end])], self._drafting)[0]
+            result, count = handle.prefill(budget if self.chunked else None, self._drafting)
         except Exception as exc:  # noqa: BLE001
             self._admitting.remove(handle)
-            handle._finish("error", exc)
-            return end - start
-        handle.prefill_engine_s += staging.engine_s - handle._staged_s
-        handle._staged_s = staging.engine_s
-        handle._prefilled = end
-        if end < len(ids):
-            return end - start  # a chunk: its accepted token is not the request's (the prompt goes on)
+            handle.finish("error", exc)
+            return min(budget, handle.prefill_left) if self.chunked else handle.prefill_left
+        if handle.prefill_left:
+            return count  # a chunk: its accepted token is not the request's (the prompt goes on)
         self._admitting.remove(handle)
-        handle._emit(result.tokens, self.engine.eos_ids, self._codec(handle))
+        handle.emit(result.tokens, self.engine.eos_ids, self._codec(handle))
         if handle.stop_reason is not None:
-            handle._finish()
-            return end - start
-        self.batch.add(handle.sequence, staged=staging)
-        handle._staging = None
+            handle.finish()
+            return count
+        self.batch.add(handle.sequence, staged=handle.unstage())
         self._running[id(handle.sequence)] = handle
-        return end - start
+        return count
 
     def _decode(self) -> None:
         switch = self.layout.rope_switch
@@ -372,9 +398,8 @@ class Scheduler:
         full = [h for h, n in zip(handles, lengths) if n >= self.layout.max_seq_len]
         if full:  # not even the root fits: those requests end here
             for handle in full:
-                handle.stop_reason = "max_seq_len"
                 self._leave(handle)
-                handle._finish()
+                handle.finish("max_seq_len")
             return
         # a sequence below LongRoPE's switch verifies no position past it (_recompute took those at the switch)
         switch = self.layout.rope_switch
@@ -388,7 +413,7 @@ class Scheduler:
                 proposals.append(seq.drafter.propose(seq.last))
             except Exception as exc:  # noqa: BLE001 - a drafter's failure ends its request only
                 self._leave(handle)
-                handle._finish("error", exc)
+                handle.finish("error", exc)
         if len(proposals) < len(handles):
             return  # the batch changed: the next step proposes again
         fitting = [p if p.size <= r else p.root_only() for p, r in zip(proposals, rooms)]
@@ -403,18 +428,17 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - the engine failed: every running request ends with the error
             for handle in handles:
                 self._leave(handle)
-                handle._finish("error", exc)
+                handle.finish("error", exc)
             return
         self.speculation.timed(len(calls), max(c.size for c in calls), batch.backend.last_engine_s)
         for seq, proposal, result in zip(sequences, proposals, results):
             self.speculation.observe(id(seq), proposal, result.tokens)
         for handle, call, result in zip(handles, calls, results):
-            handle.drafted_per_step.append(call.size - 1)
-            handle.accepted_per_step.append(len(result.tokens))
-            handle._emit(result.tokens, self.engine.eos_ids, self._codec(handle))
+            handle.record_step(call.size, len(result.tokens))
+            handle.emit(result.tokens, self.engine.eos_ids, self._codec(handle))
             if handle.stop_reason is not None:
                 self._leave(handle)
-                handle._finish()
+                handle.finish()
 
     def _recompute(self, handle: Handle) -> None:
         """LongRoPE: a sequence whose next position is the switch leaves the batch and prefills all its tokens again
@@ -425,13 +449,14 @@ class Scheduler:
         self.batch.remove(seq)
         del self._running[id(seq)]
         seq.long_rope = True
-        handle._prefill_ids = [*handle.request.ids, *handle.output_ids]
-        handle._prefilled = handle._staged_s = 0
-        handle._staging = Batch(
-            self.layout, self.engine.backend, 1, initial_capacity(self.layout, len(handle._prefill_ids))
-        )
-        handle._staging.add(seq)
+        handle.restage(self._staging_batch(seq, len(handle.request.ids) + len(handle.output_ids)))
         self._admitting.append(handle)
+
+    def _staging_batch(self, sequence: Sequence, tokens: int) -> Batch:
+        """A one-slot batch holding `sequence`, sized for a prefill of `tokens` tokens."""
+        staging = Batch(self.layout, self.engine.backend, 1, initial_capacity(self.layout, tokens))
+        staging.add(sequence)
+        return staging
 
     def _draft_budget(self, sequences) -> int | None:
         """Tokens per row worth drafting this step for drafters that pay per draft (a draft model): the tokens the
