@@ -5,12 +5,11 @@
 #   scripts/bench-serve.sh --engine-dir engines/none --engine-dir engines/eagle3 [--concurrency 1,4,16]
 #       [--requests 32] [--output-tokens 128] [--prompts mtbench|humaneval,mtbench|synthetic:N]
 #       [--out-dir bench-serve-out] [--threads N]
-# AIPerf is installed (pinned) into its own environment, $AIPERF_VENV (default .aiperf-venv), reused when present:
-# its dependencies (transformers, pandas, ...) stay out of the project's. specbuild runs from $PYTHON when set, else
-# from the project venv $VENV (default .venv, set up by scripts/setup-venv.sh); the plot needs matplotlib there.
+# AIPerf is installed (pinned) into its own environment, $AIPERF_VENV (default .aiperf-venv, scripts/setup-aiperf.sh),
+# reused when present. specbuild runs from $PYTHON when set, else from the project venv $VENV (default .venv, set up by
+# scripts/setup-venv.sh); the plot needs matplotlib there.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"  # paths in the arguments stay relative to the caller's cwd
-AIPERF_PIN="aiperf==0.13.0"
 AIPERF_VENV="${AIPERF_VENV:-$ROOT/.aiperf-venv}"
 
 if [ -z "${PYTHON:-}" ]; then
@@ -19,12 +18,6 @@ if [ -z "${PYTHON:-}" ]; then
     PYTHON="$VENV/bin/python"
 fi
 
-MARKER="$AIPERF_VENV/.aiperf-pin"
-if [ ! -x "$AIPERF_VENV/bin/aiperf" ] || [ "$(cat "$MARKER" 2>/dev/null)" != "$AIPERF_PIN" ]; then
-    echo "installing $AIPERF_PIN into $AIPERF_VENV ..." >&2
-    [ -x "$AIPERF_VENV/bin/python" ] || python3 -m venv "$AIPERF_VENV"
-    "$AIPERF_VENV/bin/python" -m pip install -q --disable-pip-version-check "$AIPERF_PIN"
-    echo "$AIPERF_PIN" > "$MARKER"
-fi
+"$ROOT/scripts/setup-aiperf.sh" "$AIPERF_VENV"
 
 exec "$PYTHON" -m specbuild.bench.serve --aiperf "$AIPERF_VENV/bin/aiperf" "$@"

@@ -1,6 +1,6 @@
 """scripts/bench-serve.sh's driver end to end: AIPerf against real `specbuild serve` processes on the tiny engines.
-Slow and needs AIPerf (not installed by the test venv): skipped unless SPECBUILD_AIPERF names an aiperf executable,
-e.g. SPECBUILD_AIPERF=.aiperf-venv/bin/aiperf after one run of scripts/bench-serve.sh."""
+Full tier: `scripts/test.sh --full` sets up AIPerf's own environment (scripts/setup-aiperf.sh) and names its aiperf in
+SPECBUILD_AIPERF; run alone, set it yourself (e.g. SPECBUILD_AIPERF=.venv-aiperf/bin/aiperf)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import os
 import pytest
 
 from specbuild.bench.serve.run import Settings, run_benchmark
-from tests.conftest import full
+from tests.tiers import full
 
 AIPERF = os.environ.get("SPECBUILD_AIPERF")
 pytestmark = [
     pytest.mark.xdist_group("serve"),
     full("AIPerf against real servers: minutes"),
-    pytest.mark.skipif(not AIPERF, reason="slow, needs AIPerf: set SPECBUILD_AIPERF to an aiperf executable"),
+    pytest.mark.skipif(not AIPERF, reason="needs AIPerf: scripts/test.sh --full sets SPECBUILD_AIPERF"),
 ]
 
 
