@@ -163,7 +163,113 @@ def tracked_files() -> list[Path]:
     return [ROOT / name for name in listed.split("\0") if name]
 
 
+ARCHITECTURE = DOCS / "architecture.md"
+PACKAGE = ROOT / "specbuild"
+PY_FILE = re.compile(r"`((?:[\w<>-]+/)*[\w<>-]+\.py)`")
+HEADER = re.compile(r"^\*\*`(specbuild/(?:[\w<>-]+/)*)`\*\*")
+CITED_NAME = re.compile(r"`([A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*)(?:\(\))?`")
+
+
+def section(text: str, heading: str) -> str:
+    """The lines of `text` from `## heading` to the next heading of that level."""
+    start = text.index(f"## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end > 0 else len(text)]
+
+
+def code_map(text: str, package: Path) -> tuple[set[Path], list[str]]:
+    """(the modules the code map names, the files it cites that do not exist). Each paragraph that starts with a
+    bold package path names files relative to that package: `x.py` or `sub/x.py` is every module under the package
+    whose path ends so (`<mode>` stands for any directory), a path from `specbuild/` is itself."""
+    modules = [p for p in package.rglob("*.py") if "__pycache__" not in p.parts]
+    named, missing = set(), []
+    for paragraph in re.split(r"\n\s*\n", section(text, "Code map")):
+        header = HEADER.match(paragraph.strip())
+        if header is None:
+            continue
+        base = package.parent / header.group(1).partition("<mode>/")[0]  # <mode>/: every mode's package
+        for cited in PY_FILE.findall(paragraph):
+            root = package.parent if cited.startswith("specbuild/") else base
+            cited = f"<mode>/{cited}" if header.group(1).endswith("<mode>/") and "/" not in cited else cited
+            pattern = re.compile("(^|/)" + re.escape(cited).replace(re.escape("<mode>"), r"\w+") + "$")
+            found = {p for p in modules if p.is_relative_to(root) and pattern.search(p.relative_to(root).as_posix())}
+            if not found:
+                missing.append(f"{cited} (under {root.relative_to(package.parent)})")
+            named |= found
+    return named, missing
+
+
+def unnamed_modules(text: str, package: Path) -> list[str]:
+    """The modules (but packages' __init__.py) the code map names in no paragraph, and the files it cites that do
+    not exist."""
+    named, missing = code_map(text, package)
+    modules = [p for p in package.rglob("*.py") if "__pycache__" not in p.parts and p.name != "__init__.py"]
+    return [f"not in the code map: {p.relative_to(package.parent)}" for p in sorted(set(modules) - named)] + [
+        f"cited, no such file: {m}" for m in missing
+    ]
+
+
+def defined_names(package: Path) -> set[str]:
+    """Every name the package defines: modules, classes, functions, assigned and annotated names, attributes set."""
+    import ast
+
+    names = set()
+    for path in package.rglob("*.py"):
+        names |= {path.stem, path.parent.name}
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+    return names
+
+
+def unknown_names(text: str, names: set[str]) -> list[str]:
+    """Names the page cites in code spans that the package does not define: each part of a dotted name
+    (`plan.resolve`), and every plain name written as code (`write_engine`, `LlamaNetwork`) but lower-case words
+    without an underscore (`none`, `tree`: modes and fields, not Python names)."""
+    out = []
+    for _, line in prose_lines(text):
+        for cited in CITED_NAME.findall(line):
+            parts = cited.split(".")
+            if len(parts) == 1 and cited.islower() and "_" not in cited:
+                continue
+            if len(parts) > 1 and parts[-1] in ("py", "md", "yaml", "json", "onnx", "bin", "sh"):
+                continue  # a file name
+            out += [f"{cited}: {part}" for part in parts if part not in names]
+    return sorted(set(out))
+
+
 # ---------------------------------------------------------------- the checks
+
+
+def test_the_code_map_names_every_module_and_cites_only_what_exists():
+    assert unnamed_modules(ARCHITECTURE.read_text(encoding="utf-8"), PACKAGE) == []
+
+
+def test_every_name_the_architecture_page_cites_exists():
+    names = defined_names(PACKAGE) | defined_names(ROOT / "tests")  # the page cites the tests' fixtures too
+    assert unknown_names(ARCHITECTURE.read_text(encoding="utf-8"), names) == []
+
+
+def test_the_code_map_check_sees_a_module_without_a_line_and_a_name_that_is_gone(tmp_path):
+    package = tmp_path / "specbuild"
+    (package / "runtime").mkdir(parents=True)
+    for name in ("__init__.py", "runtime/__init__.py", "runtime/engine.py", "runtime/new_module.py", "tree.py"):
+        (package / name).write_text("def generate():\n    pass\n")
+    page = (
+        "## Code map\n\n**`specbuild/runtime/`**: `engine.py` (`Engine.generate`), `gone.py`.\n\n"
+        "**`specbuild/`** at the top: `tree.py`.\n\n## Next\n"
+    )
+    assert unnamed_modules(page, package) == [
+        "not in the code map: specbuild/runtime/new_module.py",
+        "cited, no such file: gone.py (under specbuild/runtime)",
+    ]
+    assert unknown_names(page, defined_names(package)) == ["Engine.generate: Engine"]
 
 
 def test_every_relative_link_resolves():
