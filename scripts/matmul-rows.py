@@ -1,8 +1,8 @@
 """One matmul K x N alone under ONNX Runtime (2 threads): ms per call (median) against the rows of the call, for the
 kernels an engine can hold -- fp32 MatMul, MatMulNBits int4 / int8 with int8 activations (level 4), and the integer
-GEMM of `--weights int8 --int8-activations` (builder/int8_gemm.py, built by the same code). Checks that the GEMM's
-rows are row-invariant. The kernel test of docs/benchmarks/2026-12-03-run-AM-integer-gemm.md; with BLOCKS, int4 at
-each of those block sizes too (run AQ).
+GEMM of `--weights int8 --int8-activations` (builder/quantize/int8_gemm.py, built by the same code). Checks that the
+GEMM's rows are row-invariant. The kernel test of docs/benchmarks/2026-12-03-run-AM-integer-gemm.md; with BLOCKS, int4
+at each of those block sizes too (run AQ).
 
     python scripts/matmul-rows.py 2048 8192 [ROWS, e.g. 1,16,256] [BLOCKS, e.g. 64,128,256]
 """
@@ -16,7 +16,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from specbuild.builder.quantize import integer_matmuls
+from specbuild.builder.quantize.blockwise import integer_matmuls
 
 ROWS = tuple(int(r) for r in (sys.argv[3] if len(sys.argv) > 3 else "1,2,4,8,16,32,64").split(","))
 BLOCKS = tuple(int(b) for b in sys.argv[4].split(",")) if len(sys.argv) > 4 else ()

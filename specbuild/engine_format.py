@@ -33,8 +33,8 @@ BLOCKWISE_BITS = {"int8": 8, "int4": 4}  # bits per weight of each
 # weights only the onnxruntime graph takes (TensorRT's ONNX parser takes blockwise weights in int4 only; int8 with int8
 # activations is ONNX Runtime's integer GEMM): a build of them with the tensorrt backend is refused
 ONNXRUNTIME_ONLY_WEIGHTS = ("int8",)
-# graphs[].kv_cache_dtype: the KV cache's element type in the fused graph (int8: scaled per layer, builder/kv_int8.py;
-# float: the engine's dtype, also where the field is absent)
+# graphs[].kv_cache_dtype: the KV cache's element type in the fused graph (int8: scaled per layer,
+# builder/quantize/kv_int8.py; float: the engine's dtype, also where the field is absent)
 GRAPH_KV_CACHE_DTYPE = "kv_cache_dtype"
 KV_CACHE_FLOAT, KV_CACHE_INT8 = "float", "int8"
 KV_CACHE_DTYPES = (KV_CACHE_FLOAT, KV_CACHE_INT8)

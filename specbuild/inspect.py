@@ -62,7 +62,7 @@ def safetensors_summary(file: Path) -> dict[str, Any]:
 
 
 def describe_checkpoint(path: Path) -> dict[str, Any]:
-    from specbuild.builder.checkpoint import Checkpoint
+    from specbuild.builder.checkpoint.canonical import Checkpoint
 
     ckpt = Checkpoint.load(path)
     m = ckpt.model

@@ -1,4 +1,5 @@
-"""specbuild's modules import each other without circles, counting imports inside functions too."""
+"""specbuild's modules import each other without circles, and its packages only downward through the layers below,
+counting imports inside functions too."""
 
 import ast
 from pathlib import Path
@@ -64,3 +65,49 @@ def test_the_detector_finds_a_circle():
 
 def test_no_import_circles():
     assert cycles(import_graph()) == []
+
+
+# The packages from the bottom up: a module may import its own package and the layers below it, never one above. The
+# foundation's modules (errors, formats, trees, files) import only each other; the mode contract only them.
+LAYERS = (
+    ("errors", "interrupts", "engine_format", "tree", "fsutil", "progress", "host_memory", "prompts"),
+    ("modes",),
+    ("runtime",),
+    ("builder",),
+    ("training",),
+    ("plugins",),
+    ("serve", "inspect", "bench"),
+    ("cli",),
+)
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of a specbuild module by its top package (None: the package itself, specbuild/__init__.py)."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None
+    return next(i for i, names in enumerate(LAYERS) if parts[1] in names)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of a module in a higher layer (the package's own __init__ may import anything)."""
+    return [
+        f"{module} -> {target}"
+        for module, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if layer_of(module) is not None and layer_of(target) is not None and layer_of(target) > layer_of(module)
+    ]
+
+
+def test_every_package_has_a_layer():
+    packages = {m.split(".")[1] for m in import_graph() if m.count(".") >= 1}
+    assert packages == {name for names in LAYERS for name in names}
+
+
+def test_the_layer_check_sees_an_upward_import():
+    graph = {"specbuild.modes.spec": {"specbuild.builder.plan"}, "specbuild.cli.run": {"specbuild.modes.spec"}}
+    assert upward_imports(graph) == ["specbuild.modes.spec -> specbuild.builder.plan"]
+
+
+def test_no_package_imports_upward():
+    assert upward_imports(import_graph()) == []

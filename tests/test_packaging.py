@@ -21,7 +21,9 @@ from click.testing import CliRunner
 
 from specbuild.cli import extras
 from specbuild.cli.main import cli
-from tests.conftest import full, save_tiny_model, write_char_tokenizer
+from tests.helpers import write_char_tokenizer
+from tests.shapes import save_tiny_model
+from tests.tiers import full
 
 pytestmark = [pytest.mark.xdist_group("packaging"), full("packaging: builds a wheel and installs it into a fresh venv")]
 
@@ -60,7 +62,7 @@ def _base_install(tmp_path: Path) -> Path:
 def _tiny_engine(tmp_path: Path) -> tuple[Path, list[int]]:
     """A tiny `none` engine with a tokenizer and a chat template, and its greedy tokens for 5,17,42 here."""
     from specbuild.builder.build import BuildOptions, build_engine
-    from specbuild.builder.convert import convert_checkpoint
+    from specbuild.builder.checkpoint.convert import convert_checkpoint
     from specbuild.runtime.engine import Engine
 
     hf = save_tiny_model(MODEL, tmp_path / "hf")

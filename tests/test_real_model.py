@@ -6,7 +6,8 @@ import torch
 
 from specbuild import engine_format as ef
 from specbuild.runtime.engine import Engine
-from tests.conftest import full, quiet
+from tests.helpers import quiet
+from tests.tiers import full
 
 pytestmark = [
     pytest.mark.xdist_group("real"),

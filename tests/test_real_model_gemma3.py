@@ -8,7 +8,8 @@ import torch
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.prompts import load_prompt_set
 from specbuild.runtime.engine import Engine
-from tests.conftest import ORT_ONLY, full, hf_greedy, quiet
+from tests.helpers import ORT_ONLY, hf_greedy, quiet
+from tests.tiers import full
 
 pytestmark = [
     pytest.mark.xdist_group("real"),

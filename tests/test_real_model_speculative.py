@@ -4,10 +4,11 @@ import json
 
 import pytest
 
-from specbuild.builder.default_model import shipped_heads
+from specbuild.builder.checkpoint.default_model import shipped_heads
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine
-from tests.conftest import ORT_ONLY, full, options_key, quiet
+from tests.helpers import ORT_ONLY, options_key, quiet
+from tests.tiers import full
 
 pytestmark = [
     pytest.mark.xdist_group("real"),
@@ -46,7 +47,7 @@ def test_the_package_ships_the_expected_heads():
 @pytest.mark.parametrize("mode", sorted(SHIPPED))
 def test_greedy_equals_transformers_with_shipped_heads(mode, smollm2_hf, smollm2_greedy, tmp_path):
     from specbuild.builder.build import BuildOptions, build_engine
-    from specbuild.builder.convert import convert_checkpoint
+    from specbuild.builder.checkpoint.convert import convert_checkpoint
 
     heads = shipped_heads()
     assert mode in heads, f"{mode} heads are not shipped"
@@ -100,7 +101,7 @@ def test_int4_draft_target_equals_its_none_engine(smollm2_hf, smollm2_engines, t
     """The shipped SmolLM2 draft at int4 (target and draft weights) reproduces the int4 none engine token for token,
     with drafts accepted (fp32 against transformers: test_greedy_equals_transformers_with_shipped_heads)."""
     from specbuild.builder.build import BuildOptions, build_engine
-    from specbuild.builder.convert import convert_checkpoint
+    from specbuild.builder.checkpoint.convert import convert_checkpoint
 
     heads = {"draft-target": shipped_heads()["draft-target"]}
     ckpt = convert_checkpoint(smollm2_hf, tmp_path / "ckpt", heads=heads, progress=False)

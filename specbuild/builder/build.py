@@ -66,14 +66,14 @@ def write_engine(plan: BuildPlan, directory: Path, log, started: float, net=None
     import numpy as np
     import torch
 
-    from specbuild.builder import lazy_network
     from specbuild.builder.engine_manifest import write_manifest
+    from specbuild.builder.export.weights_file import WEIGHTS_FILE, share_weights
     from specbuild.builder.graphs import graph_kinds
-    from specbuild.builder.weights_file import WEIGHTS_FILE, share_weights
+    from specbuild.builder.network import lazy_network
 
     torch.manual_seed(0)
     weight, reference = None, net
-    if net is None:  # the checkpoint's network, never all in memory (builder/lazy_network.py)
+    if net is None:  # the checkpoint's network, never all in memory (builder/network/lazy_network.py)
         tensors, dtype = plan.checkpoint.tensors(), plan.engine_dtype
         net = lazy_network.skeleton(plan.model, tensors, dtype)
         reference = lazy_network.streamed(plan.model, tensors, dtype)
@@ -132,7 +132,7 @@ ORT_TYPE_NAMES = {1: "float", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: 
 
 
 def _compile_tensorrt_plan(plan: BuildPlan, plugin, directory: Path, log) -> None:
-    from specbuild.builder.tensorrt_plan import build_tensorrt_plan, optimization_profiles
+    from specbuild.builder.export.tensorrt_plan import build_tensorrt_plan, optimization_profiles
 
     log("compiling TensorRT plan ...")
     build_tensorrt_plan(

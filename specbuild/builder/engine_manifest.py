@@ -9,8 +9,8 @@ import yaml
 
 from specbuild import __version__
 from specbuild import engine_format as ef
+from specbuild.builder.export.weights_file import WEIGHTS_FILE
 from specbuild.builder.plan import BuildPlan
-from specbuild.builder.weights_file import WEIGHTS_FILE
 
 
 def write_manifest(plan: BuildPlan, plugin, graphs: list[dict], directory: Path, build_seconds: float) -> dict:
@@ -42,7 +42,7 @@ def engine_fields(plan: BuildPlan, plugin, graphs: list[dict], directory: Path) 
         else None,
         "typical_acceptance": list(plan.typical) if plan.typical else None,
         # sampled acceptance draws the token at sequence position q from the request's uniform number q, so a seeded
-        # request gives the same tokens alone or batched, whatever was drafted (builder/acceptance.py)
+        # request gives the same tokens alone or batched, whatever was drafted (builder/network/acceptance.py)
         "sampling": {"uniforms": ef.UNIFORMS_PER_POSITION},
         "model": model_fields(plan.model),
         "limits": {
@@ -72,7 +72,7 @@ def engine_fields(plan: BuildPlan, plugin, graphs: list[dict], directory: Path) 
         "weights": {
             "precision": plan.weights,
             "activations": "int8" if plan.options.int8_activations else "float",
-            # int8: the onnxruntime graph's KV cache in 8 bits (builder/kv_int8.py)
+            # int8: the onnxruntime graph's KV cache in 8 bits (builder/quantize/kv_int8.py)
             ef.GRAPH_KV_CACHE_DTYPE: plan.options.kv_cache,
             # heads and draft layers: the engine's float dtype unless --head-weights or the heads' recorded choice
             # quantizes them (onnxruntime graph only: plan.resolve_head_weights)

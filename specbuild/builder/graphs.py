@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from specbuild import engine_format as ef
-from specbuild.builder import export, validation
-from specbuild.builder.child_job import ChildJob
+from specbuild.builder.export import exporter, validation
+from specbuild.builder.export.child_job import ChildJob
+from specbuild.builder.network.step import FusedStepModule, StepModule
 from specbuild.builder.plan import BuildPlan
-from specbuild.builder.step import FusedStepModule, StepModule
 
 
 class GraphKind:
@@ -52,13 +52,13 @@ class GraphKind:
         """Write the graph to directory/file; return its engine.yaml entry (for backends[0]).
 
         nets: (the network to export, the torch reference to check against, weight(name) for the exported network's
-        fake parameters or None): builder/lazy_network.py. A graph whose float weights are small is exported, checked
-        call by call against torch (validate_export) and then quantized. So is a float graph of any size (its
+        fake parameters or None): builder/network/lazy_network.py. A graph whose float weights are small is exported,
+        checked call by call against torch (validate_export) and then quantized. So is a float graph of any size (its
         reference reads each layer from the checkpoint as it runs). A large quantized one is checked call by call on
         a truncated float network (its first TRUNCATED_LAYERS layers) and written quantized at once, its weights made
         one at a time, then compared whole with torch on a prompt (quantize_step_graph); the truncated network is
-        checked in a child process while this one exports and writes the graph (builder/child_job.py)."""
-        from specbuild.builder.quantize import quantize_step_graph
+        checked in a child process while this one exports and writes the graph (builder/export/child_job.py)."""
+        from specbuild.builder.quantize.blockwise import quantize_step_graph
 
         net, reference, weight = nets
         path, name = directory / self.file, "/".join(backends)
@@ -83,7 +83,7 @@ class GraphKind:
         else:  # the truncated network's trace and checks on the second core while this one writes the graph
             with ChildJob("checking the truncated network", self.validate_truncated, plan, directory,
                           TRUNCATED_LAYERS) as truncated:  # fmt: skip
-                export.export_step(step, path, weight=weight, transform=quantize, log=log)
+                exporter.export_step(step, path, weight=weight, transform=quantize, log=log)
                 self.after_export(path)
                 diff = truncated.result()
         if quantize_kv is not None:
@@ -102,8 +102,8 @@ class GraphKind:
             entry["kv_quantization"] = {**kv_entry, **kv_cache_check(check, path, plan, entry.get("quantization"), log)}
         if heads:
             entry["head_quantization"] = _head_entry(heads, plan.options.weights_block_size, counts["heads"], log)
-        export.lint_graph(path, tensorrt=ef.BACKEND_TENSORRT in backends)
-        opset = export.record_metadata(path, {ef.GRAPH_MAX_POSITIONS: self.max_positions(plan)})
+        exporter.lint_graph(path, tensorrt=ef.BACKEND_TENSORRT in backends)
+        opset = exporter.record_metadata(path, {ef.GRAPH_MAX_POSITIONS: self.max_positions(plan)})
         return {
             "role": ef.ROLE_TARGET,
             "backend": backends[0],
@@ -121,9 +121,9 @@ class GraphKind:
         import dataclasses
         import tempfile
 
-        from specbuild.builder import lazy_network
-        from specbuild.builder.torch_dtypes import FLOAT_DTYPES
-        from specbuild.builder.weights_io import LazyTensors
+        from specbuild.builder.checkpoint.torch_dtypes import FLOAT_DTYPES
+        from specbuild.builder.checkpoint.weights_io import LazyTensors
+        from specbuild.builder.network import lazy_network
 
         ckpt = dataclasses.replace(plan.checkpoint, model=dataclasses.replace(plan.model, num_layers=layers))
         tensors = plan.checkpoint.tensors()
@@ -148,16 +148,17 @@ class GraphKind:
     def export_validated(self, step, check, path: Path, weight, tolerance: float, large: dict, log=None) -> dict:
         """Export `step` to `path` and validate it against torch's `check` (validate_export): where its weights come
         from a checkpoint (`weight`), they are written while the graph is traced and the reference reads them from
-        the file (builder/weights_ahead.py); a large graph's reference (`large`: large_validation's settings) runs its
-        calls while the rest of the file is written, then the graph on every core, from its weights as stored."""
-        from specbuild.builder import weights_ahead
+        the file (builder/export/weights_ahead.py); a large graph's reference (`large`: large_validation's settings)
+        runs its calls while the rest of the file is written, then the graph on every core, from its weights as
+        stored."""
+        from specbuild.builder.export import weights_ahead
 
         large = dict(large)
         hold = large.pop("hold", 0)  # of what the reference reads from the checkpoint (not what `ahead` wrote)
         ahead = weights_ahead.WeightsAhead(step, path, weight) if weight is not None else None
         with weights_ahead.reading(check, ahead):
             reference = validation.TorchOutputsAhead(check, hold, log) if large else None
-            export.export_step(step, path, weight=weight, log=log, before_write=reference and reference.start,
+            exporter.export_step(step, path, weight=weight, log=log, before_write=reference and reference.start,
                                ahead=ahead)  # fmt: skip
             self.after_export(path)
             return validation.validate_export(check, path, tolerance, reference=reference, log=log, **large)
@@ -188,7 +189,7 @@ def float_weight_bytes(plan: BuildPlan) -> int:
 
 def float_bytes(tensors, plan: BuildPlan) -> int:
     """The bytes of checkpoint `tensors` in the engine's float dtype."""
-    from specbuild.builder.weights_io import spec_of
+    from specbuild.builder.checkpoint.weights_io import spec_of
 
     size = 2 if plan.engine_dtype == "float16" else 4
     total = 0
@@ -204,7 +205,7 @@ def float_bytes(tensors, plan: BuildPlan) -> int:
 def _quantizer(plan: BuildPlan, heads: str | None, fused_gather: bool, counts: dict):
     """The pass that quantizes a graph's weights (--weights int4/int8, --head-weights), or None; it records the
     matmuls it quantized in `counts`."""
-    from specbuild.builder.quantize import (
+    from specbuild.builder.quantize.blockwise import (
         ACCURACY_FP32,
         ACCURACY_INT8,
         mode_nodes,
@@ -232,8 +233,8 @@ def _quantizer(plan: BuildPlan, heads: str | None, fused_gather: bool, counts: d
 def kv_cache_check(check, path: Path, plan: BuildPlan, quantization: dict | None, log) -> dict:
     """How far the int8-cache graph at `path` is from the float torch step on a sample text (the weights'
     quantization check measured both where the weights are quantized too; its logits output is then gone)."""
-    from specbuild.builder.export import compare_quantized, drop_output
-    from specbuild.builder.quantize import ACCURACY_FP32, sample_prompt
+    from specbuild.builder.export.exporter import compare_quantized, drop_output
+    from specbuild.builder.quantize.blockwise import ACCURACY_FP32, sample_prompt
 
     if quantization is not None:
         measured = {k: quantization[k] for k in ("max_logit_error", "mean_logit_error", "top1_agreement", "positions")}
@@ -254,7 +255,7 @@ def rewrite_graph(path: Path, transform, log) -> None:
     it back: staged beside it, swapped in, data files nothing reads any more removed."""
     import onnx_ir as ir
 
-    from specbuild.builder import ir_weights
+    from specbuild.builder.export import ir_weights
 
     model = ir.load(path)
     transform(model)
@@ -318,10 +319,10 @@ class FusedGraph(GraphKind):
         return plan.max_seq_len + plan.pad_rows
 
     def after_export(self, onnx_path):
-        export.drop_unused_norm_statistics(onnx_path)
+        exporter.drop_unused_norm_statistics(onnx_path)
 
     def kv_quantizer(self, plan, reference, log):
-        from specbuild.builder import kv_int8
+        from specbuild.builder.quantize import kv_int8
 
         return kv_int8.kv_quantizer(plan, reference, log)
 

@@ -2,9 +2,10 @@
 
 Running an engine holds its weights (ONNX Runtime maps them) plus a working set; so does a quantized build's check of
 the whole graph on a prompt. A float build itself holds less (the float weights of the whole model are never held,
-builder/lazy_network.py, and its graph is checked in segments, builder/graph_segments.py), but an engine this machine
-cannot run is not worth writing. So the estimate is the weights of the engine at its precision plus a bounded working
-set (a few decoder layers in float, the largest tensor), against the memory the machine has available now.
+builder/network/lazy_network.py, and its graph is checked in segments, builder/export/graph_segments.py), but an engine
+this machine cannot run is not worth writing. So the estimate is the weights of the engine at its precision plus a
+bounded working set (a few decoder layers in float, the largest tensor), against the memory the machine has available
+now.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ class _BuildOptions:
     weights: str | None = None  # fp32, fp16, int8, int4 (default: fp16 for a float16 checkpoint, else fp32)
     weights_block_size: int = 32  # int4/int8: weights per quantization block along K
     int8_activations: bool = False  # int4/int8: quantize activations to int8 too (faster; calls padded, ort_kernels)
-    kv_cache: str = ef.KV_CACHE_FLOAT  # int8: the onnxruntime graph's KV cache in 8 bits (builder/kv_int8.py)
+    kv_cache: str = ef.KV_CACHE_FLOAT  # int8: the onnxruntime graph's KV cache in 8 bits (builder/quantize/kv_int8.py)
     # int8/int4: the mode's own matmuls (heads, draft layers) in the onnxruntime graph; float: keep them float;
     # None: the heads' recorded default (plan.resolve_head_weights)
     head_weights: str | None = None

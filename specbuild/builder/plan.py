@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild import engine_format as ef
-from specbuild.builder.checkpoint import Checkpoint, build_weights
+from specbuild.builder.checkpoint.canonical import Checkpoint, build_weights
 from specbuild.builder.options import BuildOptions, flag
 from specbuild.errors import SpecbuildError
 from specbuild.fsutil import OutputTarget, existing_paths, prepare_output_dir
@@ -164,7 +164,7 @@ def resolve(checkpoint_dir, output_dir, options: BuildOptions) -> BuildPlan:
 def _check_memory(ckpt: Checkpoint, weights: str, block_size: int) -> None:
     """The engine and the build's working set fit in the memory available now (builder/memory_budget.py)."""
     from specbuild.builder import memory_budget
-    from specbuild.builder.weights_io import spec_of
+    from specbuild.builder.checkpoint.weights_io import spec_of
 
     tensors = ckpt.tensors()
     memory_budget.check_fits(
@@ -212,7 +212,7 @@ def fused_kernels_unsupported(cfg, dtype: str) -> str | None:
 
 
 def _require_tensorrt() -> None:
-    from specbuild.builder.tensorrt_plan import tensorrt_available
+    from specbuild.builder.export.tensorrt_plan import tensorrt_available
 
     if not tensorrt_available():
         raise SpecbuildError(
@@ -241,7 +241,7 @@ def _check_mode_options(options: BuildOptions, spec: ModeSpec) -> None:
 def _check_tokenizer(ckpt: Checkpoint) -> None:
     """The engine carries the checkpoint's tokenizer: it must load, round-trip and render its chat template."""
     if ckpt.tokenizer_file is not None:
-        from specbuild.builder.tokenizer_io import validate_tokenizer
+        from specbuild.builder.checkpoint.tokenizer_io import validate_tokenizer
 
         config_file = ckpt.path / ef.CHECKPOINT_CONFIG
         validate_tokenizer(

@@ -42,7 +42,7 @@ def _head_param(mode: str) -> str:
 @needs_extra("build")
 def convert(model_dir, output_dir, dtype, overwrite, **head_dirs):
     """Convert a HF checkpoint (+ speculative heads) into one validated canonical checkpoint."""
-    from specbuild.builder.convert import convert_checkpoint
+    from specbuild.builder.checkpoint.convert import convert_checkpoint
     from specbuild.fsutil import provisional_commits
 
     check_choice("--dtype", dtype, DTYPE_CHOICES)

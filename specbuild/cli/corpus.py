@@ -36,7 +36,7 @@ def _model_dir(model_dir: Path | None) -> Path:
         if not (model_dir / "config.json").is_file():
             raise SpecbuildError(f"--model-dir {model_dir}: no config.json (a Hugging Face model directory)")
         return model_dir
-    from specbuild.builder.default_model import prepare_smollm2
+    from specbuild.builder.checkpoint.default_model import prepare_smollm2
 
     return prepare_smollm2()
 
@@ -123,7 +123,7 @@ def grow(corpus_dir, prompt_pool, minutes, chunk_minutes, batch_size, probe, max
 
     if device == "cuda" and not torch.cuda.is_available():
         raise SpecbuildError("--device cuda: torch sees no CUDA GPU")
-    from specbuild.builder.default_model import model_source
+    from specbuild.builder.checkpoint.default_model import model_source
 
     hf = _model_dir(model_dir)
     pool = pool_mod.load_pool(prompt_pool) if prompt_pool is not None else None  # bad input fails before loading

@@ -21,7 +21,7 @@ DEMO_PROMPT = "Write a Python function that returns the n-th Fibonacci number."
 
 def _embedded_heads(mode: str) -> Path | None:
     """Heads for SmolLM2 shipped in specbuild/data/heads/smollm2-<mode>, if any."""
-    from specbuild.builder.default_model import shipped_heads
+    from specbuild.builder.checkpoint.default_model import shipped_heads
 
     return shipped_heads().get(mode)
 
@@ -33,8 +33,8 @@ def demo_mode() -> str:
 
 def _demo_checkpoint(console, hf_dir: Path, work_dir: Path, mode: str) -> Path:
     """The SmolLM2 checkpoint, with `mode`'s shipped heads when it has any (reused when already there)."""
-    from specbuild.builder.checkpoint import Checkpoint
-    from specbuild.builder.convert import convert_checkpoint
+    from specbuild.builder.checkpoint.canonical import Checkpoint
+    from specbuild.builder.checkpoint.convert import convert_checkpoint
 
     spec, heads = get_mode(mode), None
     if spec.converter:
@@ -108,7 +108,7 @@ def demo(work_dir, prompt, max_new_tokens, speculative_mode, threads):
 
     Steps whose output already exists in --work-dir are reused.
     """
-    from specbuild.builder.default_model import prepare_smollm2
+    from specbuild.builder.checkpoint.default_model import prepare_smollm2
     from specbuild.runtime.engine import Engine, SamplingParams
 
     modes_shown = list(dict.fromkeys([baseline_mode(), speculative_mode or demo_mode()]))

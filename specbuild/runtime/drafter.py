@@ -48,8 +48,8 @@ class StepResult:
 class Proposal:
     """What one engine call verifies: tokens [1,N] (root first), mask [1,N,N] (bool, node i sees node j),
     offsets [N] (depth = position offset from the root), paths [1,NP,DP] (node indices, -1 padded). Every draft is
-    verified as a point mass (builder/acceptance.py): a drafter that samples draws each draft with the uniform number
-    of the position it would take (sampling.position_uniforms)."""
+    verified as a point mass (builder/network/acceptance.py): a drafter that samples draws each draft with the uniform
+    number of the position it would take (sampling.position_uniforms)."""
 
     tokens: np.ndarray
     mask: np.ndarray

@@ -63,7 +63,7 @@ def record_files(engine_dir) -> dict[str, dict]:
 def remember_verified(engine_dir, records: dict[str, dict]) -> None:
     """Keep the files of `records` as verified (their identities, as verify_once does) without hashing them again:
     for the build, which has just hashed what it wrote, so that the engine's first load on this machine does not
-    (5 GB at the 1B shape in fp32: 3.3 s of its 10 s load, beside the session's)."""
+    (at the 1B shape, a third of the load: docs/benchmarks/design-measurements.md)."""
     for name, record in records.items():
         user_cache.put(VERIFIED_CACHE, _identity(Path(engine_dir) / name, record[HASH_ALGORITHM]), True)
 

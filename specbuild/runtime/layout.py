@@ -37,7 +37,9 @@ class Layout:
     scratch_rows: int  # rows the graph writes after each call's tokens: the cache keeps room for them
     states: tuple[StateLayout, ...]
     max_batch_size: int  # KV slots (limits.max_batch_size; 1 for engines built before batching)
-    per_position_uniforms: bool  # sampling.uniforms: rand_accept is drawn per sequence position (builder/acceptance)
+    per_position_uniforms: (
+        bool  # sampling.uniforms: rand_accept is drawn per sequence position (builder/network/acceptance)
+    )
     selects_rows: bool  # the graph drafts only for the rows in ef.DRAFT_ROWS (engine-drafted modes built since)
     draft_probs_vocab: int = 0  # V of the graph's ef.DRAFT_PROBS input [B,W,V] (0: the graph has none)
     # LongRoPE: a sequence longer than this rotates with the long factors (the graph's ef.ROPE_LONG); None: no switch

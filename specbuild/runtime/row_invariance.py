@@ -2,10 +2,10 @@
 
 An engine with int8 activations reproduces its `none` engine bit for bit only if every row-wise kernel gives a token
 the same bits whatever the number of rows in the call: the int8 roundings of the next layer amplify any last-bit
-difference (builder/ort_kernels.py says which kernels differ on which CPUs). That is a property of the CPU, so it is
-measured where the engine runs. The probe rebuilds every kernel configuration the graph holds -- block-quantized
+difference (builder/network/ort_kernels.py says which kernels differ on which CPUs). That is a property of the CPU, so
+it is measured where the engine runs. The probe rebuilds every kernel configuration the graph holds -- block-quantized
 MatMul (which ONNX Runtime fuses into MatMulNBits, as in the engine), MatMulNBits, the integer GEMM
-(MatMulIntegerToFloat, builder/int8_gemm.py), float MatMul, GroupQueryAttention
+(MatMulIntegerToFloat, builder/quantize/int8_gemm.py), float MatMul, GroupQueryAttention
 with the node's own inputs, the norms and the SiLU -- with random weights of the same shapes, runs each on calls of
 1..R rows (R: MAX_PROBE_ROWS, or the most rows one of the engine's calls holds) under the engine's own session
 settings, and compares the bits row by row.
@@ -211,8 +211,8 @@ class _Collector:
         self._row_kernel(name, k, nodes, inits, self.tp.FLOAT)
 
     def integer_matmul(self, node) -> None:
-        """MatMulIntegerToFloat(uint8 rows, int8 weights, scales, zero points) -- builder/int8_gemm.py's GEMM --
-        with its rows made from float ones (x * 60 + 128, clipped, cast)."""
+        """MatMulIntegerToFloat(uint8 rows, int8 weights, scales, zero points) -- builder/quantize/int8_gemm.py's GEMM
+        -- with its rows made from float ones (x * 60 + 128, clipped, cast)."""
         wq = self.inits.get(node.input[1])
         if wq is None or len(wq.dims) != 2:
             return
@@ -278,7 +278,7 @@ class _Collector:
         head_dim = dims[3].dim_value if len(dims) == 4 else 0
         heads, kv_heads = int(attrs["num_heads"]), int(attrs["kv_num_heads"])
         window = int(attrs.get("local_window_size", -1))
-        int8 = past is not None and past.type.tensor_type.elem_type == tp.INT8  # builder/kv_int8.py
+        int8 = past is not None and past.type.tensor_type.elem_type == tp.INT8  # builder/quantize/kv_int8.py
         name = f"GroupQueryAttention {heads}/{kv_heads} heads x {head_dim}" + "".join(
             label for index, label in ((9, " positions"), (10, " bias")) if index in used
         ) + (f" window {window}" if window > 0 else "") + (" int8 cache" if int8 else "")  # fmt: skip

@@ -73,7 +73,7 @@ def position_uniforms(seed: int, positions: int) -> np.ndarray:
     """float32 [positions]: the uniform number of each position of a sampled request's sequence, from its seed alone.
 
     Number q draws the token at position q: every verified node draws its next token by inverse CDF with the number
-    of the position that token takes (builder/acceptance.py), and a drafter that samples its drafts draws the draft
-    for position q with the same number. So the token at each position is the one plain decoding draws there, whatever
-    was drafted or batched: a seed means the same tokens."""
+    of the position that token takes (builder/network/acceptance.py), and a drafter that samples its drafts draws the
+    draft for position q with the same number. So the token at each position is the one plain decoding draws there,
+    whatever was drafted or batched: a seed means the same tokens."""
     return np.random.default_rng(seed).random(positions, dtype=np.float32)

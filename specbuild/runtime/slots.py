@@ -165,7 +165,7 @@ class SharedSlots:
         if cap < needed:
             raise ValueError(f"KV cache needs {needed} positions but max capacity is {self.max_capacity}")
         # np.zeros leaves untouched pages unmapped: copying only the slots and positions in use keeps growth
-        # O(committed tokens), not O(every slot x capacity) (16 idle SmolLM2 slots at 256 -> 512: 0.75 s)
+        # O(committed tokens), not O(every slot x capacity) (measured: docs/benchmarks/design-measurements.md)
         grown = np.zeros((*self.data.shape[:4], cap, self.data.shape[5]), dtype=self.data.dtype)
         n, used = len(self.lengths), max(self.lengths, default=0)
         grown[:, :, :n, :, :used] = self.data[:, :, :n, :, :used]

@@ -124,7 +124,7 @@ def choose_for_recipe(cfg: dict, mode: str, head_dir: str | Path, log=print) -> 
         return None
     import json
 
-    from specbuild.builder.convert import convert_checkpoint
+    from specbuild.builder.checkpoint.convert import convert_checkpoint
 
     data_dir = cfg.get("distill_dir") or cfg["work_dir"]  # where the recipe's training sequences are
     count = int(choice.get("prompts", 12))

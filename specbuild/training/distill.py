@@ -58,8 +58,9 @@ def default_device() -> str:
 
 
 def load_model(hf_dir: str | Path, device: str = "cpu", dtype: str = "float32"):
-    """The base model in eval mode on `device` with weights in `dtype` (float32, or bfloat16: ~2x faster decoding
-    on CPUs with AMX/AVX512-BF16 and on GPUs; its greedy tokens differ from float32's at near-ties)."""
+    """The base model in eval mode on `device` with weights in `dtype` (float32, or bfloat16: faster decoding on
+    CPUs with AMX/AVX512-BF16 and on GPUs, docs/benchmarks/design-measurements.md; its greedy tokens differ from
+    float32's at near-ties)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(hf_dir))

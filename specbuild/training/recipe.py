@@ -23,7 +23,7 @@ def expand_path(path) -> str:
 def resolve_paths(cfg: dict) -> dict:
     """`base_model: default` -> the embedded SmolLM2, `base_model: gemma3-270m` (any name prepare-default-model
     knows) -> that real model, prepared on first use; `~` and env vars expanded."""
-    from specbuild.builder.default_model import REAL_MODELS
+    from specbuild.builder.checkpoint.default_model import REAL_MODELS
 
     cfg = dict(cfg)
     name = "smollm2" if cfg.get("base_model") == "default" else cfg.get("base_model")

@@ -1,27 +1,20 @@
-"""The architectures beyond Llama, Mistral and Qwen2 (conftest.ARCH_SHAPES) against transformers: the config is read
+"""The architectures beyond Llama, Mistral and Qwen2 (shapes.ARCH_SHAPES) against transformers: the config is read
 as transformers reads it, the `none` engine gives transformers' prefill logits and greedy ids (64 tokens, prompts
 longer than any sliding window), and every kind of drafter reproduces them; sampling keeps the base distribution."""
 
 import pytest
 
 from specbuild.builder.build import BuildOptions, build_engine
-from specbuild.builder.checkpoint import Checkpoint
-from specbuild.builder.convert import convert_checkpoint
+from specbuild.builder.checkpoint.canonical import Checkpoint
+from specbuild.builder.checkpoint.convert import convert_checkpoint
 from specbuild.runtime.engine import Engine
 from specbuild.runtime.scheduler import Request, Scheduler
-from tests.conftest import (
-    ARCH_SHAPES,
-    ORT_ONLY,
-    assert_drafting_behind_an_if,
-    check_none_engine,
-    full,
-    hf_greedy,
-    quiet,
-    tiny_hf_model,
-)
+from tests.helpers import ORT_ONLY, assert_drafting_behind_an_if, check_none_engine, hf_greedy, quiet
 from tests.plugins.distribution_check import check_sampled_distribution, exact_distribution
 from tests.plugins.eagle_fixtures import write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
+from tests.shapes import ARCH_SHAPES, tiny_hf_model
+from tests.tiers import full
 
 SEEDS = (0, 1, 2)
 PROMPTS = [[1, 5, 9, 3, 7, 11, 4, 8, 10, 6], [1, 4, 10]]

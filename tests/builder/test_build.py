@@ -6,9 +6,11 @@ import yaml
 
 from specbuild import engine_format as ef
 from specbuild.builder.build import BuildOptions, build_engine
-from specbuild.builder.trt_compat import lint_onnx_for_tensorrt
+from specbuild.builder.export.trt_compat import lint_onnx_for_tensorrt
 from specbuild.errors import SpecbuildError
-from tests.conftest import TINY_ENGINE_SHAPES, full, quiet
+from tests.helpers import quiet
+from tests.shapes import TINY_ENGINE_SHAPES
+from tests.tiers import full
 
 pytestmark = pytest.mark.xdist_group("tiny")
 
@@ -45,8 +47,8 @@ def test_every_exported_graph_passes_the_tensorrt_operator_check(tiny_engines, s
 
 
 def test_graphs_name_no_source_file_of_the_build(tiny_engines):
-    """The tracer records no Python stack per node (builder/lean_export.lean_tracing): no checkout path in a graph;
-    the module paths builder/quantize.py reads stay."""
+    """The tracer records no Python stack per node (builder/export/lean_export.lean_tracing): no checkout path in a
+    graph; the module paths builder/quantize/blockwise.py reads stay."""
     for name in (ef.ENGINE_ONNX, ef.ENGINE_ORT_ONNX):
         model = onnx.load(str(tiny_engines["qwen2_bias"] / name), load_external_data=False)
         meta = [{p.key: p.value for p in node.metadata_props} for node in model.graph.node]
@@ -65,13 +67,13 @@ def test_recipe_options_and_overrides(tmp_path, tiny_checkpoints):
 
 
 def test_failed_build_leaves_no_output(tmp_path, tiny_checkpoints, monkeypatch):
-    import specbuild.builder.export as export
+    import specbuild.builder.export.exporter as exporter
 
     def boom(step, path, **kwargs):  # the graph half written, then refused (without the trace it would take)
         path.write_bytes(b"\x08\x09")
         raise SpecbuildError("export validation: max abs diff 1 exceeds 0.001")
 
-    monkeypatch.setattr(export, "export_step", boom)
+    monkeypatch.setattr(exporter, "export_step", boom)
     with pytest.raises(SpecbuildError, match="export validation"):
         build_engine(tiny_checkpoints["qwen2_bias"], tmp_path / "engine", BuildOptions(), log=quiet)
     assert not (tmp_path / "engine").exists()
@@ -88,9 +90,9 @@ def test_bfloat16_checkpoint_builds_an_exact_float32_engine(tmp_path, tiny_hf_mo
     import numpy as np
     import torch
 
-    from specbuild.builder.convert import convert_checkpoint
+    from specbuild.builder.checkpoint.convert import convert_checkpoint
     from specbuild.runtime.engine import Engine
-    from tests.conftest import tiny_hf_model
+    from tests.shapes import tiny_hf_model
 
     ckpt = convert_checkpoint(tiny_hf_models["qwen2_bias"], tmp_path / "ckpt", dtype="bfloat16", progress=False)
     engine = Engine(build_engine(ckpt, tmp_path / "engine", BuildOptions(output_logits=True), log=quiet), threads=1)
@@ -106,11 +108,11 @@ def test_bfloat16_checkpoint_builds_an_exact_float32_engine(tmp_path, tiny_hf_mo
 
 
 def test_graph_metadata_names_no_memory_address():
-    """builder/export.stable_metadata: a node from a Python function (torch's sym_min) keeps its name, not the
+    """builder/export/exporter.stable_metadata: a node from a Python function (torch's sym_min) keeps its name, not the
     address the exporter wrote beside it, in a branch of an If too."""
     import onnx_ir as ir
 
-    from specbuild.builder.export import stable_metadata
+    from specbuild.builder.export.exporter import stable_metadata
 
     x = ir.Value(name="x")
     inner = ir.Node("", "Constant", [], [ir.AttrTensor("value", ir.tensor(1.0))], name="inner")

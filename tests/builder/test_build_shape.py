@@ -12,7 +12,8 @@ from specbuild.builder import plan as plan_module
 from specbuild.builder.build import build_plan
 from specbuild.builder.options import BuildOptions
 from specbuild.modes.registry import mode_options
-from tests.conftest import full, quiet
+from tests.helpers import quiet
+from tests.tiers import full
 
 BUILDER = Path(builder_package.__file__).parent
 GRAPH_MODULES = {"StepModule", "FusedStepModule", "PortableGraph", "FusedGraph", "GraphKind"}
@@ -23,7 +24,7 @@ def _names(node) -> set[str]:
     return {n.id if isinstance(n, ast.Name) else n.attr for n in nodes}
 
 
-@pytest.mark.parametrize("file", ["export.py", "graphs.py", "build.py"])
+@pytest.mark.parametrize("file", ["export/exporter.py", "graphs.py", "build.py"])
 def test_no_isinstance_on_graph_modules(file):
     tree = ast.parse((BUILDER / file).read_text())
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "isinstance"]
@@ -39,7 +40,7 @@ def test_builder_reads_no_mode_option_by_name():
         return getattr(node, "id", None) == "options" or getattr(node, "attr", None) == "options"
 
     found = []
-    for path in BUILDER.glob("*.py"):
+    for path in BUILDER.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and is_options(node.value) and node.attr in options:
                 found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
@@ -61,7 +62,7 @@ def test_every_check_runs_once_in_resolve(tiny_checkpoints, tmp_path, monkeypatc
     monkeypatch.setattr(BuildOptions, "check", again)
     monkeypatch.setattr(plan.plugin_cls, "check_options", again)
     monkeypatch.setattr(plan_module, "prepare_output_dir", again)
-    monkeypatch.setattr("specbuild.builder.tokenizer_io.validate_tokenizer", again)
+    monkeypatch.setattr("specbuild.builder.checkpoint.tokenizer_io.validate_tokenizer", again)
     engine_dir = build_plan(plan, log=quiet)
     assert (engine_dir / ef.ENGINE_MANIFEST).is_file()
 

@@ -7,16 +7,17 @@ import onnx
 import pytest
 
 from specbuild import engine_format as ef
-from specbuild.builder import weights_ahead
 from specbuild.builder.build import BuildOptions, build_engine
-from specbuild.builder.convert import convert_checkpoint
-from specbuild.builder.trt_compat import lint_onnx_for_tensorrt
-from specbuild.builder.weights_file import WEIGHTS_FILE
+from specbuild.builder.checkpoint.convert import convert_checkpoint
+from specbuild.builder.export import weights_ahead
+from specbuild.builder.export.trt_compat import lint_onnx_for_tensorrt
+from specbuild.builder.export.weights_file import WEIGHTS_FILE
 from specbuild.runtime.engine import Engine
-from tests.conftest import assert_drafting_behind_an_if, full, hf_greedy, quiet
+from tests.helpers import assert_drafting_behind_an_if, hf_greedy, quiet
 from tests.plugins.eagle_fixtures import write_eagle1_head, write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
 from tests.plugins.redrafter_fixtures import write_redrafter
+from tests.tiers import full
 
 pytestmark = pytest.mark.xdist_group("graphs")
 
@@ -48,7 +49,8 @@ def toy(tmp_path_factory):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_both_graphs_equal_transformers(toy, tmp_path, monkeypatch, mode):
     model, ckpt = toy
-    unclaimed = []  # weights written while a graph was traced in a layout it did not take (builder/weights_ahead.py)
+    # weights written while a graph was traced in a layout it did not take (builder/export/weights_ahead.py)
+    unclaimed = []
     finish = weights_ahead.WeightsAhead.finish
     monkeypatch.setattr(
         weights_ahead.WeightsAhead, "finish", lambda self, *a: (finish(self, *a), unclaimed.extend(self.unclaimed()))

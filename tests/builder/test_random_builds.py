@@ -8,12 +8,14 @@ from __future__ import annotations
 import pytest
 
 from specbuild.builder.build import build_engine
-from specbuild.builder.convert import convert_checkpoint
+from specbuild.builder.checkpoint.convert import convert_checkpoint
 from specbuild.builder.options import BuildOptions
-from tests.conftest import ARCH_SHAPES, ORT_ONLY, SLIDING_SHAPES, TINY_SHAPES, full, quiet, tiny_hf_model
+from tests.helpers import ORT_ONLY, quiet
 from tests.plugins.eagle_fixtures import write_eagle3_head
 from tests.plugins.medusa_helpers import write_medusa_heads
 from tests.plugins.redrafter_fixtures import write_redrafter
+from tests.shapes import ARCH_SHAPES, SLIDING_SHAPES, TINY_SHAPES, tiny_hf_model
+from tests.tiers import full
 
 SEEDS = (0, 1, 2)
 # the graphs whose drafting chooses among float scores (top-k expansion, beams, per-head top-k): every seed builds

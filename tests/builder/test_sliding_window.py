@@ -5,20 +5,14 @@ model's greedy ids exactly, and the windowed graph passes the TensorRT operator 
 import pytest
 
 from specbuild.builder.build import BuildOptions, build_engine
-from specbuild.builder.checkpoint import Checkpoint
-from specbuild.builder.convert import convert_checkpoint
+from specbuild.builder.checkpoint.canonical import Checkpoint
+from specbuild.builder.checkpoint.convert import convert_checkpoint
 from specbuild.runtime.engine import Engine
-from tests.conftest import (
-    ORT_ONLY,
-    SLIDING_SHAPES,
-    check_none_engine,
-    full,
-    hf_greedy,
-    quiet,
-    tiny_hf_model,
-)
+from tests.helpers import ORT_ONLY, check_none_engine, hf_greedy, quiet
 from tests.plugins.eagle_fixtures import write_eagle1_head, write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
+from tests.shapes import SLIDING_SHAPES, tiny_hf_model
+from tests.tiers import full
 
 pytestmark = pytest.mark.xdist_group("sliding")
 

@@ -4,7 +4,7 @@ Every case must end in one `error:` line naming the file, tensor, field or value
 (no output directory, no temporary sibling). Classes covered here: config fields that change the math, non-finite
 weights, unreadable or corrupt inputs (config, weights, tokenizer, chat template), unbounded build options. The
 other classes of the corpus live beside the code they test: sliding windows (tests/builder/test_sliding_window.py),
-config-field honouring against transformers (tests/builder/test_config_fields.py), EAGLE-3 layouts
+config-field honouring against transformers (tests/builder/checkpoint/test_config_fields.py), EAGLE-3 layouts
 (tests/plugins/test_eagle_convert.py), engine integrity and manifests (tests/runtime/test_integrity.py,
 test_manifest.py), sampling values (tests/cli/test_cli.py), interruption and never destroying user data
 (tests/cli/test_interrupt.py, tests/test_fsutil.py).
@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from specbuild.cli.main import cli
-from tests.conftest import write_char_tokenizer
+from tests.helpers import write_char_tokenizer
 from tests.plugins.eagle_fixtures import write_eagle1_head
 from tests.plugins.medusa_helpers import write_medusa_heads
 from tests.plugins.redrafter_fixtures import write_redrafter

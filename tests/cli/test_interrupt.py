@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from specbuild import engine_format as ef
 from specbuild.cli.main import cli
-from tests.conftest import full
+from tests.tiers import full
 
 pytestmark = pytest.mark.xdist_group("cli")
 

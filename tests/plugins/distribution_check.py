@@ -3,7 +3,7 @@
 import torch
 from scipy.stats import chisquare
 
-from tests.builder.reference_acceptance import reference_probs
+from tests.builder.network.reference_acceptance import reference_probs
 
 
 def exact_distribution(model, prompt, n, temperature, top_k, top_p):

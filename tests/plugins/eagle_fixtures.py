@@ -1,6 +1,6 @@
 """Write random EAGLE-1/2 and EAGLE-3 heads in their published layouts for a tiny base model config.
 
-`base_cfg` is a transformers config (tests.conftest.tiny_hf_config) or a plain dict with the same keys. Weights are
+`base_cfg` is a transformers config (tests.shapes.tiny_hf_config) or a plain dict with the same keys. Weights are
 random with std 0.3 and norm weights around 1, so every tensor matters. Each writer returns the state dict it wrote,
 under the names it used in the file (prefixes included).
 """
@@ -126,7 +126,7 @@ def write_eagle1_head(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     d = base_dims(base_cfg)
-    # offset seed: tests.conftest's tiny models draw their embedding first from manual_seed(seed)
+    # offset seed: tests.shapes' tiny models draw their embedding first from manual_seed(seed)
     h, g = d["hidden"], torch.Generator().manual_seed(seed + 7919)
     state = {}
     if with_embed or embed is not None:
@@ -266,7 +266,7 @@ def write_eagle3_head(
 def toy_eagle3_checkpoint(root: Path, seed: int) -> Path:
     """A canonical checkpoint of a 12-token GQA toy (llama3 RoPE) with an EAGLE-3 head of an 8-token draft vocabulary,
     under `root`."""
-    from specbuild.builder.convert import convert_checkpoint
+    from specbuild.builder.checkpoint.convert import convert_checkpoint
     from tests.plugins.medusa_helpers import toy_model
 
     model = toy_model("llama_gqa_llama3rope", root / "hf", vocab=12, seed=seed)

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from tests.conftest import tiny_hf_model
+from tests.shapes import tiny_hf_model
 
 TOY_VOCAB = 12
 

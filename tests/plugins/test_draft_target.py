@@ -13,27 +13,20 @@ import torch
 import yaml
 
 from specbuild.builder.build import BuildOptions, build_engine
-from specbuild.builder.convert import convert_checkpoint
+from specbuild.builder.checkpoint.convert import convert_checkpoint
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.draft_target.drafter import DraftModelDrafter
 from specbuild.runtime.engine import Engine, SamplingParams
 from specbuild.runtime.scheduler import Request
-from tests.conftest import (
-    ALL_SHAPES,
-    ORT_ONLY,
-    fast_first,
-    full,
-    hf_greedy,
-    quiet,
-    tiny_hf_model,
-    write_char_tokenizer,
-)
+from tests.helpers import ORT_ONLY, hf_greedy, quiet, write_char_tokenizer
 from tests.plugins.distribution_check import (
     check_sampled_distribution,
     exact_distribution,
     sampled_counts,
 )
 from tests.plugins.medusa_helpers import toy_model
+from tests.shapes import ALL_SHAPES, tiny_hf_model
+from tests.tiers import fast_first, full
 
 pytestmark = pytest.mark.xdist_group("draft_target")
 
@@ -156,7 +149,7 @@ def test_vocabulary_subset_drafts_stay_exact(tmp_path):
     config["specbuild_defaults"]["by_weights"]["fp32"] = {"draft_weights": "int4"}  # a cheaper draft, same output
     (draft_dir / "config.json").write_text(json.dumps(config))
     ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", heads={MODE: draft_dir}, progress=False)
-    from specbuild.builder.checkpoint import Checkpoint
+    from specbuild.builder.checkpoint.canonical import Checkpoint
     from specbuild.plugins.draft_target.graph import DraftTargetPlugin
 
     int4 = DraftTargetPlugin.check_options(Checkpoint.load(ckpt), BuildOptions(speculative_mode=MODE, weights="int4"))
@@ -399,7 +392,7 @@ def test_coupled_drafts_are_the_targets_draw_where_the_distributions_agree():
     lists its rows most frequent first): where q = p it is the token the target graph draws with u (acceptance's
     inverse_cdf), never a token of probability 0; a tree's siblings are the tokens whose CDF intervals lie nearest u,
     nearest first."""
-    from specbuild.builder.acceptance import inverse_cdf
+    from specbuild.builder.network.acceptance import inverse_cdf
     from specbuild.plugins.draft_target.drafter import coupled_rows
 
     rng = np.random.default_rng(0)

@@ -6,13 +6,15 @@ import pytest
 import torch
 
 from specbuild.builder.build import BuildOptions, build_engine
-from specbuild.builder.convert import convert_checkpoint
+from specbuild.builder.checkpoint.convert import convert_checkpoint
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine, SamplingParams
-from tests.conftest import ORT_ONLY, TINY_SHAPES, full, hf_greedy, quiet
+from tests.helpers import ORT_ONLY, hf_greedy, quiet
 from tests.plugins.distribution_check import chi_square_pvalue, exact_distribution
 from tests.plugins.eagle_fixtures import write_eagle1_head, write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model
+from tests.shapes import TINY_SHAPES
+from tests.tiers import full
 
 pytestmark = pytest.mark.xdist_group("eagle")
 
@@ -198,8 +200,8 @@ def test_norm_before_residual_draft_layer_matches_speculators_math():
     from types import SimpleNamespace
 
     from specbuild.plugins.eagle3.draft_net import Eagle3Net
-    from tests.conftest import tiny_hf_config
     from tests.plugins.eagle_fixtures import eagle3_state
+    from tests.shapes import tiny_hf_config
 
     hf = tiny_hf_config("llama_gqa_llama3rope")  # H 64, 4 heads / 2 kv heads of 16, intermediate 96, V 97
     base = SimpleNamespace(

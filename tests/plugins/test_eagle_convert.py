@@ -9,10 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specbuild.builder.checkpoint import Checkpoint
-from specbuild.builder.convert import convert_checkpoint
+from specbuild.builder.checkpoint.canonical import Checkpoint
+from specbuild.builder.checkpoint.convert import convert_checkpoint
 from specbuild.errors import SpecbuildError
-from tests.conftest import tiny_hf_config, tiny_hf_model
 from tests.plugins.eagle_fixtures import (
     EAGLE3_TO_MODELOPT,
     eagle3_state,
@@ -21,6 +20,7 @@ from tests.plugins.eagle_fixtures import (
     write_eagle1_head,
     write_eagle3_head,
 )
+from tests.shapes import tiny_hf_config, tiny_hf_model
 
 pytestmark = pytest.mark.xdist_group("eagle")
 

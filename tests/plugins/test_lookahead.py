@@ -15,9 +15,11 @@ from specbuild.plugins.lookahead import DEFAULT_LOOKUP, step_rows
 from specbuild.plugins.lookahead.drafter import LookaheadDrafter, NgramPool
 from specbuild.runtime.drafter import StepResult
 from specbuild.runtime.engine import Engine
-from tests.conftest import ORT_ONLY, TINY_SHAPES, Lazy, fast_first, full, hf_greedy, quiet
+from tests.helpers import ORT_ONLY, Lazy, hf_greedy, quiet
 from tests.plugins.distribution_check import check_sampled_distribution, exact_distribution
 from tests.plugins.medusa_helpers import toy_model
+from tests.shapes import TINY_SHAPES
+from tests.tiers import fast_first, full
 
 pytestmark = pytest.mark.xdist_group("lookahead")
 
@@ -207,7 +209,7 @@ def test_host_work_does_not_grow_with_the_context():
 
 @pytest.fixture(scope="module")
 def toy_lookahead(tmp_path_factory):
-    from specbuild.builder.convert import convert_checkpoint
+    from specbuild.builder.checkpoint.convert import convert_checkpoint
 
     root = tmp_path_factory.mktemp("lookahead_toy")
 
@@ -249,7 +251,7 @@ def test_greedy_equals_base_model(toy_lookahead, shape):
 
 @full("int4: two quantized engines (the fast tier builds int4 in tests/runtime/test_exactness.py)")
 def test_int4_equals_the_int4_none_engine(tmp_path):
-    from specbuild.builder.convert import convert_checkpoint
+    from specbuild.builder.checkpoint.convert import convert_checkpoint
 
     toy_model("llama_gqa_llama3rope", tmp_path / "hf", seed=5)
     ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", progress=False)
@@ -297,7 +299,7 @@ def test_engine_yaml_settings_are_checked_when_the_engine_loads():
 @full("sampling with point-mass drafts: the fast tier checks n-gram's (one acceptance rule in every graph)")
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (1.5, 4, 0.9)])
 def test_sampling_preserves_the_base_distribution(tmp_path, temperature, top_k, top_p):
-    from specbuild.builder.convert import convert_checkpoint
+    from specbuild.builder.checkpoint.convert import convert_checkpoint
 
     vocab = 8
     model = toy_model("llama_gqa_llama3rope", tmp_path / "hf", vocab=vocab, seed=3)

@@ -7,13 +7,15 @@ import pytest
 import torch
 
 from specbuild.builder.build import BuildOptions, build_engine
-from specbuild.builder.checkpoint import Checkpoint
-from specbuild.builder.convert import convert_checkpoint
+from specbuild.builder.checkpoint.canonical import Checkpoint
+from specbuild.builder.checkpoint.convert import convert_checkpoint
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine, SamplingParams
-from tests.conftest import ORT_ONLY, TINY_SHAPES, Lazy, fast_first, full, hf_greedy, quiet
+from tests.helpers import ORT_ONLY, Lazy, hf_greedy, quiet
 from tests.plugins.distribution_check import chi_square_pvalue, exact_distribution
 from tests.plugins.medusa_helpers import medusa_state, toy_model, write_medusa_heads
+from tests.shapes import TINY_SHAPES
+from tests.tiers import fast_first, full
 
 pytestmark = pytest.mark.xdist_group("medusa")
 

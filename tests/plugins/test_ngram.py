@@ -8,9 +8,11 @@ from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.ngram.drafter import NgramDrafter
 from specbuild.runtime.engine import Engine
-from tests.conftest import ORT_ONLY, TINY_SHAPES, Lazy, fast_first, hf_greedy, quiet
+from tests.helpers import ORT_ONLY, Lazy, hf_greedy, quiet
 from tests.plugins.distribution_check import check_sampled_distribution, exact_distribution
 from tests.plugins.medusa_helpers import toy_model
+from tests.shapes import TINY_SHAPES
+from tests.tiers import fast_first
 
 pytestmark = pytest.mark.xdist_group("ngram")
 
@@ -100,7 +102,7 @@ def toy_ngram(tmp_path_factory):
     def make(shape):
         i = list(TINY_SHAPES).index(shape)  # the seed
         model = toy_model(shape, root / shape / "hf", seed=i)
-        from specbuild.builder.convert import convert_checkpoint
+        from specbuild.builder.checkpoint.convert import convert_checkpoint
 
         ckpt = convert_checkpoint(root / shape / "hf", root / shape / "ckpt", progress=False)
         options = BuildOptions(backends=ORT_ONLY, speculative_mode="ngram", num_draft_tokens=4, ngram_candidates=2)
@@ -150,7 +152,7 @@ def test_bad_settings_are_refused_before_any_work(toy_ngram, tmp_path):
     fast_first([(1.0, 0, 1.0), (1.5, 4, 0.9)], "another sampling setting: the fast tier checks the first"),
 )
 def test_sampling_preserves_the_base_distribution(tmp_path, temperature, top_k, top_p):
-    from specbuild.builder.convert import convert_checkpoint
+    from specbuild.builder.checkpoint.convert import convert_checkpoint
 
     vocab = 8
     model = toy_model("llama_gqa_llama3rope", tmp_path / "hf", vocab=vocab, seed=3)

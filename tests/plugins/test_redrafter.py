@@ -10,14 +10,16 @@ import pytest
 import torch
 
 from specbuild.builder.build import BuildOptions, build_engine
-from specbuild.builder.convert import convert_checkpoint
+from specbuild.builder.checkpoint.convert import convert_checkpoint
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.redrafter.drafter_net import LOG_0, RecurrentDrafter, beam_search, beams_to_tree
 from specbuild.runtime.engine import Engine
-from tests.conftest import ORT_ONLY, TINY_SHAPES, Lazy, fast_first, full, hf_greedy, quiet
+from tests.helpers import ORT_ONLY, Lazy, hf_greedy, quiet
 from tests.plugins.distribution_check import check_sampled_distribution, exact_distribution
 from tests.plugins.medusa_helpers import toy_model
 from tests.plugins.redrafter_fixtures import write_redrafter
+from tests.shapes import TINY_SHAPES
+from tests.tiers import fast_first, full
 
 pytestmark = pytest.mark.xdist_group("redrafter")
 
@@ -317,7 +319,7 @@ def test_all_name_spellings_convert_to_the_same_drafter(tmp_path):
         write_redrafter(d, h, 12, exit_dim=h, head_prefix=head, proj_prefix=proj, seed=5)
         ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / f"ckpt{len(out)}", heads={"redrafter": d},
                                   progress=False)  # fmt: skip
-        from specbuild.builder.checkpoint import Checkpoint
+        from specbuild.builder.checkpoint.canonical import Checkpoint
 
         out[(head, proj)] = Checkpoint.load(ckpt).head_tensors("redrafter")
     first = next(iter(out.values()))

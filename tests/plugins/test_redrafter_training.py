@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from specbuild.builder.model_config import ModelConfig
+from specbuild.builder.checkpoint.model_config import ModelConfig
 from specbuild.plugins.redrafter import training as rt
 from specbuild.plugins.redrafter.convert import convert_redrafter
 from specbuild.plugins.redrafter.drafter_net import beam_search
 from specbuild.training import distill
 from specbuild.training.base_weights import load_base_weights
-from tests.conftest import full
+from tests.tiers import full
 
 pytestmark = [pytest.mark.xdist_group("training"), full("the real SmolLM2-135M model")]
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import ORT_ONLY, Lazy, quiet
+from tests.helpers import ORT_ONLY, Lazy, quiet
 
 TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 DYNAMIC = dict(eagle_top_k=3, eagle_depth=3, eagle_total_tokens=8)
@@ -38,7 +38,7 @@ def mode_engines(tmp_path_factory):
     """(variant, weights) -> engine dir: every variant on one toy model (12-token vocabulary, heads from the
     fixtures, a draft model that is the target with its last MLP damped)."""
     from specbuild.builder.build import BuildOptions, build_engine
-    from specbuild.builder.convert import convert_checkpoint
+    from specbuild.builder.checkpoint.convert import convert_checkpoint
     from tests.plugins.eagle_fixtures import write_eagle1_head, write_eagle3_head
     from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
     from tests.plugins.redrafter_fixtures import write_redrafter

@@ -10,7 +10,8 @@ from specbuild.runtime import row_invariance
 from specbuild.runtime import slots as slots_module
 from specbuild.runtime.engine import Engine, SamplingParams
 from specbuild.runtime.sampling import SamplingError
-from tests.conftest import TINY_ENGINE, TINY_ENGINE_SHAPES, hf_greedy, tiny_hf_model
+from tests.helpers import hf_greedy
+from tests.shapes import TINY_ENGINE, TINY_ENGINE_SHAPES, tiny_hf_model
 
 pytestmark = pytest.mark.xdist_group("tiny")
 

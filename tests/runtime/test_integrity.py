@@ -17,7 +17,7 @@ from specbuild.errors import SpecbuildError
 from specbuild.runtime.engine import Engine
 from specbuild.runtime.integrity import record_files, verify_once
 from tests.cli.test_cli import assert_one_line_error, invoke
-from tests.conftest import ORT_ONLY, quiet
+from tests.helpers import ORT_ONLY, quiet
 
 pytestmark = pytest.mark.xdist_group("tiny")
 

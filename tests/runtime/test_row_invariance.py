@@ -84,7 +84,7 @@ def test_the_probe_agrees_with_a_direct_measurement_of_the_kernel(verdict, shape
 
 
 def test_the_probe_agrees_with_a_direct_measurement_of_attention(verdict):
-    from tests.builder.test_ort_kernels import CAPACITY, PAST, WIDTH, gqa_session
+    from tests.builder.network.test_ort_kernels import CAPACITY, PAST, WIDTH, gqa_session
 
     call = gqa_session()
     chain = np.random.default_rng(3).standard_normal((1, 4, WIDTH)).astype(np.float32)

@@ -18,8 +18,8 @@ from specbuild.runtime.speculation import (
     Shape,
     Speculation,
 )
-from tests.conftest import fast_first, full
 from tests.runtime.conftest import MODES, PROMPTS
+from tests.tiers import fast_first, full
 
 pytestmark = pytest.mark.xdist_group("batching")
 

@@ -7,8 +7,8 @@ import pytest
 
 from specbuild.runtime.engine import Engine, SamplingParams
 from specbuild.runtime.scheduler import Request, Scheduler
-from tests.conftest import full
 from tests.runtime.conftest import PROMPTS, VARIANTS
+from tests.tiers import full
 
 pytestmark = pytest.mark.xdist_group("batching")
 

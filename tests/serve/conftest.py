@@ -18,7 +18,8 @@ import openai
 import pytest
 
 import specbuild
-from tests.conftest import ORT_ONLY, quiet, tiny_hf_model, write_char_tokenizer
+from tests.helpers import ORT_ONLY, quiet, write_char_tokenizer
+from tests.shapes import tiny_hf_model
 
 pytestmark = pytest.mark.xdist_group("serve")
 
@@ -32,7 +33,7 @@ def serve_engines(tmp_path_factory) -> dict[str, Path]:
     """`none` and `ngram` engines of a tiny Llama with a character tokenizer and a chat template; no EOS token, so a
     request runs to its max_tokens."""
     from specbuild.builder.build import BuildOptions, build_engine
-    from specbuild.builder.convert import convert_checkpoint
+    from specbuild.builder.checkpoint.convert import convert_checkpoint
 
     root = tmp_path_factory.mktemp("serve")
     hf = root / "hf"

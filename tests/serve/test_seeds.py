@@ -7,8 +7,10 @@ import asyncio
 import pytest
 import torch
 
-from tests.conftest import ORT_ONLY, Lazy, full, quiet, tiny_hf_model, write_char_tokenizer
+from tests.helpers import ORT_ONLY, Lazy, quiet, write_char_tokenizer
 from tests.serve.conftest import ServerProcess
+from tests.shapes import tiny_hf_model
+from tests.tiers import full
 
 pytestmark = pytest.mark.xdist_group("serve")
 
@@ -31,7 +33,7 @@ def seed_engines(tmp_path_factory):
     """variant -> engine dir: a tiny Llama with a character tokenizer (no EOS: every request runs to max_tokens), an
     EAGLE-3 head and a draft model (the target with its last MLP damped, the same tokenizer)."""
     from specbuild.builder.build import BuildOptions, build_engine
-    from specbuild.builder.convert import convert_checkpoint
+    from specbuild.builder.checkpoint.convert import convert_checkpoint
     from tests.plugins.eagle_fixtures import write_eagle3_head
 
     root = tmp_path_factory.mktemp("serve_seeds")

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from specbuild.serve import soak
-from tests.conftest import full
 from tests.serve.conftest import REPO
+from tests.tiers import full
 
 pytestmark = pytest.mark.xdist_group("serve")
 

@@ -25,8 +25,8 @@ from specbuild.errors import SpecbuildError
 from specbuild.serve import triton_io
 from specbuild.serve.errors import APIError
 from specbuild.serve.triton_repo import write_repository
-from tests.conftest import full
 from tests.serve.conftest import MAX_SEQ_LEN, REPO, free_port
+from tests.tiers import full
 
 pytestmark = [pytest.mark.xdist_group("serve"), full("Triton: a real Triton server from the PyTriton venv")]
 

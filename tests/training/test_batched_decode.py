@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specbuild.training.batched_decode import decode_batch
-from tests.conftest import TINY_SHAPES, tiny_hf_model
+from tests.shapes import TINY_SHAPES, tiny_hf_model
 
 PROMPTS = [[5, 17, 3, 44, 9, 58, 2], [12, 40], [33, 7, 7, 21, 50]]  # different lengths: left padding is exercised
 NEW = 12

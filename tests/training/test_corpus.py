@@ -16,7 +16,8 @@ from click.testing import CliRunner
 from specbuild.cli.main import cli
 from specbuild.errors import SpecbuildError
 from specbuild.training import corpus, corpus_grow, distill, prompt_pool
-from tests.conftest import quiet, tiny_hf_model, write_char_tokenizer
+from tests.helpers import quiet, write_char_tokenizer
+from tests.shapes import tiny_hf_model
 
 VOCAB = 300
 BASE = {"name": "tiny", "file": "model.safetensors", "sha256": "ab" * 32}

@@ -1,11 +1,11 @@
 """Choosing build defaults by measurement: every candidate is built and timed, the fastest wins; the prompts are
 never training prompts."""
 
-from specbuild.builder.convert import convert_checkpoint
+from specbuild.builder.checkpoint.convert import convert_checkpoint
 from specbuild.training.defaults import best, measure_settings
-from tests.conftest import full
 from tests.plugins.medusa_helpers import toy_model
 from tests.plugins.redrafter_fixtures import write_redrafter
+from tests.tiers import full
 
 
 @full("builds and benchmarks candidate engines")
@@ -57,7 +57,7 @@ def test_the_choose_stage_records_the_winner_and_keeps_the_choices_for_other_wei
     choice, which the stage does not measure) stays."""
     import json
 
-    from specbuild.builder import convert
+    from specbuild.builder.checkpoint import convert
     from specbuild.training import defaults
 
     heads = tmp_path / "heads"

@@ -8,7 +8,8 @@ from safetensors.numpy import load_file
 
 from specbuild.plugins.eagle3.training import LAYER_FEATURES
 from specbuild.training import distill
-from tests.conftest import full, quiet
+from tests.helpers import quiet
+from tests.tiers import full
 
 pytestmark = pytest.mark.xdist_group("training")
 

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from specbuild.builder.checkpoint import Checkpoint
-from specbuild.builder.convert import convert_checkpoint
+from specbuild.builder.checkpoint.canonical import Checkpoint
+from specbuild.builder.checkpoint.convert import convert_checkpoint
 from specbuild.plugins.eagle import training as eagle
 from specbuild.plugins.feature_draft.training import build_draft
 from specbuild.training.base_weights import load_base_weights
-from tests.conftest import full
+from tests.tiers import full
 
 pytestmark = [pytest.mark.xdist_group("training"), full("the real SmolLM2-135M model")]
 

@@ -7,7 +7,7 @@ import pytest
 
 from specbuild.training import distill, recipe
 from specbuild.training.settings import TrainSettings, read_train
-from tests.conftest import full
+from tests.tiers import full
 
 pytestmark = pytest.mark.xdist_group("training")
 

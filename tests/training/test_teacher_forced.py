@@ -20,7 +20,7 @@ from specbuild.cli.main import cli
 from specbuild.plugins.eagle3.training import LAYER_FEATURES
 from specbuild.training import corpus, distill, teacher_forced
 from specbuild.training.heldout import heldout_mask
-from tests.conftest import quiet
+from tests.helpers import quiet
 from tests.training.tiny_distill import make_tiny_distill
 
 pytestmark = pytest.mark.xdist_group("training")

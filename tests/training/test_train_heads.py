@@ -10,11 +10,12 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from specbuild.builder.build import BuildOptions, build_engine
-from specbuild.builder.convert import convert_checkpoint
+from specbuild.builder.checkpoint.convert import convert_checkpoint
 from specbuild.runtime.engine import Engine
 from specbuild.training import distill
 from specbuild.training.vocab import draft_vocabulary
-from tests.conftest import ORT_ONLY, full, hf_greedy, quiet
+from tests.helpers import ORT_ONLY, hf_greedy, quiet
+from tests.tiers import full
 from tests.training.tiny_distill import make_tiny_distill
 
 pytestmark = pytest.mark.xdist_group("training")

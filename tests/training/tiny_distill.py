@@ -10,7 +10,8 @@ from pathlib import Path
 
 from specbuild.plugins.eagle3.training import LAYER_FEATURES
 from specbuild.training import distill
-from tests.conftest import quiet, save_tiny_model, write_char_tokenizer
+from tests.helpers import quiet, write_char_tokenizer
+from tests.shapes import save_tiny_model
 
 SHAPE = "llama_gqa_llama3rope"  # vocab 97, hidden 64, 4 heads (2 KV heads of 16), 2 layers
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 
 from specbuild import engine_format as ef
-from specbuild.builder.checkpoint import read_json
-from specbuild.builder.convert import EMBED, validate_base_tensors
-from specbuild.builder.fused_tensors import unfuse
-from specbuild.builder.model_config import ModelConfig
-from specbuild.builder.weights_io import load_hf_weights
+from specbuild.builder.checkpoint.canonical import read_json
+from specbuild.builder.checkpoint.convert import EMBED, validate_base_tensors
+from specbuild.builder.checkpoint.fused_tensors import unfuse
+from specbuild.builder.checkpoint.model_config import ModelConfig
+from specbuild.builder.checkpoint.weights_io import load_hf_weights
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.draft_target import DRAFT_VOCAB_FILE, DRAFT_VOCAB_TENSOR, EMBEDDINGS_FROM_TARGET
 

@@ -7,8 +7,8 @@ Each sequence keeps a session of its own on the draft engine (its own KV slot). 
 2. each further draft is one call of one token (the previous draft).
 Greedy requests draft the draft's argmax. Sampled ones draw each draft coupled to the target's own draw: the target
 graph draws the token at position q by inverse CDF of its distribution p with the request's uniform number u_q
-(runtime/sampling.position_uniforms) and accepts a draft when it is that token (builder/acceptance.py), so the draft
-for position q is the inverse CDF of the draft's distribution (after the request's temperature, top-k and top-p,
+(runtime/sampling.position_uniforms) and accepts a draft when it is that token (builder/network/acceptance.py), so the
+draft for position q is the inverse CDF of the draft's distribution (after the request's temperature, top-k and top-p,
 over the target's token order) at the same u_q. Each output token is then the one plain decoding draws at its
 position, whatever was drafted: a seed gives the same tokens alone, batched, drafted or not (the rejection rule
 min(1, p/q) accepted a little more often, but drew drafted positions with other numbers than plain ones). A draft

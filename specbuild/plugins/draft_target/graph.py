@@ -13,10 +13,10 @@ import numpy as np
 import torch
 
 from specbuild import engine_format as ef
-from specbuild.builder.checkpoint import Checkpoint
-from specbuild.builder.model_config import ModelConfig
+from specbuild.builder.checkpoint.canonical import Checkpoint
+from specbuild.builder.checkpoint.model_config import ModelConfig
+from specbuild.builder.network.mode_plugin import HostDraftedPlugin
 from specbuild.errors import SpecbuildError
-from specbuild.modes.base import HostDraftedPlugin
 from specbuild.plugins.draft_target import DRAFT_ENGINE_DIR, DRAFT_VOCAB_TENSOR, MODE
 from specbuild.tree import MAX_TREE_SIZE
 
@@ -112,7 +112,7 @@ class DraftTargetPlugin(HostDraftedPlugin):
 
     def companion_engines(self, plan) -> list:
         """The draft model's engine: plain decoding with logits, at --draft-weights (default the target's)."""
-        from specbuild.builder.network import LlamaNetwork
+        from specbuild.builder.network.llama import LlamaNetwork
 
         head = self.checkpoint.heads[MODE.name]
         ckpt = DraftCheckpoint(

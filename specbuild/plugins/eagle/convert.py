@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from specbuild.builder.checkpoint import recorded_defaults
+from specbuild.builder.checkpoint.canonical import recorded_defaults
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.feature_draft.convert import (
     BASE_EMBED,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specbuild.builder.network import RMSNorm
+from specbuild.builder.network.llama import RMSNorm
 from specbuild.plugins.feature_draft.draft_net import DraftAttention, DraftMLP, DraftNet
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from specbuild.builder.checkpoint import read_json
-from specbuild.builder.weights_io import find_weight_files, load_hf_weights
+from specbuild.builder.checkpoint.canonical import read_json
+from specbuild.builder.checkpoint.weights_io import find_weight_files, load_hf_weights
 from specbuild.errors import SpecbuildError
 
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from specbuild import engine_format as ef
-from specbuild.builder.network import Attention
+from specbuild.builder.network.llama import Attention
 
 
 class DraftAttention(Attention):

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from specbuild import engine_format as ef
+from specbuild.builder.network.mode_plugin import DraftContext, ModePlugin, OutputSpec, StateSpec
 from specbuild.errors import SpecbuildError
-from specbuild.modes.base import DraftContext, ModePlugin, OutputSpec, StateSpec
 from specbuild.plugins.feature_draft.draft_net import commit_pass, expand_dynamic, expand_static, static_relations
 from specbuild.tree import MAX_TOP_K, MAX_TREE_SIZE, Tree, parse_tree
 
@@ -173,7 +173,8 @@ class FeatureDraftPlugin(ModePlugin):
 @contextlib.contextmanager
 def _uninitialized():
     """Within: Linear and Embedding layers are made without their random initialisation, for a network whose
-    weights are all loaded next (an EAGLE-3 head at the 1B shape spent 0.74 s of its build drawing 145M numbers)."""
+    weights are all loaded next (the numbers drawn and then overwritten cost a large head's build time:
+    docs/benchmarks/design-measurements.md)."""
     with (
         mock.patch.object(nn.Linear, "reset_parameters", lambda self: None),
         mock.patch.object(nn.Embedding, "reset_parameters", lambda self: None),

@@ -182,7 +182,7 @@ def collate(items: list[dict], device: str = "cpu") -> dict[str, torch.Tensor]:
 
 
 def base_config(hf_dir: str | Path):
-    from specbuild.builder.model_config import ModelConfig
+    from specbuild.builder.checkpoint.model_config import ModelConfig
 
     return ModelConfig.from_hf(json.loads((Path(hf_dir) / "config.json").read_text()))
 

@@ -7,13 +7,10 @@ row's argmax (ef.ROW_TOP_TOKENS), from which the drafter advances the window."""
 
 from specbuild.modes.spec import HOST_DRAFTED, ModeOption, ModeSpec
 
-# the defaults, chosen by measured speed (SmolLM2-135M, 2 CPU threads, fp32, scripts/sweep-drafting.py on fresh
-# prompts: never the benchmark's): a verified row costs ~7 % of a one-token step there and the window's n-grams are
-# rarely accepted, so the cheapest window (one column) wins, with the context's continuation (lookup, below) and the
-# context's n-grams in the pool -- W 1, N 3, G 1, L 10: 1.46-1.88x `none` on three chat sets and a mixed one, within
-# 4 % of prompt lookup's speed with a higher tau (without the lookup, W 1, N 3, G 2: 1.32x on the first chat set;
-# TensorRT-LLM's W 4, N 3, G 4 with LADE's window-only pool: 0.90x in run U's sweep)
-# (docs/benchmarks/2026-11-27-run-V-lookahead-lookup.md). engine.yaml records the built values.
+# the defaults, chosen by measured speed (scripts/sweep-drafting.py on fresh prompts, never the benchmark's): a
+# verified row costs little beside a one-token step and the window's n-grams are rarely accepted, so the cheapest
+# window (one column) wins, with the context's continuation (lookup, below) and the context's n-grams in the pool
+# (the sweep's numbers: docs/benchmarks/design-measurements.md). engine.yaml records the built values.
 DEFAULT_WINDOW = 1
 DEFAULT_NGRAM = 3
 DEFAULT_GUESSES = 1

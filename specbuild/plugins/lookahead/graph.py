@@ -6,9 +6,9 @@ KV is never committed. (W, N, G, L) are checked before any work and recorded in 
 from __future__ import annotations
 
 from specbuild import engine_format as ef
-from specbuild.builder.acceptance import top_token
+from specbuild.builder.network.acceptance import top_token
+from specbuild.builder.network.mode_plugin import DraftContext, HostDraftedPlugin, OutputSpec
 from specbuild.errors import SpecbuildError
-from specbuild.modes.base import DraftContext, HostDraftedPlugin, OutputSpec
 from specbuild.plugins.lookahead import (
     DEFAULT_GUESSES,
     DEFAULT_LOOKUP,

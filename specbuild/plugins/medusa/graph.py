@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from specbuild import engine_format as ef
-from specbuild.builder.checkpoint import read_json, recorded_defaults
-from specbuild.builder.weights_io import load_hf_weights, load_tensor_file
+from specbuild.builder.checkpoint.canonical import read_json, recorded_defaults
+from specbuild.builder.checkpoint.weights_io import load_hf_weights, load_tensor_file
+from specbuild.builder.network.mode_plugin import DraftContext, ModePlugin, OutputSpec
 from specbuild.errors import SpecbuildError
-from specbuild.modes.base import DraftContext, ModePlugin, OutputSpec
 from specbuild.tree import MAX_TOP_K, Tree, parse_tree
 
 DEFAULT_TOP_K = 10

@@ -4,8 +4,8 @@ here, and checked before any work."""
 
 from __future__ import annotations
 
+from specbuild.builder.network.mode_plugin import HostDraftedPlugin
 from specbuild.errors import SpecbuildError
-from specbuild.modes.base import HostDraftedPlugin
 from specbuild.plugins.ngram import (
     DEFAULT_CANDIDATES,
     DEFAULT_DRAFT_LENGTH,

@@ -1,6 +1,6 @@
 """`--speculative-mode none`: plain autoregressive decoding through the same step graph."""
 
-from specbuild.modes.base import ModePlugin
+from specbuild.builder.network.mode_plugin import ModePlugin
 
 
 class NonePlugin(ModePlugin):

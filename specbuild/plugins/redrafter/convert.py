@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from specbuild.builder.checkpoint import read_json, recorded_defaults
-from specbuild.builder.weights_io import load_tensor_file
+from specbuild.builder.checkpoint.canonical import read_json, recorded_defaults
+from specbuild.builder.checkpoint.weights_io import load_tensor_file
 from specbuild.errors import SpecbuildError
 
 MODEL_TYPE = "recurrent_drafting_drafter"

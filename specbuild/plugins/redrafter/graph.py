@@ -9,8 +9,8 @@ padded to 1 + beams x draft length nodes; the runtime's drafter verifies the fir
 from __future__ import annotations
 
 from specbuild import engine_format as ef
+from specbuild.builder.network.mode_plugin import DraftContext, ModePlugin, OutputSpec
 from specbuild.errors import SpecbuildError
-from specbuild.modes.base import DraftContext, ModePlugin, OutputSpec
 from specbuild.plugins.redrafter import DEFAULT_DRAFT_LEN, DEFAULT_NUM_BEAMS, TOP_K_WARP
 from specbuild.plugins.redrafter.drafter_net import RecurrentDrafter, beam_search, beams_to_tree
 from specbuild.tree import MAX_TREE_SIZE
@@ -23,7 +23,8 @@ class RedrafterPlugin(ModePlugin):
     name = "redrafter"
     head_key = HEAD_KEY
     selects_rows = True
-    # the head's config, for the manifest: the drafter built from it holds what the trace reads (builder/trace_cache.py)
+    # the head's config, for the manifest: the drafter built from it holds what the trace reads
+    # (builder/export/trace_cache.py)
     untraced_attributes = ("cfg",)
 
     def draft_outputs(self) -> list[OutputSpec]:

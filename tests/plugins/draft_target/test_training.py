@@ -19,7 +19,8 @@ from specbuild.plugins.draft_target import training as dt
 from specbuild.training import corpus, distill
 from specbuild.training.heldout import heldout_mask
 from specbuild.training.recipe import run_recipe
-from tests.conftest import hf_greedy, quiet, save_tiny_model, tiny_hf_model, write_char_tokenizer
+from tests.helpers import hf_greedy, quiet, write_char_tokenizer
+from tests.shapes import save_tiny_model, tiny_hf_model
 
 pytestmark = pytest.mark.xdist_group("training")
 
