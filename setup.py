@@ -54,7 +54,7 @@ setup(
     version="0.1.0",
     description="Ahead-of-time compiler for speculative decoding: ONNX step graphs with tree verification baked in.",
     packages=find_packages(include=["specbuild", "specbuild.*"]),
-    package_data={"specbuild": ["data/*.yaml", "data/heads/*/*"]},
+    package_data={"specbuild": ["data/*.yaml", "data/heads/*/*", "runtime/kernels/src/*.[ch]*"]},
     python_requires=">=3.10",
     install_requires=RUNTIME,
     extras_require={

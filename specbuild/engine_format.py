@@ -36,6 +36,9 @@ ONNXRUNTIME_ONLY_WEIGHTS = ("int8",)
 # graphs[].kv_cache_dtype: the KV cache's element type in the fused graph (int8: scaled per layer,
 # builder/quantize/kv_int8.py; float: the engine's dtype, also where the field is absent)
 GRAPH_KV_CACHE_DTYPE = "kv_cache_dtype"
+# engine.yaml: true where `lossless` rests on specbuild's ordered attention (runtime/kernels): branching trees with
+# int8 activations; without it such an engine runs only labelled lossy (runtime/exactness.py)
+NEEDS_ORDERED_ATTENTION = "needs_ordered_attention"
 KV_CACHE_FLOAT, KV_CACHE_INT8 = "float", "int8"
 KV_CACHE_DTYPES = (KV_CACHE_FLOAT, KV_CACHE_INT8)
 # --head-weights: the heads' own matmuls stay float, or become blockwise (int8 activations) in the onnxruntime graph

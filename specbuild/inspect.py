@@ -230,6 +230,7 @@ def render(info: dict[str, Any], console=None) -> None:
                 "on this machine",
                 f"{'lossless' if info['this_machine']['lossless'] else 'LOSSY'}: {info['this_machine']['verified']}",
             ),
+            *([("kernels", info["this_machine"]["kernels"])] if info["this_machine"].get("kernels") else []),
             ("limits", ", ".join(f"{k} {v}" for k, v in limits.items())),
             (
                 "KV memory",

@@ -84,6 +84,12 @@ def test_base_install_runs_and_inspects_without_torch(tmp_path):
 
     probe = f"import importlib.util as u; print([m for m in {BUILD_STACK!r} if u.find_spec(m)])"
     assert _run([python, "-c", probe], tmp_path).stdout.strip() == "[]"
+    kernel_source = (
+        "import importlib.resources as r; s = r.files('specbuild.runtime.kernels') / 'src'; "
+        "print(sorted(p.name for p in s.iterdir()))"
+    )
+    shipped = _run([python, "-c", kernel_source], tmp_path).stdout.strip()  # built on the user's machine
+    assert shipped == str(sorted(p.name for p in (ROOT / "specbuild/runtime/kernels/src").iterdir()))
 
     ran = _run(
         [specbuild, "run", "--engine-dir", engine, "--input-ids", "5,17,42", "--max-new-tokens", 6, "--json"], tmp_path

@@ -20,10 +20,10 @@ def _label(path: Path, mode: str, used: set[str]) -> str:
 
 
 def engine_precision(engine) -> tuple:
-    """(weights, activations, KV cache) of an engine: engines that differ in any give other tokens."""
+    """(weights, activations, KV cache, kernels) of an engine: engines that differ in any give other tokens."""
     weights = engine.manifest.get("weights", {})
     kv_cache = weights.get(ef.GRAPH_KV_CACHE_DTYPE, ef.KV_CACHE_FLOAT)
-    return weights.get("precision"), weights.get("activations", "float"), kv_cache
+    return weights.get("precision"), weights.get("activations", "float"), kv_cache, engine.kernels_tag
 
 
 def is_plain(engine) -> bool:
@@ -31,8 +31,12 @@ def is_plain(engine) -> bool:
     return get_mode(engine.manifest["speculative_mode"]).baseline
 
 
-def load_engines(engine_dirs, max_new_tokens: int, threads: int | None, allow_lossy: bool) -> tuple[list, list[str]]:
-    """The engines to benchmark and their row labels, after the checks every benchmark makes."""
+def load_engines(
+    engine_dirs, max_new_tokens: int, threads: int | None, allow_lossy: bool, stock_kernels: bool = False
+) -> tuple[list, list[str]]:
+    """The engines to benchmark and their row labels, after the checks every benchmark makes. stock_kernels: each
+    engine that runs on specbuild's kernels (runtime/kernels) also on ONNX Runtime's own, as a row of its own."""
+    from specbuild.runtime import kernels
     from specbuild.runtime.engine import Engine
 
     if not engine_dirs:
@@ -45,6 +49,11 @@ def load_engines(engine_dirs, max_new_tokens: int, threads: int | None, allow_lo
         engine = Engine(d, threads=threads, allow_lossy=allow_lossy)
         engines.append(engine)
         labels.append(_label(Path(d), engine.manifest["speculative_mode"], used))
+    for d, engine in list(zip(engine_dirs, engines)) if stock_kernels else []:
+        if engine.kernels_tag != "stock":
+            with kernels.stock():  # branching trees at int8 activations are not exact there: run, labelled lossy
+                engines.append(Engine(d, threads=threads, allow_lossy=True))
+            labels.append(_label(Path(d), f"{engine.manifest['speculative_mode']}, stock kernels", used))
     return engines, labels
 
 

@@ -309,6 +309,7 @@ def run_load_benchmark(
     repeats: int = 1,
     peer_args: dict | None = None,
     sampling=None,
+    stock_kernels: bool = False,
 ) -> dict[str, Any]:
     """`specbuild bench --concurrency`: the report (settings, engines with their cost curves, rows per C). peer_args:
     the peer stacks' options by keyword (bench/peers); sampling: the run's SamplingParams (None: greedy; request i
@@ -317,7 +318,7 @@ def run_load_benchmark(
 
     peer_args = peer_args or {}
     peers.check(peer_args, under_load=True)
-    engines, labels = load_engines(engine_dirs, max_new_tokens, threads, allow_lossy)
+    engines, labels = load_engines(engine_dirs, max_new_tokens, threads, allow_lossy, stock_kernels)
     prompts = interleaved_prompts(engines[0], prompt_sets, num_prompts)
     targets = peers.load_peers(peer_args, threads, max(concurrency), max_new_tokens)
     log("measuring each engine's call cost")

@@ -113,6 +113,7 @@ def run_benchmark(
     allow_lossy: bool = False,
     peer_args: dict | None = None,
     sampling=None,
+    stock_kernels: bool = False,
 ) -> dict[str, Any]:
     """The report of one run. peer_args: the peer stacks' options by keyword (bench/peers: e.g. {"ort_genai_dirs":
     [...]}); sampling: the run's SamplingParams (None: greedy), prompt i seeded with its seed + i
@@ -121,7 +122,7 @@ def run_benchmark(
 
     peer_args = peer_args or {}
     peers.check(peer_args, under_load=False)
-    engines, labels = load_engines(engine_dirs, max_new_tokens, threads, allow_lossy)
+    engines, labels = load_engines(engine_dirs, max_new_tokens, threads, allow_lossy, stock_kernels)
     prompts = {name: load_prompt_set(name, num_prompts) for name in prompt_sets}
     timers = peers.sequential_peers(peer_args, threads, engines[0].eos_ids)
     log("warming up")

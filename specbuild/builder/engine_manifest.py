@@ -36,10 +36,10 @@ def engine_fields(plan: BuildPlan, plugin, graphs: list[dict], directory: Path) 
         "checkpoint_dtype": plan.checkpoint.dtype,
         "lossless": lossy is None,
         "lossy_reason": lossy,
-        # int8 activations: exact only where the kernels are row-invariant (with padding), checked at every load
-        "lossless_condition": "row-invariant kernels on the running CPU, probed at load"
-        if (plan.options.int8_activations or plan.options.kv_cache == ef.KV_CACHE_INT8) and lossy is None
-        else None,
+        # int8 activations: exact only where the kernels are row-invariant (with padding), checked at every load;
+        # branching trees there also on specbuild's ordered attention (runtime/kernels)
+        "lossless_condition": lossless_condition(plan, plugin.chain_drafts()) if lossy is None else None,
+        ef.NEEDS_ORDERED_ATTENTION: needs_ordered_attention(plan, plugin.chain_drafts()) and lossy is None,
         "typical_acceptance": list(plan.typical) if plan.typical else None,
         # sampled acceptance draws the token at sequence position q from the request's uniform number q, so a seeded
         # request gives the same tokens alone or batched, whatever was drafted (builder/network/acceptance.py)
@@ -98,20 +98,30 @@ def model_fields(cfg) -> dict:
     }
 
 
+def needs_ordered_attention(plan: BuildPlan, chain_drafts: bool) -> bool:
+    """Branching trees with int8 activations: a tree node's keys sit in other cache columns than in one-token
+    decoding, and only an attention that reduces them in position order (runtime/kernels) gives the node the bits
+    decoding gives the token -- ONNX Runtime's sums them in column order, and the int8 roundings that follow turn
+    the difference into other tokens."""
+    return plan.options.int8_activations and not chain_drafts
+
+
+def lossless_condition(plan: BuildPlan, chain_drafts: bool) -> str | None:
+    if needs_ordered_attention(plan, chain_drafts):
+        return "specbuild's ordered attention and row-invariant kernels on the running CPU, checked at load"
+    if plan.options.int8_activations or plan.options.kv_cache == ef.KV_CACHE_INT8:
+        return "row-invariant kernels on the running CPU, probed at load"
+    return None
+
+
 def lossy_reason(plan: BuildPlan, chain_drafts: bool) -> str | None:
     if plan.typical is not None:
         return "typical acceptance (not distribution-preserving)"
-    if plan.options.int8_activations and not chain_drafts:
+    if plan.options.kv_cache == ef.KV_CACHE_INT8 and not plan.options.int8_activations and not chain_drafts:
         return (
-            "int8 activations with branching trees: a tree node's keys sit in other cache columns than in one-token "
-            "decoding, attention sums them in another order, and the int8 roundings that follow can change greedy "
-            "output against the none engine of the same --weights (chain drafts, e.g. ngram with one candidate, "
-            "stay exact)"
-        )
-    if plan.options.kv_cache == ef.KV_CACHE_INT8 and not chain_drafts:
-        return (
-            "an int8 KV cache with branching trees: attention sums a tree node's keys in another order than one-token "
-            "decoding does, and the 8-bit roundings of the keys and values that follow can change greedy output "
-            "against the none engine of the same --kv-cache (chain drafts, e.g. ngram with one candidate, stay exact)"
+            "an int8 KV cache with float activations and branching trees: the float matmuls give a tree node's key "
+            "other last bits than one-token decoding gives the token, and its 8-bit rounding can change greedy output "
+            "against the none engine of the same --kv-cache (chain drafts, e.g. ngram with one candidate, stay exact; "
+            "with --int8-activations trees are exact on specbuild's kernels)"
         )
     return None

@@ -42,6 +42,12 @@ def peer_options(command):
 @click.option("--json-out", type=click.Path(path_type=Path), help="Write all numbers to this JSON file.")
 @click.option("--allow-lossy", is_flag=True, help=ALLOW_LOSSY_HELP)
 @click.option(
+    "--stock-kernels",
+    is_flag=True,
+    help="Also run every engine that uses specbuild's own kernels (int4 + int8 activations) on ONNX Runtime's stock "
+    "kernels, as a row of its own beside it: what the kernels change on this machine.",
+)
+@click.option(
     "--concurrency",
     help="Comma-separated numbers of requests in flight (e.g. 1,4,16): instead of one prompt at a time, run every "
     "prompt through each engine's scheduler as a closed loop at each concurrency (aggregate tokens/s, TTFT and "
@@ -68,6 +74,7 @@ def bench(
     context_sweep,
     json_out,
     allow_lossy,
+    stock_kernels,
     concurrency,
     repeats,
     temperature,
@@ -96,7 +103,7 @@ def bench(
             )
         _bench_load(
             engine_dirs, sets, concurrency, num_prompts, max_new_tokens, threads, json_out, allow_lossy, repeats,
-            peer_args, sampling,
+            peer_args, sampling, stock_kernels,
         )  # fmt: skip
         return
     if repeats != 1:
@@ -114,6 +121,7 @@ def bench(
             allow_lossy=allow_lossy,
             peer_args=peer_args,
             sampling=sampling,
+            stock_kernels=stock_kernels,
         )
     render(report)
     if json_out:
@@ -151,7 +159,7 @@ def _write_plot(report: dict, json_out: Path) -> None:
 
 def _bench_load(
     engine_dirs, sets, concurrency, num_prompts, max_new_tokens, threads, json_out, allow_lossy, repeats, peer_args,
-    sampling,
+    sampling, stock_kernels,
 ):  # fmt: skip
     """`bench --concurrency`: the closed-loop load benchmark (specbuild/bench/load.py)."""
     from specbuild.bench.load import parse_concurrency, run_load_benchmark
@@ -171,6 +179,7 @@ def _bench_load(
             repeats=repeats,
             peer_args=peer_args,
             sampling=sampling,
+            stock_kernels=stock_kernels,
         )
     render_load(report)
     if json_out:

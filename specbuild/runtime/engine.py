@@ -19,7 +19,7 @@ import numpy as np
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
 from specbuild.modes.registry import get_mode, load_object
-from specbuild.runtime import exactness
+from specbuild.runtime import exactness, kernels
 from specbuild.runtime.backends.base import resolve_threads
 from specbuild.runtime.backends.factory import create_backend, default_backend, select_graph
 from specbuild.runtime.integrity import verify_once
@@ -98,6 +98,8 @@ class Engine:
         self.manifest = load_manifest(self.path)  # validated; recorded file sizes checked
         backend = backend or default_backend(self.manifest)
         self.graph = select_graph(self.manifest, graph or backend, self.path)
+        own = backend == ef.BACKEND_ONNXRUNTIME and any(kernels.wanted(self.graph))  # runtime/kernels serve
+        self.kernels_tag = kernels.tag() if own else "stock"  # the kernels its session is made with
         self.backend = self._load_backend(backend, threads, shared_cores)
         self.exactness = exactness.decide(self.path, self.manifest, self.graph, backend, threads, allow_lossy)
         self.layout = Layout.read(self.manifest, self.graph, self.exactness.min_rows)
@@ -220,6 +222,7 @@ class Engine:
 
             sha = self.manifest["checksums"][self.graph["file"]]["sha256"]
             key = f"{speculation.COST_VERSION}|{sha}|{cpu_key()}|{ort.__version__}|{self.threads}|{self.min_rows}"
+            key += f"|{self.kernels_tag}"  # the kernels the graph runs on
             self._cost_batches: dict = {}
             self._cost_curve = speculation.CostCurve(
                 self._timed_call,

@@ -9,7 +9,9 @@ engine.yaml's `lossless` is what the build can promise; with int8 activations it
   row-invariant. Every engine of the build pads the same way on the same machine, so a speculative engine
   reproduces its `none` engine bit for bit. Where no padding the graph supports does it, a speculative engine is
   refused in one line unless the caller allows it to run labelled lossy (`--allow-lossy`); a `none` engine runs
-  unpadded (it is the model; it is the speculative engines that cannot match it).
+  unpadded (it is the model; it is the speculative engines that cannot match it). Branching trees with int8
+  activations (engine.yaml's needs_ordered_attention) are exact only on specbuild's ordered attention
+  (runtime/kernels); without the kernel library they are refused the same way.
 """
 
 from __future__ import annotations
@@ -20,22 +22,27 @@ from pathlib import Path
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
 from specbuild.modes.registry import baseline_mode
+from specbuild.runtime import kernels as own_kernels
 
 
 @dataclasses.dataclass
 class Exactness:
     """lossless: what this run promises. min_rows: rows every call is padded to. verified: how that was
-    established on this machine, in words. probe: the row-invariance verdict (int8 activations only)."""
+    established on this machine, in words. probe: the row-invariance verdict (int8 activations only). kernels: which
+    matmul kernels the graph runs on, in words (int8 activations only: runtime/kernels)."""
 
     lossless: bool
     min_rows: int
     verified: str
     probe: object | None = None
+    kernels: str | None = None
 
     def to_dict(self) -> dict:
         out = {"lossless": self.lossless, "min_rows": self.min_rows, "verified": self.verified}
         if self.probe is not None:
             out["probe"] = self.probe.to_dict()
+        if self.kernels is not None:
+            out["kernels"] = self.kernels
         return out
 
 
@@ -52,8 +59,24 @@ def decide(engine_dir: Path, manifest: dict, graph: dict, backend: str, threads:
         if backend != ef.BACKEND_ONNXRUNTIME:
             verified = "TensorRT plan: float activations, nothing to measure on this CPU"
         return Exactness(promised, 1, verified)
+    verdict = _decide_int8(engine_dir, manifest, graph, threads, allow_lossy)
+    return dataclasses.replace(verdict, kernels=own_kernels.description())
+
+
+def _decide_int8(engine_dir: Path, manifest: dict, graph: dict, threads: int, allow_lossy: bool) -> Exactness:
+    """decide() for int8 activations on ONNX Runtime: the row-invariance probe's verdict."""
+    promised = bool(manifest.get("lossless", True))
     if not promised:
         return Exactness(False, 1, f"labelled lossy by the build ({manifest.get('lossy_reason')})")
+    if manifest.get(ef.NEEDS_ORDERED_ATTENTION) and own_kernels.library() is None:
+        reason = "its branching trees are exact on specbuild's ordered attention, and it runs on "
+        reason += own_kernels.description()
+        if not allow_lossy:
+            raise SpecbuildError(
+                f"{engine_dir}: engine.yaml says lossless, but {reason}; make the kernel library available (a C++ "
+                "compiler, SPECBUILD_KERNELS unset) or pass --allow-lossy to run it labelled lossy"
+            )
+        return Exactness(False, 1, f"not exact here: {reason}")
     from specbuild.runtime.row_invariance import blocking, check_graph, engine_min_rows
 
     pad = int(graph.get("attention_pad_rows", 0))

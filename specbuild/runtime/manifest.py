@@ -127,6 +127,7 @@ SCHEMA: dict[str, Any] = {
     "dtype": one_of(ENGINE_DTYPES),
     "lossless": flag(optional=True),
     "lossy_reason": text(optional=True, nullable=True),
+    ef.NEEDS_ORDERED_ATTENTION: flag(optional=True),
     "typical_acceptance": Check(
         "a list of two numbers (EPS, ALPHA)",
         lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_number, v)),

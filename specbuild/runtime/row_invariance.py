@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specbuild import engine_format as ef
+from specbuild.runtime import kernels as own_kernels
 from specbuild.runtime import user_cache
 
 MAX_PROBE_ROWS = 16  # rows of the longest probed call at least (a root and 15 chain drafts)
@@ -351,9 +353,13 @@ def _session(kernels: list[Kernel], opsets, ir_version: int, threads, accuracy_l
         [t for k in kernels for t in k.initializers],
     )
     model = helper.make_model(graph, opset_imports=opsets, ir_version=ir_version)
-    return ort.InferenceSession(
-        model.SerializeToString(), session_options(threads, accuracy_level), providers=["CPUExecutionProvider"]
-    )
+    options = session_options(threads, accuracy_level)
+    if accuracy_level == ef.ACCURACY_INT8 and own_kernels.library() is not None:  # the kernels the engine runs on
+        from specbuild.runtime.kernels.rewrite import use_kernels
+
+        if use_kernels(model):
+            own_kernels.register(options)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def _rows_from(kernel: Kernel, calls: dict[int, dict], past: int) -> int | None:
@@ -451,6 +457,7 @@ def check_graph(
 
     max_rows = max(max_rows, MAX_PROBE_ROWS)
     key = f"{PROBE_VERSION}|{graph_sha256}|{cpu_key()}|{ort.__version__}|{threads or 0}|{accuracy_level}|{max_rows}"
+    key += f"|{own_kernels.tag()}"
     kept = user_cache.get(CACHE_NAME, key)
     if isinstance(kept, dict) and isinstance(kept.get("kernels"), dict):
         kernels = {str(k): v if type(v) is int else None for k, v in kept["kernels"].items()}

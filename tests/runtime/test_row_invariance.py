@@ -10,8 +10,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, numpy_helper
 
+from specbuild.runtime import kernels
 from specbuild.runtime import row_invariance as ri
 from specbuild.runtime.backends.onnxruntime import session_options
+from specbuild.runtime.kernels.rewrite import use_kernels
 
 SHAPES = [(576, 960, 32), (1536, 576, 32), (64, 96, 16)]  # SmolLM2's q/k/v and down projections; a tiny one
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
@@ -56,7 +58,10 @@ def matmul_direct(k: int, n: int, block: int) -> int | None:
     graph = oh.make_graph(nodes, "mm", [oh.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", k])],
                           [oh.make_tensor_value_info("y", TensorProto.FLOAT, None)], [q, scales])  # fmt: skip
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21)])
-    session = ort.InferenceSession(model.SerializeToString(), session_options(1, 4), providers=["CPUExecutionProvider"])
+    options = session_options(1, 4)
+    if kernels.library() is not None and use_kernels(model):  # as the probe and the engines: specbuild's kernel
+        kernels.register(options)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     x = rng.standard_normal((1, 4, k)).astype(np.float32)
     return direct_rows_from({rows: session.run(None, {"x": x[:, :rows]})[0] for rows in (1, 2, 3, 4)})
 
@@ -86,7 +91,7 @@ def test_the_probe_agrees_with_a_direct_measurement_of_the_kernel(verdict, shape
 def test_the_probe_agrees_with_a_direct_measurement_of_attention(verdict):
     from tests.builder.network.test_ort_kernels import CAPACITY, PAST, WIDTH, gqa_session
 
-    call = gqa_session()
+    call = gqa_session(specbuild_kernels=kernels.library() is not None)  # what the probe measures at level 4
     chain = np.random.default_rng(3).standard_normal((1, 4, WIDTH)).astype(np.float32)
     outputs = {rows: call(chain[:, :rows], pad=0) for rows in (1, 2, 3, 4)}
     assert CAPACITY > PAST + 4

@@ -7,7 +7,8 @@ of 16 rows on SmolLM2); ONNX Runtime's GroupQueryAttention reads an int8 cache w
 the new tokens included, and a row's bits do not depend on the other rows of its call (measured against ONNX Runtime
 1.32: tests/builder/quantize/test_kv_int8.py). With calls padded as for int8 activations (plan.pad_rows, checked on the
 running CPU by the row-invariance probe), chain speculation stays exact against the `none` engine built the same
-way; branching trees are labelled lossy (engine_manifest.lossy_reason). Against the float cache the output changes
+way; branching trees are exact with int8 activations on specbuild's ordered attention (runtime/kernels) and
+labelled lossy with float activations (engine_manifest.lossy_reason). Against the float cache the output changes
 (an engine precision, like --weights int4): the build records how much on a sample text.
 
 The scales are static, one per layer for keys and one for values: the largest |key| and |value| the float network

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from specbuild import engine_format as ef
+from specbuild.runtime import kernels
 from specbuild.runtime.backends.base import Backend
 
 
@@ -203,9 +204,9 @@ class OnnxRuntimeBackend(Backend):
         super().__init__(engine_dir, manifest, graph, threads, shared_cores)
         path = self.engine_dir / graph["file"]
         level = (graph.get("quantization") or {}).get("accuracy_level", ef.ACCURACY_FLOAT32)
-        self.session = ort.InferenceSession(
-            str(path), session_options(threads, level, spinning=not shared_cores), providers=["CPUExecutionProvider"]
-        )
+        options = session_options(threads, level, spinning=not shared_cores)
+        source = kernels.session_source(path, options, graph)  # the graph on specbuild's kernels where they serve
+        self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.input_names = {i.name for i in self.session.get_inputs()}
         self._binding = None

@@ -17,9 +17,10 @@ HEADS, KV_HEADS, HEAD_DIM, CAPACITY, PAST = 9, 3, 64, 64, 40
 WIDTH = (HEADS + 2 * KV_HEADS) * HEAD_DIM
 
 
-def gqa_session():
+def gqa_session(specbuild_kernels: bool = False):
     """call(qkv, pad): the GroupQueryAttention node the fused graph emits for a causal chain (no bias, no position
-    ids) on qkv [1,T,W] after PAST cached positions."""
+    ids) on qkv [1,T,W] after PAST cached positions (specbuild_kernels: on runtime/kernels' OrderedAttention, as an
+    engine with int8 activations runs it)."""
     inputs = ["qkv", "", "", "past_k", "past_v", "seqlens_k", "total", "cos", "sin", "", ""] + [""] * 5 + ["q_lens"]
     node = oh.make_node(
         "GroupQueryAttention", inputs, ["out", "present_k", "present_v"], domain="com.microsoft",
@@ -41,6 +42,12 @@ def gqa_session():
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("com.microsoft", 1)])
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
+    if specbuild_kernels:
+        from specbuild.runtime import kernels
+        from specbuild.runtime.kernels.rewrite import use_kernels
+
+        assert use_kernels(model) == 1
+        kernels.register(options)
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     cache = rng.standard_normal((2, 1, KV_HEADS, CAPACITY, HEAD_DIM)).astype(np.float32)

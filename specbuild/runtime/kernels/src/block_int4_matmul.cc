@@ -1,0 +1,323 @@
+// specbuild's ONNX Runtime custom-operator library: a matmul with 4-bit block-quantized weights whose cost grows
+// little with the rows of a call and whose every row gets the same bits whatever the call's other rows and whatever
+// the CPU's instruction set.
+//
+// Op specbuild.kernels/BlockInt4MatMul(X float [..., K], W int4 [K, N] (symmetric, constant), S float [K/32, N]
+// (constant)) -> Y float [..., N], the value of MatMul(X, DequantizeLinear(W, S, axis=0, block_size=32)) with int8
+// activations: each row of X is quantized to int8 per block of 32 (scale amax / 127, round half to even), each
+// block's integer dot product is exact, and the blocks are summed in order as fma(float(isum - 8 * asum), sa * sw,
+// acc). The AVX-512 VNNI, AVX2 and scalar paths compute exactly that, so they agree bit for bit.
+//
+// The weights are packed once, when the kernel is made, into panels of 16 columns; a call streams each panel once
+// and multiplies it with every row of the call (the int4 nibbles unpacked in registers), so a call of a few rows
+// costs about what one row costs where the weights' memory traffic dominates.
+//
+// Built by specbuild/runtime/kernels/build.py against ONNX Runtime's C API headers (docs/engine-format.md).
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+
+namespace specbuild_kernels {
+namespace {
+
+constexpr int64_t kBlock = 32;  // weights per scale along K
+constexpr int64_t kPanel = 16;  // columns per packed panel
+constexpr int kPanelBytes = kBlock * kPanel / 2;  // one block of one panel: 4 vectors of 64 bytes
+
+// Weights packed for the kernels: panel p, block b: 4 vectors j of [16 columns][4 bytes], byte i of column c holding
+// q + 8 of k = 32 b + 8 j + i in its low nibble and of k + 4 in its high one; columns past N are zero weights.
+struct Packed {
+  int64_t k = 0, n = 0, blocks = 0, panels = 0;
+  std::vector<uint8_t> q;      // [panels][blocks][kPanelBytes]
+  std::vector<float> scales;   // [panels][blocks][16]
+};
+
+Packed Pack(const uint8_t* w, const float* s, int64_t k, int64_t n) {
+  Packed p;
+  p.k = k;
+  p.n = n;
+  p.blocks = k / kBlock;
+  p.panels = (n + kPanel - 1) / kPanel;
+  p.q.assign(static_cast<size_t>(p.panels * p.blocks * kPanelBytes), 0x88);  // q + 8 = 8: a zero weight
+  p.scales.assign(static_cast<size_t>(p.panels * p.blocks * kPanel), 0.0f);
+  auto nibble = [&](int64_t row, int64_t col) -> uint8_t {
+    int64_t i = row * n + col;
+    uint8_t byte = w[i >> 1];
+    int v = (i & 1) ? (byte >> 4) : (byte & 0x0F);  // two's complement int4
+    return static_cast<uint8_t>(v ^ 8);               // its value in [-8, 7] plus 8, in [0, 15]
+  };
+  for (int64_t panel = 0; panel < p.panels; ++panel) {
+    for (int64_t b = 0; b < p.blocks; ++b) {
+      uint8_t* out = &p.q[static_cast<size_t>((panel * p.blocks + b) * kPanelBytes)];
+      float* sc = &p.scales[static_cast<size_t>((panel * p.blocks + b) * kPanel)];
+      for (int64_t c = 0; c < kPanel; ++c) {
+        int64_t col = panel * kPanel + c;
+        if (col >= n) continue;
+        sc[c] = s[b * n + col];
+        for (int j = 0; j < 4; ++j) {
+          for (int i = 0; i < 4; ++i) {
+            int64_t row = b * kBlock + 8 * j + i;
+            out[j * 64 + c * 4 + i] = static_cast<uint8_t>(nibble(row, col) | (nibble(row + 4, col) << 4));
+          }
+        }
+      }
+    }
+  }
+  return p;
+}
+
+// A call's activations, quantized per row and block of 32: q [m][k] int8, scale [m][blocks], sum [m][blocks].
+struct Rows {
+  int64_t m = 0, k = 0, blocks = 0;
+  std::vector<int8_t> q;
+  std::vector<float> scale;
+  std::vector<int32_t> sum;
+};
+
+void Quantize(const float* x, int64_t m, int64_t k, Rows& rows) {
+  rows.m = m;
+  rows.k = k;
+  rows.blocks = k / kBlock;
+  rows.q.resize(static_cast<size_t>(m * k));
+  rows.scale.resize(static_cast<size_t>(m * rows.blocks));
+  rows.sum.resize(static_cast<size_t>(m * rows.blocks));
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t b = 0; b < rows.blocks; ++b) {
+      const float* v = x + r * k + b * kBlock;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(v[i]));
+      float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int32_t sum = 0;
+      int8_t* q = &rows.q[static_cast<size_t>(r * k + b * kBlock)];
+      for (int64_t i = 0; i < kBlock; ++i) {
+        float t = std::nearbyint(v[i] * inv);  // round half to even (the default rounding mode)
+        t = std::min(127.0f, std::max(-127.0f, t));
+        q[i] = static_cast<int8_t>(t);
+        sum += q[i];
+      }
+      rows.scale[static_cast<size_t>(r * rows.blocks + b)] = amax / 127.0f;
+      rows.sum[static_cast<size_t>(r * rows.blocks + b)] = sum;
+    }
+  }
+}
+
+// ---- one panel (16 columns) for rows [r0, r0 + count), each path the same arithmetic
+
+void PanelScalar(const Packed& w, const Rows& a, int64_t panel, int64_t r0, int64_t count, float* y, int64_t ldy) {
+  for (int64_t r = r0; r < r0 + count; ++r) {
+    float acc[kPanel] = {0};
+    for (int64_t b = 0; b < w.blocks; ++b) {
+      const uint8_t* q = &w.q[static_cast<size_t>((panel * w.blocks + b) * kPanelBytes)];
+      const float* sw = &w.scales[static_cast<size_t>((panel * w.blocks + b) * kPanel)];
+      const int8_t* qa = &a.q[static_cast<size_t>(r * a.k + b * kBlock)];
+      float sa = a.scale[static_cast<size_t>(r * a.blocks + b)];
+      int32_t shift = 8 * a.sum[static_cast<size_t>(r * a.blocks + b)];
+      for (int64_t c = 0; c < kPanel; ++c) {
+        int32_t isum = 0;
+        for (int j = 0; j < 4; ++j) {
+          for (int i = 0; i < 4; ++i) {
+            uint8_t byte = q[j * 64 + c * 4 + i];
+            isum += static_cast<int32_t>(byte & 0x0F) * qa[8 * j + i];
+            isum += static_cast<int32_t>(byte >> 4) * qa[8 * j + 4 + i];
+          }
+        }
+        acc[c] = std::fma(static_cast<float>(isum - shift), sa * sw[c], acc[c]);
+      }
+    }
+    int64_t cols = std::min<int64_t>(kPanel, w.n - panel * kPanel);
+    std::memcpy(y + r * ldy + panel * kPanel, acc, static_cast<size_t>(cols) * sizeof(float));
+  }
+}
+
+template <int R>
+__attribute__((target("avx2,fma"))) void PanelAvx2Rows(const Packed& w, const Rows& a, int64_t panel, int64_t r0,
+                                                       float* y, int64_t ldy) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int half = 0; half < 2; ++half) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < w.blocks; ++b) {
+      const uint8_t* q = &w.q[static_cast<size_t>((panel * w.blocks + b) * kPanelBytes)] + half * 32;
+      __m256i wv[8];
+      for (int j = 0; j < 4; ++j) {
+        __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * 64));
+        wv[2 * j] = _mm256_and_si256(v, low);
+        wv[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      }
+      __m256 sw = _mm256_loadu_ps(&w.scales[static_cast<size_t>((panel * w.blocks + b) * kPanel)] + half * 8);
+      for (int r = 0; r < R; ++r) {
+        int64_t row = r0 + r;
+        const int32_t* qa = reinterpret_cast<const int32_t*>(&a.q[static_cast<size_t>(row * a.k + b * kBlock)]);
+        __m256i isum = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {
+          __m256i p16 = _mm256_maddubs_epi16(wv[j], _mm256_set1_epi32(qa[j]));  // no saturation: 2 * 15 * 127
+          isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p16, ones));
+        }
+        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * a.sum[static_cast<size_t>(row * a.blocks + b)]));
+        __m256 f = _mm256_mul_ps(_mm256_set1_ps(a.scale[static_cast<size_t>(row * a.blocks + b)]), sw);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), f, acc[r]);
+      }
+    }
+    int64_t cols = std::min<int64_t>(8, w.n - panel * kPanel - half * 8);
+    for (int r = 0; r < R; ++r) {
+      float out[8];
+      _mm256_storeu_ps(out, acc[r]);
+      if (cols > 0) std::memcpy(y + (r0 + r) * ldy + panel * kPanel + half * 8, out, static_cast<size_t>(cols) * 4);
+    }
+  }
+}
+
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void PanelAvx512Rows(const Packed& w, const Rows& a,
+                                                                                      int64_t panel, int64_t r0,
+                                                                                      float* y, int64_t ldy) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < w.blocks; ++b) {
+    const uint8_t* q = &w.q[static_cast<size_t>((panel * w.blocks + b) * kPanelBytes)];
+    __m512i wv[8];
+    for (int j = 0; j < 4; ++j) {
+      __m512i v = _mm512_loadu_si512(q + j * 64);
+      wv[2 * j] = _mm512_and_si512(v, low);
+      wv[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+    __m512 sw = _mm512_loadu_ps(&w.scales[static_cast<size_t>((panel * w.blocks + b) * kPanel)]);
+    for (int r = 0; r < R; ++r) {
+      int64_t row = r0 + r;
+      const int32_t* qa = reinterpret_cast<const int32_t*>(&a.q[static_cast<size_t>(row * a.k + b * kBlock)]);
+      __m512i isum = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j) isum = _mm512_dpbusd_epi32(isum, wv[j], _mm512_set1_epi32(qa[j]));
+      isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(8 * a.sum[static_cast<size_t>(row * a.blocks + b)]));
+      __m512 f = _mm512_mul_ps(_mm512_set1_ps(a.scale[static_cast<size_t>(row * a.blocks + b)]), sw);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), f, acc[r]);
+    }
+  }
+  int64_t cols = std::min<int64_t>(kPanel, w.n - panel * kPanel);
+  for (int r = 0; r < R; ++r) {
+    float out[kPanel];
+    _mm512_storeu_ps(out, acc[r]);
+    std::memcpy(y + (r0 + r) * ldy + panel * kPanel, out, static_cast<size_t>(cols) * sizeof(float));
+  }
+}
+
+// Rows in chunks the registers hold (AVX-512: 8, AVX2: 4), then the remainder.
+void Panel(Isa isa, const Packed& w, const Rows& a, int64_t panel, float* y, int64_t ldy) {
+  int64_t r = 0, m = a.m;
+  if (isa == Isa::kAvx512Vnni) {
+    for (; r + 8 <= m; r += 8) PanelAvx512Rows<8>(w, a, panel, r, y, ldy);
+    switch (m - r) {
+      case 7: PanelAvx512Rows<7>(w, a, panel, r, y, ldy); break;
+      case 6: PanelAvx512Rows<6>(w, a, panel, r, y, ldy); break;
+      case 5: PanelAvx512Rows<5>(w, a, panel, r, y, ldy); break;
+      case 4: PanelAvx512Rows<4>(w, a, panel, r, y, ldy); break;
+      case 3: PanelAvx512Rows<3>(w, a, panel, r, y, ldy); break;
+      case 2: PanelAvx512Rows<2>(w, a, panel, r, y, ldy); break;
+      case 1: PanelAvx512Rows<1>(w, a, panel, r, y, ldy); break;
+      default: break;
+    }
+  } else if (isa == Isa::kAvx2) {
+    for (; r + 4 <= m; r += 4) PanelAvx2Rows<4>(w, a, panel, r, y, ldy);
+    switch (m - r) {
+      case 3: PanelAvx2Rows<3>(w, a, panel, r, y, ldy); break;
+      case 2: PanelAvx2Rows<2>(w, a, panel, r, y, ldy); break;
+      case 1: PanelAvx2Rows<1>(w, a, panel, r, y, ldy); break;
+      default: break;
+    }
+  } else {
+    PanelScalar(w, a, panel, 0, m, y, ldy);
+  }
+}
+
+struct Call {
+  Isa isa;
+  const Packed* w;
+  const Rows* a;
+  float* y;
+};
+
+void PanelTask(void* data, size_t panel) {
+  const Call* call = static_cast<const Call*>(data);
+  Panel(call->isa, *call->w, *call->a, static_cast<int64_t>(panel), call->y, call->w->n);
+}
+
+// ---- the operator
+
+struct BlockInt4MatMulKernel {
+  explicit BlockInt4MatMulKernel(const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo kernel_info(info);
+    int64_t block = kernel_info.GetAttribute<int64_t>("block_size");
+    if (block != kBlock) throw std::runtime_error("BlockInt4MatMul: block_size must be 32");
+    int w_constant = 0, s_constant = 0;
+    Ort::ConstValue w = kernel_info.GetTensorConstantInput(1, &w_constant);
+    Ort::ConstValue s = kernel_info.GetTensorConstantInput(2, &s_constant);
+    if (!w_constant || !s_constant) throw std::runtime_error("BlockInt4MatMul: weights and scales must be constants");
+    auto w_info = w.GetTensorTypeAndShapeInfo();
+    std::vector<int64_t> shape = w_info.GetShape();
+    if (w_info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT4 || shape.size() != 2 || shape[0] % kBlock)
+      throw std::runtime_error("BlockInt4MatMul: weights must be int4 [K, N] with K a multiple of 32");
+    std::vector<int64_t> s_shape = s.GetTensorTypeAndShapeInfo().GetShape();
+    if (s_shape.size() != 2 || s_shape[0] != shape[0] / kBlock || s_shape[1] != shape[1])
+      throw std::runtime_error("BlockInt4MatMul: scales must be [K / 32, N]");
+    packed_ = Pack(static_cast<const uint8_t*>(w.GetTensorRawData()), static_cast<const float*>(s.GetTensorRawData()),
+                   shape[0], shape[1]);
+    isa_ = ChosenIsa();
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    Ort::ConstValue x = ctx.GetInput(0);
+    std::vector<int64_t> shape = x.GetTensorTypeAndShapeInfo().GetShape();
+    if (shape.empty() || shape.back() != packed_.k)
+      throw std::runtime_error("BlockInt4MatMul: X's last dimension != K");
+    int64_t m = 1;
+    for (size_t i = 0; i + 1 < shape.size(); ++i) m *= shape[i];
+    shape.back() = packed_.n;
+    Ort::UnownedValue out = ctx.GetOutput(0, shape);
+    float* y = out.GetTensorMutableData<float>();
+    if (m == 0) return;
+    Rows rows;
+    Quantize(x.GetTensorData<float>(), m, packed_.k, rows);
+    Call call{isa_, &packed_, &rows, y};
+    ctx.ParallelFor(PanelTask, static_cast<size_t>(packed_.panels), 0, &call);
+  }
+
+ private:
+  Packed packed_;
+  Isa isa_ = Isa::kScalar;
+};
+
+struct BlockInt4MatMulOp : Ort::CustomOpBase<BlockInt4MatMulOp, BlockInt4MatMulKernel> {
+  void* CreateKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) const {
+    return new BlockInt4MatMulKernel(info);
+  }
+  const char* GetName() const { return "BlockInt4MatMul"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetInputType(size_t index) const {
+    return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT4 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t /*index*/) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
+}  // namespace
+
+void AddBlockInt4MatMul(Ort::CustomOpDomain& domain) {
+  static BlockInt4MatMulOp op;
+  domain.Add(&op);
+}
+
+}  // namespace specbuild_kernels
