@@ -18,7 +18,7 @@ from specbuild.builder.export.weights_file import WEIGHTS_FILE
 from specbuild.errors import SpecbuildError
 from specbuild.inspect import describe, render
 from specbuild.runtime import kernels
-from specbuild.runtime.engine import Engine
+from specbuild.runtime.engine import Engine, SamplingParams
 from tests.helpers import graph_nodes, quiet
 from tests.plugins.eagle_fixtures import write_eagle3_head
 from tests.plugins.medusa_helpers import toy_model, write_medusa_heads
@@ -189,6 +189,11 @@ def test_int8_activations_keep_chain_speculation_exact(toy, tmp_path, weights):
         return
     outputs, steps = _outputs(tree, ef.BACKEND_ONNXRUNTIME)
     assert outputs == base and max(steps) > 1  # branching trees, exact
+    seeded = SamplingParams(temperature=0.8, seed=11)  # sampled: the none engine's draws, token for token
+    none_engine, tree_engine = Engine(engines["none"], threads=1), Engine(tree, threads=1)
+    for ids in PROMPTS:
+        want = none_engine.generate(input_ids=ids, max_new_tokens=20, sampling=seeded).output_ids
+        assert tree_engine.generate(input_ids=ids, max_new_tokens=20, sampling=seeded).output_ids == want
     with kernels.stock():
         assert Engine(tree, allow_lossy=True).lossless is False  # on the stock attention: labelled lossy
     eagle_tree = build_engine(

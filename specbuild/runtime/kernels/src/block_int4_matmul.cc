@@ -160,11 +160,11 @@ __attribute__((target("avx2,fma"))) void PanelAvx2Rows(const Packed& w, const Ro
       for (int r = 0; r < R; ++r) {
         int64_t row = r0 + r;
         const int32_t* qa = reinterpret_cast<const int32_t*>(&a.q[static_cast<size_t>(row * a.k + b * kBlock)]);
-        __m256i isum = _mm256_setzero_si256();
-        for (int j = 0; j < 8; ++j) {
-          __m256i p16 = _mm256_maddubs_epi16(wv[j], _mm256_set1_epi32(qa[j]));  // no saturation: 2 * 15 * 127
-          isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p16, ones));
-        }
+        // pairs of products in int16 (at most 2 * 15 * 127), the 8 of a block summed there too (at most 30480: no
+        // overflow), then widened once: the exact integer dot product, as on the other paths
+        __m256i p16 = _mm256_maddubs_epi16(wv[0], _mm256_set1_epi32(qa[0]));
+        for (int j = 1; j < 8; ++j) p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(wv[j], _mm256_set1_epi32(qa[j])));
+        __m256i isum = _mm256_madd_epi16(p16, ones);
         isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * a.sum[static_cast<size_t>(row * a.blocks + b)]));
         __m256 f = _mm256_mul_ps(_mm256_set1_ps(a.scale[static_cast<size_t>(row * a.blocks + b)]), sw);
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), f, acc[r]);

@@ -17,9 +17,11 @@
 // Per query row and head, over the visible columns j in column order: s_j = dot(q, k_j) * scale (k_j as stored, an
 // int8 key's scale folded into `scale`; the dot as 16 lanes of fma over the head's dims, lane l + lane l + 8, then
 // those 8 summed pairwise), softcapped where set, plus the bias; m = max s_j; p_j = Exp(s_j - m) (a polynomial of
-// our own, the same bits on every path, see Exp); their sum one after the other; out = (sum_j p_j v_j, one fma per
-// term in column order) * (v scale / sum). One pass of the keys scores 8 columns at a time; the values are summed
-// 32 dims at a time. The AVX2 path (taken by AVX-512 CPUs too) and the plain C++ one do the same operations.
+// our own, the same bits on every path, see Exp); their sum one after the other; out = (sum_j p_j v_j: the terms of
+// the even and of the odd visible columns each accumulated in order, one fma per term, then added) * (v scale / sum).
+// Every step is a function of the list of visible (key, value) pairs alone, which is the same list for a tree node
+// and for its token decoded alone. One pass of the keys scores 8 columns at a time; the values are summed 32 dims at
+// a time. The AVX2 path (taken by AVX-512 CPUs too) and the plain C++ one do the same operations.
 //
 // Built by specbuild/runtime/kernels/build.py (docs/engine-format.md).
 
@@ -236,6 +238,32 @@ inline void Visible(const Attend& a, int64_t b, int64_t i, std::vector<int32_t>&
   for (int64_t j = first; j <= last; ++j) columns.push_back(static_cast<int32_t>(j));
 }
 
+// out[d0, d0 + 8 L) = (sum over the visible columns n of p[n] v_n) * norm, the terms of even and of odd n each
+// added in order by one fma per term (2 L chains in registers), the two sums added at the end.
+template <typename V, typename T, int L>
+inline void AccumulateValues(const Attend& a, const T* values, int64_t b, int64_t g, const std::vector<int32_t>& columns,
+                             const float* p, float norm, int64_t d0, float* out) {
+  V even[L], odd[L];
+  for (int l = 0; l < L; ++l) even[l] = odd[l] = V::Set(0.0f);
+  const int64_t n_cols = static_cast<int64_t>(columns.size());
+  int64_t n = 0;
+  for (; n + 2 <= n_cols; n += 2) {
+    const T* v0 = values + a.Slot(b, g, columns[n]) + d0;
+    const T* v1 = values + a.Slot(b, g, columns[n + 1]) + d0;
+    const V w0 = V::Set(p[n]), w1 = V::Set(p[n + 1]);
+    for (int l = 0; l < L; ++l) {
+      even[l] = V::Fma(w0, V::Load(v0 + 8 * l), even[l]);
+      odd[l] = V::Fma(w1, V::Load(v1 + 8 * l), odd[l]);
+    }
+  }
+  if (n < n_cols) {
+    const T* v0 = values + a.Slot(b, g, columns[n]) + d0;
+    const V w0 = V::Set(p[n]);
+    for (int l = 0; l < L; ++l) even[l] = V::Fma(w0, V::Load(v0 + 8 * l), even[l]);
+  }
+  for (int l = 0; l < L; ++l) V::Mul(V::Add(even[l], odd[l]), V::Set(norm)).Store(out + d0 + 8 * l);
+}
+
 // One query head of row (b, i) over the columns it sees (see the file's comment for the arithmetic):
 //   scores[n] = sum over 16 dot-product lanes (lane l: fma over d = l mod 16, in order of d; lanes l and l + 8 added,
 //               then the 8 sums as in V::Sums) times scale, softcapped, plus the bias;
@@ -248,18 +276,19 @@ inline void AttendHead(const Attend& a, const float* q, const T* keys, const T* 
   for (int64_t n0 = 0; n0 < n_cols; n0 += 8) {
     V partial[8];
     const int64_t count = std::min<int64_t>(8, n_cols - n0);
-    for (int64_t c = 0; c < 8; ++c) {
-      if (c >= count) {
-        partial[c] = V::Set(0.0f);
-        continue;
-      }
-      const T* k = keys + a.Slot(b, g, columns[n0 + c]);
-      V lo = V::Set(0.0f), hi = V::Set(0.0f);  // lanes 0-7 and 8-15 of each 16 dims
+    for (int64_t c0 = 0; c0 < 8; c0 += 4) {  // 4 columns at a time: 8 independent fma chains
+      const T* k[4];
+      for (int c = 0; c < 4; ++c) k[c] = keys + a.Slot(b, g, columns[n0 + std::min<int64_t>(c0 + c, count - 1)]);
+      V lo[4], hi[4];  // lanes 0-7 and 8-15 of each 16 dims
+      for (int c = 0; c < 4; ++c) lo[c] = hi[c] = V::Set(0.0f);
       for (int64_t d = 0; d < dim; d += 16) {
-        lo = V::Fma(V::Load(q + d), V::Load(k + d), lo);
-        hi = V::Fma(V::Load(q + d + 8), V::Load(k + d + 8), hi);
+        const V q_lo = V::Load(q + d), q_hi = V::Load(q + d + 8);
+        for (int c = 0; c < 4; ++c) {
+          lo[c] = V::Fma(q_lo, V::Load(k[c] + d), lo[c]);
+          hi[c] = V::Fma(q_hi, V::Load(k[c] + d + 8), hi[c]);
+        }
       }
-      partial[c] = V::Add(lo, hi);
+      for (int c = 0; c < 4; ++c) partial[c0 + c] = c0 + c < count ? V::Add(lo[c], hi[c]) : V::Set(0.0f);
     }
     float block[8];
     V::Mul(V::Sums(partial), V::Set(scale)).Store(block);
@@ -281,16 +310,9 @@ inline void AttendHead(const Attend& a, const float* q, const T* keys, const T* 
     std::memcpy(scores + n0, block, sizeof(float) * count);
   }
   const float norm = (a.int8 ? a.v_scale : 1.0f) / sum;
-  for (int64_t d0 = 0; d0 < dim; d0 += 32) {  // 32 dims at a time: 4 independent fma chains over the columns
-    const int64_t lanes = std::min<int64_t>(32, dim - d0) / 8;
-    V acc[4] = {V::Set(0.0f), V::Set(0.0f), V::Set(0.0f), V::Set(0.0f)};
-    for (int64_t n = 0; n < n_cols; ++n) {
-      const T* v = values + a.Slot(b, g, columns[n]) + d0;
-      V p = V::Set(scores[n]);
-      for (int64_t l = 0; l < lanes; ++l) acc[l] = V::Fma(p, V::Load(v + 8 * l), acc[l]);
-    }
-    for (int64_t l = 0; l < lanes; ++l) V::Mul(acc[l], V::Set(norm)).Store(out + d0 + 8 * l);
-  }
+  int64_t d0 = 0;
+  for (; d0 + 32 <= dim; d0 += 32) AccumulateValues<V, T, 4>(a, values, b, g, columns, scores, norm, d0, out);
+  if (d0 < dim) AccumulateValues<V, T, 2>(a, values, b, g, columns, scores, norm, d0, out);  // dim % 32 == 16
   if (n_cols == 0) std::fill(out, out + dim, 0.0f);
 }
 
