@@ -12,6 +12,7 @@ from specbuild import engine_format as ef
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.builder.quantize import kv_int8
 from specbuild.errors import SpecbuildError
+from specbuild.runtime import kernels as own_kernels
 from specbuild.runtime import row_invariance
 from specbuild.runtime.engine import Engine
 from tests.helpers import ORT_ONLY, quiet
@@ -142,6 +143,31 @@ def test_branching_trees_over_an_int8_cache_are_labelled_lossy(engines):
     manifest = Engine(engines["eagle3"], allow_lossy=True).manifest
     assert manifest["lossless"] is False
     assert "int8 KV cache with float activations and branching trees" in manifest["lossy_reason"]
+
+
+@full("two toy engines with int4 weights, int8 activations and the int8 cache")
+def test_branching_trees_with_int8_activations_over_an_int8_cache_are_exact(toy, tmp_path):
+    """With int8 activations the matmuls are row-invariant and OrderedAttentionInt8 (runtime/kernels) gives a tree
+    node its decoded bits, so EAGLE-3's top-3 trees over the int8 cache reproduce the none engine, alone and
+    batched."""
+    common = dict(backends=ORT_ONLY, kv_cache=ef.KV_CACHE_INT8, weights="int4", int8_activations=True, max_seq_len=96)
+    tree = dict(speculative_mode="eagle3", eagle_top_k=3, eagle_depth=3, eagle_total_tokens=8)
+    none_dir = build_engine(toy, tmp_path / "none", BuildOptions(**common), log=quiet)
+    tree_dir = build_engine(toy, tmp_path / "tree", BuildOptions(**common, **tree), log=quiet)
+    manifest = Engine(tree_dir, allow_lossy=True).manifest
+    assert manifest["lossless"] is True and manifest[ef.NEEDS_ORDERED_ATTENTION] is True
+    if own_kernels.library() is None:
+        with pytest.raises(SpecbuildError, match="exact on specbuild's ordered attention"):
+            Engine(tree_dir)
+        return
+    none, eagle = Engine(none_dir, threads=1), Engine(tree_dir, threads=1)
+    want = [none.generate(input_ids=ids, max_new_tokens=24).output_ids for ids in PROMPTS]
+    results = [eagle.generate(input_ids=ids, max_new_tokens=24) for ids in PROMPTS]
+    assert [r.output_ids for r in results] == want
+    assert max(n for r in results for n in r.accepted_per_step) > 1
+    alone = _alone(eagle, 0.0)
+    _, handles = _batched(eagle, 0.0, prefill_chunk=5, speculation="always")
+    assert [h.output_ids for h in handles] == alone
 
 
 @full(ENGINES)
