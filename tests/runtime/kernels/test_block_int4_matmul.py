@@ -150,7 +150,12 @@ def test_without_a_compiler_or_when_turned_off_the_stock_kernels_serve(tmp_path)
     )
     runs = {
         "off": {"SPECBUILD_KERNELS": "off"},
-        "no compiler": {"PATH": str(tmp_path), "CXX": "", "SPECBUILD_CACHE_DIR": str(tmp_path / "cache")},
+        "no compiler": {
+            "PATH": str(tmp_path),
+            "CXX": "",
+            "SPECBUILD_CACHE_DIR": str(tmp_path / "cache"),
+            "SPECBUILD_KERNELS": "",
+        },  # fmt: skip
     }
     for name, env in runs.items():
         result = subprocess.run(
