@@ -29,7 +29,8 @@ from specbuild.runtime import kernels as own_kernels
 class Exactness:
     """lossless: what this run promises. min_rows: rows every call is padded to. verified: how that was
     established on this machine, in words. probe: the row-invariance verdict (int8 activations only). kernels: which
-    matmul kernels the graph runs on, in words (int8 activations only: runtime/kernels)."""
+    kernels the graph runs on, in words (graphs some of whose kernels runtime/kernels takes: int8 activations or
+    an int8 KV cache)."""
 
     lossless: bool
     min_rows: int
@@ -58,7 +59,8 @@ def decide(engine_dir: Path, manifest: dict, graph: dict, backend: str, threads:
         verified = "float activations: rows agree to float rounding, nothing to measure on this CPU"
         if backend != ef.BACKEND_ONNXRUNTIME:
             verified = "TensorRT plan: float activations, nothing to measure on this CPU"
-        return Exactness(promised, 1, verified)
+        own = backend == ef.BACKEND_ONNXRUNTIME and any(own_kernels.wanted(graph))  # an int8 cache's attention
+        return Exactness(promised, 1, verified, kernels=own_kernels.description() if own else None)
     verdict = _decide_int8(engine_dir, manifest, graph, threads, allow_lossy)
     return dataclasses.replace(verdict, kernels=own_kernels.description())
 
