@@ -125,17 +125,21 @@ def test_the_engine_records_its_int8_cache_and_what_it_costs(engines):
     assert ef.GRAPH_KV_CACHE_DTYPE not in float_graph and "kv_quantization" not in float_graph
 
 
+def _assert_reproduces(none, speculative) -> None:
+    """`speculative` gives `none`'s greedy tokens with drafts accepted, and the same tokens alone and batched."""
+    want = [none.generate(input_ids=ids, max_new_tokens=24).output_ids for ids in PROMPTS]
+    results = [speculative.generate(input_ids=ids, max_new_tokens=24) for ids in PROMPTS]
+    assert [r.output_ids for r in results] == want
+    assert max(n for r in results for n in r.accepted_per_step) > 1
+    alone = _alone(speculative, 0.0)
+    _, handles = _batched(speculative, 0.0, prefill_chunk=5, speculation="always")
+    assert [h.output_ids for h in handles] == alone
+
+
 @full(ENGINES)
 def test_chain_speculation_and_batching_reproduce_the_int8_none_engine(engines):
     """ngram drafts chains: its tokens are the none engine's of the same --kv-cache, alone and batched."""
-    none, ngram = (Engine(engines[m], threads=1) for m in ("none", "ngram"))
-    want = [none.generate(input_ids=ids, max_new_tokens=24).output_ids for ids in PROMPTS]
-    results = [ngram.generate(input_ids=ids, max_new_tokens=24) for ids in PROMPTS]
-    assert [r.output_ids for r in results] == want
-    assert max(n for r in results for n in r.accepted_per_step) > 1
-    alone = _alone(ngram, 0.0)
-    _, handles = _batched(ngram, 0.0, prefill_chunk=5, speculation="always")
-    assert [h.output_ids for h in handles] == alone
+    _assert_reproduces(Engine(engines["none"], threads=1), Engine(engines["ngram"], threads=1))
 
 
 @full(ENGINES)
@@ -160,14 +164,7 @@ def test_branching_trees_with_int8_activations_over_an_int8_cache_are_exact(toy,
         with pytest.raises(SpecbuildError, match="exact on specbuild's ordered attention"):
             Engine(tree_dir)
         return
-    none, eagle = Engine(none_dir, threads=1), Engine(tree_dir, threads=1)
-    want = [none.generate(input_ids=ids, max_new_tokens=24).output_ids for ids in PROMPTS]
-    results = [eagle.generate(input_ids=ids, max_new_tokens=24) for ids in PROMPTS]
-    assert [r.output_ids for r in results] == want
-    assert max(n for r in results for n in r.accepted_per_step) > 1
-    alone = _alone(eagle, 0.0)
-    _, handles = _batched(eagle, 0.0, prefill_chunk=5, speculation="always")
-    assert [h.output_ids for h in handles] == alone
+    _assert_reproduces(Engine(none_dir, threads=1), Engine(tree_dir, threads=1))
 
 
 @full(ENGINES)

@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 BLOCK = 32
+
+
+def on_isa(code: str, isa: str):
+    """What `code` prints as JSON on its last line, run in a process whose kernels take the instruction set `isa`
+    (fixed when the library loads: SPECBUILD_KERNELS_ISA)."""
+    env = {**os.environ, "SPECBUILD_KERNELS_ISA": isa}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def int4_initializer(name: str, q: np.ndarray):

@@ -7,7 +7,6 @@ kernels serve and the runtime says so."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from specbuild.runtime import kernels
 from specbuild.runtime.kernels.rewrite import DOMAIN, use_kernels
-from tests.runtime.kernels.reference import int4_initializer, matmul_model, reference
+from tests.runtime.kernels.reference import int4_initializer, matmul_model, on_isa, reference
 
 SHAPES = [(32, 1), (64, 17), (96, 16), (576, 100), (1536, 40)]  # (K, N): N below, at and past a 16-column panel
 
@@ -56,10 +55,7 @@ def _outputs_on(isa: str) -> list:
         "out = [_session(matmul_model(q, s, True)).run(None, {'x': x})[0].tolist() for _, _, q, s, x in _cases()]\n"
         "print(json.dumps({'isa': kernels.description(), 'out': out}))\n"
     )
-    env = {**os.environ, "SPECBUILD_KERNELS_ISA": isa}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return on_isa(code, isa)
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,6 @@ nodes and nothing it cannot compute."""
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import onnxruntime as ort
@@ -20,7 +16,7 @@ from onnx import helper
 
 from specbuild.runtime import kernels
 from specbuild.runtime.kernels.rewrite import DOMAIN, use_kernels
-from tests.runtime.kernels.reference import attention_feeds, attention_model, attention_reference
+from tests.runtime.kernels.reference import attention_feeds, attention_model, attention_reference, on_isa
 
 CAPACITY, POSITIONS = 48, 64
 K_SCALE, V_SCALE = 0.05, 0.04
@@ -193,10 +189,7 @@ def _digests_on(isa: str) -> dict:
         "    out[name] = [hashlib.sha256(x.tobytes()).hexdigest() for x in got]\n"
         "print(json.dumps({'isa': kernels.description(), 'out': out}))\n"
     )
-    env = {**os.environ, "SPECBUILD_KERNELS_ISA": isa}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return on_isa(code, isa)
 
 
 def test_every_instruction_set_gives_the_same_bits(library):
