@@ -36,8 +36,8 @@ def engine_fields(plan: BuildPlan, plugin, graphs: list[dict], directory: Path) 
         "checkpoint_dtype": plan.checkpoint.dtype,
         "lossless": lossy is None,
         "lossy_reason": lossy,
-        # int8 activations: exact only where the kernels are row-invariant (with padding), checked at every load;
-        # branching trees there also on specbuild's ordered attention (runtime/kernels)
+        # int8 activations or an int8 cache: exact only where the kernels are row-invariant (with padding), checked at
+        # every load; branching trees there also on specbuild's ordered attention (runtime/kernels)
         "lossless_condition": lossless_condition(plan, plugin.chain_drafts()) if lossy is None else None,
         ef.NEEDS_ORDERED_ATTENTION: needs_ordered_attention(plan, plugin.chain_drafts()) and lossy is None,
         "typical_acceptance": list(plan.typical) if plan.typical else None,
@@ -99,11 +99,11 @@ def model_fields(cfg) -> dict:
 
 
 def needs_ordered_attention(plan: BuildPlan, chain_drafts: bool) -> bool:
-    """Branching trees with int8 activations: a tree node's keys sit in other cache columns than in one-token
-    decoding, and only an attention that reduces them in position order (runtime/kernels) gives the node the bits
-    decoding gives the token -- ONNX Runtime's sums them in column order, and the int8 roundings that follow turn
-    the difference into other tokens."""
-    return plan.options.int8_activations and not chain_drafts
+    """Branching trees with int8 activations or an int8 KV cache: a tree node's keys sit in other cache columns than
+    in one-token decoding, and only an attention that reduces them in position order (runtime/kernels) gives the node
+    the bits decoding gives the token -- ONNX Runtime's sums them in column order, and the int8 roundings that follow
+    (of the next layer's input, of the keys and values cached) turn the difference into other tokens."""
+    return (plan.options.int8_activations or plan.options.kv_cache == ef.KV_CACHE_INT8) and not chain_drafts
 
 
 def lossless_condition(plan: BuildPlan, chain_drafts: bool) -> str | None:
@@ -117,11 +117,4 @@ def lossless_condition(plan: BuildPlan, chain_drafts: bool) -> str | None:
 def lossy_reason(plan: BuildPlan, chain_drafts: bool) -> str | None:
     if plan.typical is not None:
         return "typical acceptance (not distribution-preserving)"
-    if plan.options.kv_cache == ef.KV_CACHE_INT8 and not plan.options.int8_activations and not chain_drafts:
-        return (
-            "an int8 KV cache with float activations and branching trees: the float matmuls give a tree node's key "
-            "other last bits than one-token decoding gives the token, and its 8-bit rounding can change greedy output "
-            "against the none engine of the same --kv-cache (chain drafts, e.g. ngram with one candidate, stay exact; "
-            "with --int8-activations trees are exact on specbuild's kernels)"
-        )
     return None

@@ -15,6 +15,7 @@ from specbuild.errors import SpecbuildError
 from specbuild.runtime import kernels as own_kernels
 from specbuild.runtime import row_invariance
 from specbuild.runtime.engine import Engine
+from specbuild.runtime.sampling import SamplingParams
 from tests.helpers import ORT_ONLY, quiet
 from tests.plugins.eagle_fixtures import toy_eagle3_checkpoint
 from tests.runtime.test_scheduler import PROMPTS, _alone, _batched
@@ -143,10 +144,28 @@ def test_chain_speculation_and_batching_reproduce_the_int8_none_engine(engines):
 
 
 @full(ENGINES)
-def test_branching_trees_over_an_int8_cache_are_labelled_lossy(engines):
+def test_branching_trees_over_an_int8_cache_with_float_activations_are_exact(engines):
+    """Float activations over the int8 cache: a tree node's key must round to the bits decoding gives its token, so
+    the float matmuls are padded to row invariance (the probe runs for the int8 cache too) and the attention is
+    OrderedAttentionInt8; EAGLE-3's top-3 trees then reproduce the none engine, greedy and seeded-sampled, alone and
+    batched. Without the kernel library such an engine is refused, or labelled lossy where allowed."""
     manifest = Engine(engines["eagle3"], allow_lossy=True).manifest
-    assert manifest["lossless"] is False
-    assert "int8 KV cache with float activations and branching trees" in manifest["lossy_reason"]
+    assert manifest["lossless"] is True and manifest["lossy_reason"] is None
+    assert manifest[ef.NEEDS_ORDERED_ATTENTION] is True and manifest["weights"]["activations"] == "float"
+    none = Engine(engines["none"], threads=1)
+    assert none.exactness.probe is not None  # float activations, int8 cache: probed, not taken on trust
+    if own_kernels.library() is None:
+        with pytest.raises(SpecbuildError, match="exact on specbuild's ordered attention"):
+            Engine(engines["eagle3"])
+        return
+    tree = Engine(engines["eagle3"], threads=1)
+    _assert_reproduces(none, tree)
+    seeded = SamplingParams(temperature=0.8, seed=5)
+    for ids in PROMPTS:
+        want = none.generate(input_ids=ids, max_new_tokens=20, sampling=seeded).output_ids
+        assert tree.generate(input_ids=ids, max_new_tokens=20, sampling=seeded).output_ids == want
+    with own_kernels.stock():
+        assert Engine(engines["eagle3"], allow_lossy=True).lossless is False  # the stock attention: labelled lossy
 
 
 @full("two toy engines with int4 weights, int8 activations and the int8 cache")
