@@ -3,9 +3,10 @@ kernels an engine can hold -- fp32 MatMul, MatMulNBits int4 / int8 with int8 act
 activations (level 1), int4 level 4 under the session setting `mlas.qnbit.force_fp32` (MLAS's float path for 4-bit
 weights at every row count), the integer GEMM of `--weights int8 --int8-activations`
 (builder/quantize/int8_gemm.py, built by the same code) and specbuild's own BlockInt4MatMul (runtime/kernels, on the
-graph an int4 engine holds; skipped where the library cannot be built). Checks which kernels give a row the same
-bits alone and among others. The kernel test of docs/benchmarks/2026-12-03-run-AM-integer-gemm.md; with BLOCKS, int4
-at each of those block sizes too (run AQ); specbuild's kernel in run AT.
+graph an int4 engine holds, with int8 and with float activations; skipped where the library cannot be built). Checks
+which kernels give a row the same bits alone and among others. The kernel test of
+docs/benchmarks/2026-12-03-run-AM-integer-gemm.md; with BLOCKS, int4 at each of those block sizes too (run AQ);
+specbuild's kernel in runs AT and AU.
 
     python scripts/matmul-rows.py 2048 8192 [ROWS, e.g. 1,16,256] [BLOCKS, e.g. 64,128,256]
 """
@@ -49,8 +50,9 @@ def integer_gemm(model):
     return ir.to_proto(rewritten)
 
 
-def own_kernel(weight: np.ndarray):
-    """The int4 engine graph of `weight` (DequantizeLinear, blocks of 32 along K, + MatMul) on specbuild's kernel."""
+def own_kernel(weight: np.ndarray, activations: str = "int8"):
+    """The int4 engine graph of `weight` (DequantizeLinear, blocks of 32 along K, + MatMul) on specbuild's kernel,
+    with int8 or float activations."""
     from specbuild.runtime import kernels
     from specbuild.runtime.kernels.rewrite import use_kernels
 
@@ -66,7 +68,7 @@ def own_kernel(weight: np.ndarray):
         [helper.make_tensor("w", TensorProto.INT4, (k, n), q.reshape(-1)), numpy_helper.from_array(scale, "s")],
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
-    return model if kernels.library() is not None and use_kernels(model) else None
+    return model if kernels.library() is not None and use_kernels(model, matmuls=activations) else None
 
 
 def session(model, config: dict | None = None):
@@ -101,9 +103,10 @@ def main(k: int, n: int) -> None:
                "MatMulNBits int4 L4 force_fp32": (int4, {"mlas.qnbit.force_fp32": "1"}),
                "MatMulNBits int8 level 4": nbits(base, 8), "integer GEMM (int8_gemm)": integer_gemm(base)}  # fmt: skip
     kernels.update({f"MatMulNBits int4 L4 block {b}": nbits(base, 4, b) for b in BLOCKS})
-    own = own_kernel(weight)
-    if own is not None:
-        kernels["specbuild BlockInt4MatMul"] = own
+    for activations in ("int8", "float"):
+        own = own_kernel(weight, activations)
+        if own is not None:
+            kernels[f"specbuild BlockInt4MatMul {activations}"] = own
     reps = 60 if k * n < 5e6 else 20
     x = np.random.default_rng(2).standard_normal((max(ROWS), k)).astype(np.float32)
     print(f"{k} x {n}: ms per call by rows {ROWS}")

@@ -14,6 +14,7 @@ from specbuild import engine_format as ef
 from specbuild.builder.options import BuildOptions
 from specbuild.builder.plan import BuildPlan, resolve
 from specbuild.fsutil import atomic_output_dir
+from specbuild.runtime import kernels
 from specbuild.runtime.integrity import remember_verified
 
 
@@ -36,9 +37,10 @@ def build_plan(plan: BuildPlan, log=print) -> Path:
         )
     elif slow_quantized_verification(plan):
         log(
-            f"note: --weights {plan.weights} with float activations: ONNX Runtime computes a call of 2+ tokens by "
-            "dequantizing every weight (SmolLM2: a 2-token call costs 2.6x a 1-token one), so speculation rarely "
-            "pays; --int8-activations keeps multi-token calls cheap (exact for chain drafts)"
+            f"note: --weights {plan.weights} with float activations: ONNX Runtime's stock kernel computes a call of 2+ "
+            "tokens by dequantizing every weight (SmolLM2: a 2-token call costs 2.6x a 1-token one), so speculation "
+            f"rarely pays on it, and specbuild's own kernel, which keeps such calls cheap, is not available here "
+            f"({kernels.description()}); --int8-activations keeps them cheaper on the stock kernels too"
         )
     if plan.head_weights_source:
         log(f"heads: {plan.head_weights or 'float'}: {plan.head_weights_source}")
@@ -51,12 +53,14 @@ def build_plan(plan: BuildPlan, log=print) -> Path:
 
 def slow_quantized_verification(plan: BuildPlan) -> bool:
     """A speculative ONNX Runtime engine with blockwise-quantized weights and float activations (MatMulNBits level 1
-    dequantizes the weights for calls of two or more rows)."""
+    dequantizes the weights for calls of two or more rows) where specbuild's own int4 kernel (runtime/kernels),
+    which takes those matmuls at load, cannot be built."""
     return (
         plan.weights in ef.BLOCKWISE_WEIGHTS
         and not plan.options.int8_activations
         and not plan.spec.baseline
         and ef.BACKEND_ONNXRUNTIME in plan.options.backends
+        and (plan.weights != "int4" or kernels.library() is None)
     )
 
 

@@ -44,8 +44,8 @@ def peer_options(command):
 @click.option(
     "--stock-kernels",
     is_flag=True,
-    help="Also run every engine that uses specbuild's own kernels (int4 + int8 activations) on ONNX Runtime's stock "
-    "kernels, as a row of its own beside it: what the kernels change on this machine.",
+    help="Also run every engine that uses specbuild's own kernels (int4 weights, int8 activations or an int8 KV "
+    "cache) on ONNX Runtime's stock kernels, as a row of its own beside it: what the kernels change on this machine.",
 )
 @click.option(
     "--concurrency",

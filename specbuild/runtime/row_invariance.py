@@ -1,12 +1,13 @@
 """Row invariance of an engine's CPU kernels, measured on the machine that runs the engine.
 
-An engine with int8 activations reproduces its `none` engine bit for bit only if every row-wise kernel gives a token
-the same bits whatever the number of rows in the call: the int8 roundings of the next layer amplify any last-bit
-difference (builder/network/ort_kernels.py says which kernels differ on which CPUs). That is a property of the CPU, so
-it is measured where the engine runs. The probe rebuilds every kernel configuration the graph holds -- block-quantized
-MatMul (which ONNX Runtime fuses into MatMulNBits, as in the engine), MatMulNBits, the integer GEMM
-(MatMulIntegerToFloat, builder/quantize/int8_gemm.py), float MatMul, GroupQueryAttention
-with the node's own inputs, the norms and the SiLU -- with random weights of the same shapes, runs each on calls of
+An engine with int8 activations or an int8 KV cache reproduces its `none` engine bit for bit only if every row-wise
+kernel gives a token the same bits whatever the number of rows in the call: the int8 roundings of the next layer's
+input or of the cached keys and values amplify any last-bit difference (builder/network/ort_kernels.py says which
+kernels differ on which CPUs). That is a property of the CPU, so it is measured where the engine runs. The probe
+rebuilds every kernel configuration the graph holds -- block-quantized MatMul (which ONNX Runtime fuses into
+MatMulNBits, as in the engine), MatMulNBits, the integer GEMM (MatMulIntegerToFloat, builder/quantize/int8_gemm.py),
+float MatMul, GroupQueryAttention with the node's own inputs, the norms and the SiLU -- with random weights of the
+same shapes, on the kernels the engine runs on (specbuild's own where runtime/kernels takes them), runs each on calls of
 1..R rows (R: MAX_PROBE_ROWS, or the most rows one of the engine's calls holds) under the engine's own session
 settings, and compares the bits row by row.
 
@@ -354,10 +355,11 @@ def _session(kernels: list[Kernel], opsets, ir_version: int, threads, accuracy_l
     )
     model = helper.make_model(graph, opset_imports=opsets, ir_version=ir_version)
     options = session_options(threads, accuracy_level)
-    if accuracy_level == ef.ACCURACY_INT8 and own_kernels.library() is not None:  # the kernels the engine runs on
-        from specbuild.runtime.kernels.rewrite import use_kernels
+    if own_kernels.library() is not None:  # the kernels the engine runs on (as kernels.wanted: every int4 matmul;
+        from specbuild.runtime.kernels.rewrite import FLOAT, INT8, use_kernels  # the probe runs for graphs with
 
-        if use_kernels(model):
+        matmuls = INT8 if accuracy_level == ef.ACCURACY_INT8 else FLOAT  # int8 activations or an int8 cache)
+        if use_kernels(model, matmuls=matmuls, attention=True):
             own_kernels.register(options)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 

@@ -1,16 +1,16 @@
 """specbuild's own CPU kernels, an ONNX Runtime custom-operator library compiled from the sources in src/ on the
 machine that runs the engine (build.py), with a graph rewrite that hands them an engine graph's matmuls (rewrite.py).
 
-BlockInt4MatMul runs the 4-bit weight matmuls of engines with int8 activations (`--weights int4
---int8-activations`): ONNX Runtime's own kernel streams the weights once per pair of rows, so a call's cost grows
-linearly with its rows; this one streams them once per call and gives every row the same bits whatever the call's
-other rows and whatever the CPU's instruction set (AVX-512 VNNI, AVX2 or none: one arithmetic). OrderedAttention
-runs the attention of engines with int8 activations or an int8 KV cache: every row reduces the keys it sees in
-position order, so a tree node gets the bits one-token decoding gives the same token, and branching trees stay
-exact at those precisions. Where no compiler,
-no headers or no writable cache is at hand, or SPECBUILD_KERNELS=off, engines run on ONNX Runtime's stock kernels
-(the graph as built) and the runtime says so once. The measurements behind it: docs/benchmarks/design-measurements.md
-(runtime/kernels); how it binds to ONNX Runtime: docs/engine-format.md.
+BlockInt4MatMul runs the 4-bit weight matmuls of int4 engines (`--weights int4`), with int8 activations
+(`--int8-activations`) or float ones: ONNX Runtime's own kernels stream the weights once per pair of rows (int8
+activations) or dequantize the whole weight for a call of two rows or more (float activations), so a call's cost
+grows with its rows; this one streams them once per call and gives every row the same bits whatever the call's
+other rows and whatever the CPU's instruction set (AVX-512, AVX2 or none: one arithmetic). OrderedAttention runs the
+attention of engines with int8 activations or an int8 KV cache: every row reduces the keys it sees in position
+order, so a tree node gets the bits one-token decoding gives the same token, and branching trees stay exact at those
+precisions. Where no compiler, no headers or no writable cache is at hand, or SPECBUILD_KERNELS=off, engines run on
+ONNX Runtime's stock kernels (the graph as built) and the runtime says so once. The measurements behind it:
+docs/benchmarks/design-measurements.md (runtime/kernels); how it binds to ONNX Runtime: docs/engine-format.md.
 """
 
 from __future__ import annotations
@@ -78,16 +78,21 @@ def tag() -> str:
     return "stock" if path is None else f"specbuild-{path.parent.name}-{description()}"
 
 
-def wanted(graph: dict) -> tuple[bool, bool]:
+def wanted(graph: dict) -> tuple[str | None, bool]:
     """(matmuls, attention): which of an engine graph's kernels (engine.yaml's graphs[] entry) specbuild's kernels
-    take where they are available -- the int4 matmuls of a graph with int8 activations (accuracy level 4), the
-    attention of a graph with int8 activations or an int8 KV cache (where the roundings after attention would turn
-    the stock kernel's column-order sums into other tokens)."""
+    take where they are available -- the int4 matmuls, with "int8" activations in a graph with int8 activations
+    (accuracy level 4) and "float" ones in a graph with float activations (None: no int4 weights), and the attention
+    of a graph with int8 activations or an int8 KV cache (where the roundings after attention would turn the stock
+    kernel's column-order sums into other tokens)."""
     from specbuild import engine_format as ef
+    from specbuild.runtime.kernels.rewrite import FLOAT, INT8
 
-    int8_activations = int((graph.get("quantization") or {}).get("accuracy_level", 1)) == ef.ACCURACY_INT8
+    quantization = graph.get("quantization") or {}
+    int8_activations = int(quantization.get("accuracy_level", 1)) == ef.ACCURACY_INT8
+    int4 = int(quantization.get("bits", 0)) == 4
     kv_int8 = graph.get(ef.GRAPH_KV_CACHE_DTYPE, ef.KV_CACHE_FLOAT) == ef.KV_CACHE_INT8
-    return int8_activations, int8_activations or kv_int8
+    matmuls = INT8 if int8_activations else FLOAT if int4 else None
+    return matmuls, int8_activations or kv_int8
 
 
 def session_source(model_path: Path, options, graph: dict):

@@ -131,7 +131,7 @@ def build() -> Path:
     if result.returncode != 0:
         partial.unlink(missing_ok=True)
         lines = result.stderr.strip().splitlines()
-        first = next((line for line in lines if "error" in line), lines[0] if lines else "(no message)")
+        first = next((line for line in lines if ": error" in line), lines[0] if lines else "(no message)")
         raise SpecbuildError(f"the kernel library did not compile: {first}")
     partial.rename(out)
     return out

@@ -1,8 +1,9 @@
 """An engine graph made to run on the kernel library, in the graph and in every If/Loop body:
 
-- matmuls (graphs with int8 activations): each matmul with 4-bit block weights -- a DequantizeLinear of a constant
-  signed int4 [K, N] initializer, axis 0, blocks of 32, no zero point, feeding a MatMul as its weights -- becomes one
-  BlockInt4MatMul node on the same initializers;
+- matmuls: each matmul with 4-bit block weights -- a DequantizeLinear of a constant signed int4 [K, N] initializer,
+  axis 0, blocks of 32, no zero point, feeding a MatMul as its weights -- becomes one BlockInt4MatMul node on the
+  same initializers, with int8 activations (graphs with int8 activations) or float ones (graphs with float
+  activations: their int4 matmuls then give a row the same bits in calls of any size);
 - attention (graphs with int8 activations or an int8 KV cache): each com.microsoft GroupQueryAttention node of the
   kind the builder emits (packed QKV, rotate-half rotary, a float cache or an int8 one with a scale per tensor) becomes
   an OrderedAttention / OrderedAttentionInt8 node on the same inputs and outputs, its attributes made explicit.
@@ -15,6 +16,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, helper
 
 DOMAIN = "specbuild.kernels"
 OP = "BlockInt4MatMul"
+INT8, FLOAT = "int8", "float"  # the activations of a graph's int4 matmuls
 BLOCK = 32
 GQA = ("com.microsoft", "GroupQueryAttention")
 ATTENTION_INPUTS = 17  # GroupQueryAttention's input positions, kept by OrderedAttention
@@ -74,9 +76,9 @@ def _ordered_attention(node) -> bool:
     return True
 
 
-def _rewrite(graph: GraphProto, int4: set[str], floats: set[str], matmuls: bool, attention: bool) -> int:
+def _rewrite(graph: GraphProto, int4: set[str], floats: set[str], matmuls: str | None, attention: bool) -> int:
     """Rewrite `graph` (and its bodies) in place; `int4`/`floats`: the int4 and float initializers visible in it;
-    matmuls / attention: which kinds of node to take."""
+    matmuls ("int8" / "float" activations, None: leave them) and attention: which kinds of node to take."""
     int4 = int4 | {t.name for t in graph.initializer if t.data_type == TensorProto.INT4 and len(t.dims) == 2}
     floats = floats | {t.name for t in graph.initializer if t.data_type == TensorProto.FLOAT}
     consumers: dict[str, list] = {}
@@ -116,7 +118,7 @@ def _rewrite(graph: GraphProto, int4: set[str], floats: set[str], matmuls: bool,
         if list(matmul.input).index(node.output[0]) != 1:
             continue
         fused = helper.make_node(OP, [matmul.input[0], weight, scale], list(matmul.output), name=matmul.name,
-                                 domain=DOMAIN, block_size=BLOCK)  # fmt: skip
+                                 domain=DOMAIN, block_size=BLOCK, int8_activations=int(matmuls == INT8))  # fmt: skip
         fused.metadata_props.extend(matmul.metadata_props)
         matmul.CopyFrom(fused)
         dropped.add(id(node))
@@ -134,9 +136,12 @@ def _rewrite(graph: GraphProto, int4: set[str], floats: set[str], matmuls: bool,
     return rewritten
 
 
-def use_kernels(model: ModelProto, matmuls: bool = True, attention: bool = True) -> int:
+def use_kernels(model: ModelProto, matmuls: str | None = INT8, attention: bool = True) -> int:
     """Rewrite `model` in place for the kernel library; how many nodes now run on it (0: the model is unchanged).
-    matmuls: the int4 matmuls (int8 activations only: the kernel quantizes its input); attention: the attention."""
+    matmuls: the int4 matmuls, with "int8" activations (the kernel quantizes its input per block, as MatMulNBits level 4
+    does) or "float" ones (None: left as they are); attention: the attention."""
+    if matmuls not in (INT8, FLOAT, None):
+        raise ValueError(f"matmuls must be {INT8!r}, {FLOAT!r} or None, got {matmuls!r}")
     count = _rewrite(model.graph, set(), set(), matmuls, attention)
     if count and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))

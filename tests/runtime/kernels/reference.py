@@ -31,11 +31,13 @@ def int4_initializer(name: str, q: np.ndarray):
     return helper.make_tensor(name, TensorProto.INT4, q.shape, packed.tobytes(), raw=True)
 
 
-def matmul_model(q: np.ndarray, scales: np.ndarray, kernel: bool, rows: tuple = ("m",)):
-    """MatMul(x, DequantizeLinear(q, scales, axis 0, blocks of 32)) as the engines hold it, or one BlockInt4MatMul."""
+def matmul_model(q: np.ndarray, scales: np.ndarray, kernel: bool, rows: tuple = ("m",), int8_activations: int = 1):
+    """MatMul(x, DequantizeLinear(q, scales, axis 0, blocks of 32)) as the engines hold it, or one BlockInt4MatMul
+    (with int8 or float activations)."""
     k, n = q.shape
     if kernel:
-        nodes = [helper.make_node("BlockInt4MatMul", ["x", "w", "s"], ["y"], domain="specbuild.kernels", block_size=32)]
+        nodes = [helper.make_node("BlockInt4MatMul", ["x", "w", "s"], ["y"], domain="specbuild.kernels", block_size=32,
+                                  int8_activations=int8_activations)]  # fmt: skip
         opsets = [helper.make_opsetid("", 21), helper.make_opsetid("specbuild.kernels", 1)]
     else:
         nodes = [
@@ -68,6 +70,22 @@ def reference(x: np.ndarray, q: np.ndarray, scales: np.ndarray) -> np.ndarray:
         isum = qa[:, b] @ qw[b]  # exact: q * 8 offset folded in (sum (q + 8) a - 8 sum a = sum q a)
         f = (sa[:, b][:, None] * scales[b][None, :]).astype(np.float32)
         acc = (acc.astype(np.float64) + isum.astype(np.float64) * f.astype(np.float64)).astype(np.float32)
+    return acc
+
+
+def reference_float(x: np.ndarray, q: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """The kernel's result with float activations: per block, p = fma(x[k], q[k], p) over its 32 k in order from 0,
+    then acc = fma(p, sw, acc) over the blocks in order (each fma: the float64 product, exact here, and sum rounded
+    once to float32)."""
+    m, k = x.shape
+    n = q.shape[1]
+    x64, q64, s64 = x.astype(np.float64), q.astype(np.float64), scales.astype(np.float64)
+    acc = np.zeros((m, n), dtype=np.float32)
+    for b in range(k // BLOCK):
+        p = np.zeros((m, n), dtype=np.float32)
+        for t in range(b * BLOCK, (b + 1) * BLOCK):
+            p = (x64[:, t : t + 1] * q64[t][None, :] + p.astype(np.float64)).astype(np.float32)
+        acc = (p.astype(np.float64) * s64[b][None, :] + acc.astype(np.float64)).astype(np.float32)
     return acc
 
 

@@ -18,9 +18,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from specbuild.runtime import kernels
 from specbuild.runtime.kernels.rewrite import DOMAIN, use_kernels
-from tests.runtime.kernels.reference import int4_initializer, matmul_model, on_isa, reference
+from tests.runtime.kernels.reference import int4_initializer, matmul_model, on_isa, reference, reference_float
 
 SHAPES = [(32, 1), (64, 17), (96, 16), (576, 100), (1536, 40)]  # (K, N): N below, at and past a 16-column panel
+# activations -> (the kernel's int8_activations attribute, its numpy reference, the stock kernel's accuracy level)
+ACTIVATIONS = {"int8": (1, reference, "4"), "float": (0, reference_float, "1")}
 
 
 def _cases(seed: int = 0):
@@ -34,25 +36,27 @@ def _cases(seed: int = 0):
         yield k, n, q, scales, x
 
 
-def _session(model, kernel_library: bool = True, optimized: bool = True):
+def _session(model, kernel_library: bool = True, optimized: bool = True, accuracy_level: str = "4"):
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.log_severity_level = 2, 3
     if not optimized:  # DequantizeLinear and MatMul as they are, in float (no fusion into ONNX Runtime's kernel)
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "4")
+    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", accuracy_level)
     if kernel_library:
         kernels.register(options)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def _outputs_on(isa: str) -> list:
-    """Every case's outputs in a process whose kernels run on `isa` (the process's instruction set is fixed at load)."""
+def _outputs_on(isa: str) -> dict:
+    """Every case's outputs with int8 and with float activations in a process whose kernels run on `isa` (the
+    process's instruction set is fixed at load)."""
     code = (
         "import json, sys, numpy as np\n"
         "from tests.runtime.kernels.test_block_int4_matmul import _cases, _session\n"
         "from tests.runtime.kernels.reference import matmul_model\n"
         "from specbuild.runtime import kernels\n"
-        "out = [_session(matmul_model(q, s, True)).run(None, {'x': x})[0].tolist() for _, _, q, s, x in _cases()]\n"
+        "out = {a: [_session(matmul_model(q, s, True, int8_activations=i)).run(None, {'x': x})[0].tolist()\n"
+        "           for _, _, q, s, x in _cases()] for a, i in (('int8', 1), ('float', 0))}\n"
         "print(json.dumps({'isa': kernels.description(), 'out': out}))\n"
     )
     return on_isa(code, isa)
@@ -66,32 +70,42 @@ def library():
 
 
 def test_every_instruction_set_gives_the_reference_bits(library):
-    want = [reference(x, q, s) for _, _, q, s, x in _cases()]
+    want = {a: [ref(x, q, s) for _, _, q, s, x in _cases()] for a, (_, ref, _) in ACTIVATIONS.items()}
     seen = set()
     for isa in ("scalar", "avx2", "best"):
         got = _outputs_on(isa)
         seen.add(got["isa"])
-        for case, (expected, output) in enumerate(zip(want, got["out"])):
-            assert np.array_equal(np.asarray(output, dtype=np.float32), expected), (got["isa"], case, SHAPES[case])
+        for activations, expected_outputs in want.items():
+            for case, (expected, output) in enumerate(zip(expected_outputs, got["out"][activations])):
+                output = np.asarray(output, dtype=np.float32)
+                assert np.array_equal(output, expected), (got["isa"], activations, case, SHAPES[case])
     assert "specbuild kernels (scalar)" in seen and len(seen) >= 2  # the forced paths did run
 
 
-def test_a_row_gets_the_same_bits_alone_and_among_others(library):
+@pytest.mark.parametrize("activations", ACTIVATIONS)
+def test_a_row_gets_the_same_bits_alone_and_among_others(library, activations):
+    int8 = ACTIVATIONS[activations][0]
     for k, n, q, s, x in _cases(seed=1):
-        session = _session(matmul_model(q, s, True))
+        session = _session(matmul_model(q, s, True, int8_activations=int8))
         whole = session.run(None, {"x": x})[0]
         for start, rows in ((0, 1), (5, 1), (2, 3), (0, 8), (7, 9), (11, 9)):
             part = session.run(None, {"x": x[start : start + rows]})[0]
             assert np.array_equal(part, whole[start : start + rows]), (k, n, start, rows)
-        three_d = _session(matmul_model(q, s, True, rows=("b", "m")))
+        long = np.concatenate([x, x[::-1], x, x])[:75]  # past the float path's groups of rows (48 at most)
+        long_out = session.run(None, {"x": long})[0]
+        assert np.array_equal(long_out[:20], whole) and np.array_equal(long_out[40:60], whole), (k, n)
+        assert np.array_equal(long_out[60:75], whole[:15]) and np.array_equal(long_out[20:40], whole[::-1]), (k, n)
+        three_d = _session(matmul_model(q, s, True, rows=("b", "m"), int8_activations=int8))
         batched = three_d.run(None, {"x": x[None, :6]})[0]  # leading dimensions are rows too
         assert np.array_equal(batched[0], whole[:6])
 
 
-def test_it_agrees_with_onnx_runtimes_own_4_bit_kernel(library):
+@pytest.mark.parametrize("activations", ACTIVATIONS)
+def test_it_agrees_with_onnx_runtimes_own_4_bit_kernel(library, activations):
+    int8, _, level = ACTIVATIONS[activations]
     for k, n, q, s, x in _cases(seed=2):
-        ours = _session(matmul_model(q, s, True)).run(None, {"x": x})[0]
-        stock = _session(matmul_model(q, s, False), kernel_library=False).run(None, {"x": x})[0]
+        ours = _session(matmul_model(q, s, True, int8_activations=int8)).run(None, {"x": x})[0]
+        stock = _session(matmul_model(q, s, False), kernel_library=False, accuracy_level=level).run(None, {"x": x})[0]
         assert np.abs(ours - stock).max() <= 1e-4 * max(np.abs(stock).max(), 1e-6), (k, n)
 
 
@@ -179,13 +193,18 @@ def test_int4_engines_with_int8_activations_run_on_it_and_stay_exact(library, in
     ops = [n.op_type for n in onnx.load_from_string(source).graph.node]
     assert "BlockInt4MatMul" in ops and "DequantizeLinear" not in ops
     assert "OrderedAttention" in ops and "GroupQueryAttention" not in ops
-    float_graph = {**graph, "quantization": {"accuracy_level": ef.ACCURACY_FLOAT32}}
-    assert kernels.session_source(path, ort.SessionOptions(), float_graph) == str(path)  # float activations
-    kv_int8 = {**float_graph, ef.GRAPH_KV_CACHE_DTYPE: ef.KV_CACHE_INT8}
-    ops = [
-        n.op_type for n in onnx.load_from_string(kernels.session_source(path, ort.SessionOptions(), kv_int8)).graph.node
-    ]
-    assert "OrderedAttention" in ops and "BlockInt4MatMul" not in ops  # an int8 cache: the attention alone
+
+    def nodes(entry):
+        return onnx.load_from_string(kernels.session_source(path, ort.SessionOptions(), entry)).graph.node
+
+    float_graph = {**graph, "quantization": {**graph["quantization"], "accuracy_level": ef.ACCURACY_FLOAT32}}
+    matmuls = [n for n in nodes(float_graph) if n.op_type == "BlockInt4MatMul"]  # int4, float activations
+    assert matmuls and all(a.i == 0 for n in matmuls for a in n.attribute if a.name == "int8_activations")
+    assert "OrderedAttention" not in [n.op_type for n in nodes(float_graph)]  # a float cache keeps ONNX Runtime's
+    unquantized = {k: v for k, v in graph.items() if k != "quantization"}
+    assert kernels.session_source(path, ort.SessionOptions(), unquantized) == str(path)  # nothing to take
+    ops = [n.op_type for n in nodes({**unquantized, ef.GRAPH_KV_CACHE_DTYPE: ef.KV_CACHE_INT8})]
+    assert "OrderedAttention" in ops and "BlockInt4MatMul" not in ops  # an int8 cache: the attention
     none, ngram = (Engine(int8_engines[m], threads=1) for m in ("none", "ngram"))
     assert ngram.exactness.to_dict()["kernels"] == kernels.description()  # said by run --json and inspect
     assert kernels.description().startswith("specbuild kernels (")

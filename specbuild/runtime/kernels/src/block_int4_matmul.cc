@@ -3,10 +3,13 @@
 // the CPU's instruction set.
 //
 // Op specbuild.kernels/BlockInt4MatMul(X float [..., K], W int4 [K, N] (symmetric, constant), S float [K/32, N]
-// (constant)) -> Y float [..., N], the value of MatMul(X, DequantizeLinear(W, S, axis=0, block_size=32)) with int8
-// activations: each row of X is quantized to int8 per block of 32 (scale amax / 127, round half to even), each
-// block's integer dot product is exact, and the blocks are summed in order as fma(float(isum - 8 * asum), sa * sw,
-// acc). The AVX-512 VNNI, AVX2 and scalar paths compute exactly that, so they agree bit for bit.
+// (constant)) -> Y float [..., N], the value of MatMul(X, DequantizeLinear(W, S, axis=0, block_size=32)):
+// - int8_activations=1 (the default): each row of X is quantized to int8 per block of 32 (scale amax / 127, round
+//   half to even), each block's integer dot product is exact, and the blocks are summed in order as
+//   fma(float(isum - 8 * asum), sa * sw, acc);
+// - int8_activations=0 (float activations): each block's dot product is the fma chain over its 32 k in order,
+//   p = fma(x[k], float(q[k]), p) from 0, and the blocks are summed in order as acc = fma(p, sw, acc).
+// The AVX-512, AVX2 and scalar paths compute exactly that, so they agree bit for bit.
 //
 // The weights are packed once, when the kernel is made, into panels of 16 columns; a call streams each panel once
 // and multiplies it with every row of the call (the int4 nibbles unpacked in registers), so a call of a few rows
@@ -213,6 +216,240 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void PanelAvx512
   }
 }
 
+// ---- float activations: one panel for rows [r0, r0 + count); x [m][k] float
+
+void PanelFloatScalar(const Packed& w, const float* x, int64_t panel, int64_t r0, int64_t count, float* y,
+                      int64_t ldy) {
+  for (int64_t r = r0; r < r0 + count; ++r) {
+    float acc[kPanel] = {0};
+    for (int64_t b = 0; b < w.blocks; ++b) {
+      const uint8_t* q = &w.q[static_cast<size_t>((panel * w.blocks + b) * kPanelBytes)];
+      const float* sw = &w.scales[static_cast<size_t>((panel * w.blocks + b) * kPanel)];
+      const float* xb = x + r * w.k + b * kBlock;
+      for (int64_t c = 0; c < kPanel; ++c) {
+        float p = 0.0f;
+        for (int j = 0; j < 4; ++j) {
+          for (int nib = 0; nib < 2; ++nib) {
+            for (int i = 0; i < 4; ++i) {  // k = 8 j + 4 nib + i: in order
+              uint8_t byte = q[j * 64 + c * 4 + i];
+              int u = nib ? (byte >> 4) : (byte & 0x0F);
+              p = std::fma(xb[8 * j + 4 * nib + i], static_cast<float>(u) - 8.0f, p);
+            }
+          }
+        }
+        acc[c] = std::fma(p, sw[c], acc[c]);
+      }
+    }
+    int64_t cols = std::min<int64_t>(kPanel, w.n - panel * kPanel);
+    std::memcpy(y + r * ldy + panel * kPanel, acc, static_cast<size_t>(cols) * sizeof(float));
+  }
+}
+
+template <int R>
+__attribute__((target("avx2,fma"))) void PanelFloatAvx2Rows(const Packed& w, const float* x, int64_t panel,
+                                                            int64_t r0, float* y, int64_t ldy) {
+  const __m256i low = _mm256_set1_epi32(0x0F);
+  const __m256 eight = _mm256_set1_ps(8.0f);
+  for (int half = 0; half < 2; ++half) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < w.blocks; ++b) {
+      const uint8_t* q = &w.q[static_cast<size_t>((panel * w.blocks + b) * kPanelBytes)] + half * 32;
+      __m256 p[R];
+      for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_ps();
+      for (int j = 0; j < 4; ++j) {
+        __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * 64));
+        for (int nib = 0; nib < 2; ++nib) {
+          for (int i = 0; i < 4; ++i) {
+            __m256i u = _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(8 * i + 4 * nib)), low);
+            __m256 wf = _mm256_sub_ps(_mm256_cvtepi32_ps(u), eight);  // exact: a small integer
+            int64_t kk = b * kBlock + 8 * j + 4 * nib + i;
+            for (int r = 0; r < R; ++r) p[r] = _mm256_fmadd_ps(_mm256_set1_ps(x[(r0 + r) * w.k + kk]), wf, p[r]);
+          }
+        }
+      }
+      __m256 sw = _mm256_loadu_ps(&w.scales[static_cast<size_t>((panel * w.blocks + b) * kPanel)] + half * 8);
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(p[r], sw, acc[r]);
+    }
+    int64_t cols = std::min<int64_t>(8, w.n - panel * kPanel - half * 8);
+    for (int r = 0; r < R; ++r) {
+      float out[8];
+      _mm256_storeu_ps(out, acc[r]);
+      if (cols > 0) std::memcpy(y + (r0 + r) * ldy + panel * kPanel + half * 8, out, static_cast<size_t>(cols) * 4);
+    }
+  }
+}
+
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void PanelFloatAvx512Rows(const Packed& w,
+                                                                                           const float* x,
+                                                                                           int64_t panel, int64_t r0,
+                                                                                           float* y, int64_t ldy) {
+  const __m512i low = _mm512_set1_epi32(0x0F);
+  const __m512 eight = _mm512_set1_ps(8.0f);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < w.blocks; ++b) {
+    const uint8_t* q = &w.q[static_cast<size_t>((panel * w.blocks + b) * kPanelBytes)];
+    __m512 p[R];
+    for (int r = 0; r < R; ++r) p[r] = _mm512_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      __m512i v = _mm512_loadu_si512(q + j * 64);
+      for (int nib = 0; nib < 2; ++nib) {
+        for (int i = 0; i < 4; ++i) {
+          __m512i u = _mm512_and_si512(_mm512_srl_epi32(v, _mm_cvtsi32_si128(8 * i + 4 * nib)), low);
+          __m512 wf = _mm512_sub_ps(_mm512_cvtepi32_ps(u), eight);
+          int64_t kk = b * kBlock + 8 * j + 4 * nib + i;
+          for (int r = 0; r < R; ++r) p[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[(r0 + r) * w.k + kk]), wf, p[r]);
+        }
+      }
+    }
+    __m512 sw = _mm512_loadu_ps(&w.scales[static_cast<size_t>((panel * w.blocks + b) * kPanel)]);
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(p[r], sw, acc[r]);
+  }
+  int64_t cols = std::min<int64_t>(kPanel, w.n - panel * kPanel);
+  for (int r = 0; r < R; ++r) {
+    float out[kPanel];
+    _mm512_storeu_ps(out, acc[r]);
+    std::memcpy(y + (r0 + r) * ldy + panel * kPanel, out, static_cast<size_t>(cols) * sizeof(float));
+  }
+}
+
+// Calls of more rows: each block of the panel is unpacked once into floats (wb [32 k][16 columns]) and every row
+// reads it from there, the rows' running totals in memory (acc [m][16]); the same operations in the same order as
+// above, so the same bits.
+constexpr int64_t kFewRows = 4;
+
+__attribute__((target("avx2,fma"))) void UnpackAvx2(const uint8_t* q, float* wb) {
+  const __m256i low = _mm256_set1_epi32(0x0F);
+  const __m256 eight = _mm256_set1_ps(8.0f);
+  for (int half = 0; half < 2; ++half) {
+    for (int j = 0; j < 4; ++j) {
+      __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * 64 + half * 32));
+      for (int nib = 0; nib < 2; ++nib) {
+        for (int i = 0; i < 4; ++i) {
+          __m256i u = _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(8 * i + 4 * nib)), low);
+          _mm256_store_ps(wb + (8 * j + 4 * nib + i) * kPanel + half * 8, _mm256_sub_ps(_mm256_cvtepi32_ps(u), eight));
+        }
+      }
+    }
+  }
+}
+
+template <int R>
+__attribute__((target("avx2,fma"))) void BlockRowsAvx2(const float* wb, const float* sw, const float* x, int64_t k,
+                                                       int64_t r0, float* acc) {
+  __m256 p0[R], p1[R];
+  for (int r = 0; r < R; ++r) p0[r] = p1[r] = _mm256_setzero_ps();
+  for (int t = 0; t < kBlock; ++t) {
+    __m256 w0 = _mm256_load_ps(wb + t * kPanel), w1 = _mm256_load_ps(wb + t * kPanel + 8);
+    for (int r = 0; r < R; ++r) {
+      __m256 xv = _mm256_set1_ps(x[(r0 + r) * k + t]);
+      p0[r] = _mm256_fmadd_ps(xv, w0, p0[r]);
+      p1[r] = _mm256_fmadd_ps(xv, w1, p1[r]);
+    }
+  }
+  __m256 s0 = _mm256_loadu_ps(sw), s1 = _mm256_loadu_ps(sw + 8);
+  for (int r = 0; r < R; ++r) {
+    float* a = acc + (r0 + r) * kPanel;
+    _mm256_storeu_ps(a, _mm256_fmadd_ps(p0[r], s0, _mm256_loadu_ps(a)));
+    _mm256_storeu_ps(a + 8, _mm256_fmadd_ps(p1[r], s1, _mm256_loadu_ps(a + 8)));
+  }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void UnpackAvx512(const uint8_t* q, float* wb) {
+  const __m512i low = _mm512_set1_epi32(0x0F);
+  const __m512 eight = _mm512_set1_ps(8.0f);
+  for (int j = 0; j < 4; ++j) {
+    __m512i v = _mm512_loadu_si512(q + j * 64);
+    for (int nib = 0; nib < 2; ++nib) {
+      for (int i = 0; i < 4; ++i) {
+        __m512i u = _mm512_and_si512(_mm512_srl_epi32(v, _mm_cvtsi32_si128(8 * i + 4 * nib)), low);
+        _mm512_store_ps(wb + (8 * j + 4 * nib + i) * kPanel, _mm512_sub_ps(_mm512_cvtepi32_ps(u), eight));
+      }
+    }
+  }
+}
+
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void BlockRowsAvx512(const float* wb, const float* sw,
+                                                                                      const float* x, int64_t k,
+                                                                                      int64_t r0, float* acc) {
+  __m512 p[R];
+  for (int r = 0; r < R; ++r) p[r] = _mm512_setzero_ps();
+  for (int t = 0; t < kBlock; ++t) {
+    __m512 wv = _mm512_load_ps(wb + t * kPanel);
+    for (int r = 0; r < R; ++r) p[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[(r0 + r) * k + t]), wv, p[r]);
+  }
+  __m512 s = _mm512_loadu_ps(sw);
+  for (int r = 0; r < R; ++r) {
+    float* a = acc + (r0 + r) * kPanel;
+    _mm512_storeu_ps(a, _mm512_fmadd_ps(p[r], s, _mm512_loadu_ps(a)));
+  }
+}
+
+void PanelFloatMany(Isa isa, const Packed& w, const float* x, int64_t m, int64_t panel, float* y, int64_t ldy) {
+  thread_local std::vector<float> acc_buffer;
+  alignas(64) float wb[kBlock * kPanel];
+  acc_buffer.assign(static_cast<size_t>(m * kPanel), 0.0f);
+  float* acc = acc_buffer.data();
+  for (int64_t b = 0; b < w.blocks; ++b) {
+    const uint8_t* q = &w.q[static_cast<size_t>((panel * w.blocks + b) * kPanelBytes)];
+    const float* sw = &w.scales[static_cast<size_t>((panel * w.blocks + b) * kPanel)];
+    const float* xb = x + b * kBlock;
+    int64_t r = 0;
+    if (isa == Isa::kAvx512Vnni) {
+      UnpackAvx512(q, wb);
+      for (; r + 8 <= m; r += 8) BlockRowsAvx512<8>(wb, sw, xb, w.k, r, acc);
+      for (; r + 4 <= m; r += 4) BlockRowsAvx512<4>(wb, sw, xb, w.k, r, acc);
+      for (; r < m; ++r) BlockRowsAvx512<1>(wb, sw, xb, w.k, r, acc);
+    } else {
+      UnpackAvx2(q, wb);
+      for (; r + 6 <= m; r += 6) BlockRowsAvx2<6>(wb, sw, xb, w.k, r, acc);
+      switch (m - r) {
+        case 5: BlockRowsAvx2<5>(wb, sw, xb, w.k, r, acc); break;
+        case 4: BlockRowsAvx2<4>(wb, sw, xb, w.k, r, acc); break;
+        case 3: BlockRowsAvx2<3>(wb, sw, xb, w.k, r, acc); break;
+        case 2: BlockRowsAvx2<2>(wb, sw, xb, w.k, r, acc); break;
+        case 1: BlockRowsAvx2<1>(wb, sw, xb, w.k, r, acc); break;
+        default: break;
+      }
+    }
+  }
+  int64_t cols = std::min<int64_t>(kPanel, w.n - panel * kPanel);
+  for (int64_t r = 0; r < m; ++r)
+    std::memcpy(y + r * ldy + panel * kPanel, acc + r * kPanel, static_cast<size_t>(cols) * sizeof(float));
+}
+
+// A few rows: unpacked in registers, block sums and totals in registers; more rows: PanelFloatMany.
+void PanelFloat(Isa isa, const Packed& w, const float* x, int64_t m, int64_t panel, float* y, int64_t ldy) {
+  if (isa == Isa::kScalar) {
+    PanelFloatScalar(w, x, panel, 0, m, y, ldy);
+    return;
+  }
+  if (m > kFewRows) {
+    PanelFloatMany(isa, w, x, m, panel, y, ldy);
+    return;
+  }
+  if (isa == Isa::kAvx512Vnni) {
+    switch (m) {
+      case 4: PanelFloatAvx512Rows<4>(w, x, panel, 0, y, ldy); break;
+      case 3: PanelFloatAvx512Rows<3>(w, x, panel, 0, y, ldy); break;
+      case 2: PanelFloatAvx512Rows<2>(w, x, panel, 0, y, ldy); break;
+      case 1: PanelFloatAvx512Rows<1>(w, x, panel, 0, y, ldy); break;
+      default: break;
+    }
+  } else {
+    switch (m) {
+      case 4: PanelFloatAvx2Rows<4>(w, x, panel, 0, y, ldy); break;
+      case 3: PanelFloatAvx2Rows<3>(w, x, panel, 0, y, ldy); break;
+      case 2: PanelFloatAvx2Rows<2>(w, x, panel, 0, y, ldy); break;
+      case 1: PanelFloatAvx2Rows<1>(w, x, panel, 0, y, ldy); break;
+      default: break;
+    }
+  }
+}
+
 // Rows in chunks the registers hold (AVX-512: 8, AVX2: 4), then the remainder.
 void Panel(Isa isa, const Packed& w, const Rows& a, int64_t panel, float* y, int64_t ldy) {
   int64_t r = 0, m = a.m;
@@ -241,16 +478,33 @@ void Panel(Isa isa, const Packed& w, const Rows& a, int64_t panel, float* y, int
   }
 }
 
+// Float activations: the rows of a call in groups whose activations (about kGroupBytes) stay in the core's cache
+// while a thread sweeps the panels, one task per group and panel; a row's arithmetic does not depend on its group.
+constexpr int64_t kGroupBytes = 192 * 1024;
+
+int64_t RowGroup(int64_t k) {
+  int64_t rows = kGroupBytes / (k * static_cast<int64_t>(sizeof(float)));
+  return std::max<int64_t>(6, std::min<int64_t>(48, rows / 6 * 6));  // whole chunks of the AVX2 path's 6 rows
+}
+
 struct Call {
   Isa isa;
   const Packed* w;
-  const Rows* a;
+  const Rows* a;   // int8 activations (else nullptr)
+  const float* x;  // float activations: [m][k]
+  int64_t m;
   float* y;
 };
 
-void PanelTask(void* data, size_t panel) {
+void PanelTask(void* data, size_t task) {
   const Call* call = static_cast<const Call*>(data);
-  Panel(call->isa, *call->w, *call->a, static_cast<int64_t>(panel), call->y, call->w->n);
+  if (call->a != nullptr) {
+    Panel(call->isa, *call->w, *call->a, static_cast<int64_t>(task), call->y, call->w->n);
+    return;
+  }
+  int64_t group = static_cast<int64_t>(task) / call->w->panels, panel = static_cast<int64_t>(task) % call->w->panels;
+  int64_t size = RowGroup(call->w->k), r0 = group * size, rows = std::min(size, call->m - r0);
+  PanelFloat(call->isa, *call->w, call->x + r0 * call->w->k, rows, panel, call->y + r0 * call->w->n, call->w->n);
 }
 
 // ---- the operator
@@ -260,6 +514,11 @@ struct BlockInt4MatMulKernel {
     Ort::ConstKernelInfo kernel_info(info);
     int64_t block = kernel_info.GetAttribute<int64_t>("block_size");
     if (block != kBlock) throw std::runtime_error("BlockInt4MatMul: block_size must be 32");
+    try {
+      int8_activations_ = kernel_info.GetAttribute<int64_t>("int8_activations") != 0;
+    } catch (const Ort::Exception&) {
+      int8_activations_ = true;  // the attribute's default
+    }
     int w_constant = 0, s_constant = 0;
     Ort::ConstValue w = kernel_info.GetTensorConstantInput(1, &w_constant);
     Ort::ConstValue s = kernel_info.GetTensorConstantInput(2, &s_constant);
@@ -289,14 +548,16 @@ struct BlockInt4MatMulKernel {
     float* y = out.GetTensorMutableData<float>();
     if (m == 0) return;
     Rows rows;
-    Quantize(x.GetTensorData<float>(), m, packed_.k, rows);
-    Call call{isa_, &packed_, &rows, y};
-    ctx.ParallelFor(PanelTask, static_cast<size_t>(packed_.panels), 0, &call);
+    if (int8_activations_) Quantize(x.GetTensorData<float>(), m, packed_.k, rows);
+    Call call{isa_, &packed_, int8_activations_ ? &rows : nullptr, x.GetTensorData<float>(), m, y};
+    int64_t groups = int8_activations_ ? 1 : (m + RowGroup(packed_.k) - 1) / RowGroup(packed_.k);
+    ctx.ParallelFor(PanelTask, static_cast<size_t>(packed_.panels * groups), 0, &call);
   }
 
  private:
   Packed packed_;
   Isa isa_ = Isa::kScalar;
+  bool int8_activations_ = true;
 };
 
 struct BlockInt4MatMulOp : Ort::CustomOpBase<BlockInt4MatMulOp, BlockInt4MatMulKernel> {
