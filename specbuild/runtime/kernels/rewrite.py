@@ -1,9 +1,9 @@
 """An engine graph made to run on the kernel library, in the graph and in every If/Loop body:
 
-- matmuls: each matmul with 4-bit block weights -- a DequantizeLinear of a constant signed int4 [K, N] initializer,
-  axis 0, blocks of 32, no zero point, feeding a MatMul as its weights -- becomes one BlockInt4MatMul node on the
-  same initializers, with int8 activations (graphs with int8 activations) or float ones (graphs with float
-  activations: their int4 matmuls then give a row the same bits in calls of any size);
+- matmuls: each matmul with 4-bit block weights -- a DequantizeLinear of a constant signed int4 [K, N] initializer
+  (K a multiple of 32), axis 0, blocks of 32, no zero point, feeding a MatMul as its weights -- becomes one
+  BlockInt4MatMul node on the same initializers, with int8 activations (graphs with int8 activations) or float ones
+  (graphs with float activations: their int4 matmuls then give a row the same bits in calls of any size);
 - attention (graphs with int8 activations or an int8 KV cache): each com.microsoft GroupQueryAttention node of the
   kind the builder emits (packed QKV, rotate-half rotary, a float cache or an int8 one with a scale per tensor) becomes
   an OrderedAttention / OrderedAttentionInt8 node on the same inputs and outputs, its attributes made explicit.
@@ -79,7 +79,12 @@ def _ordered_attention(node) -> bool:
 def _rewrite(graph: GraphProto, int4: set[str], floats: set[str], matmuls: str | None, attention: bool) -> int:
     """Rewrite `graph` (and its bodies) in place; `int4`/`floats`: the int4 and float initializers visible in it;
     matmuls ("int8" / "float" activations, None: leave them) and attention: which kinds of node to take."""
-    int4 = int4 | {t.name for t in graph.initializer if t.data_type == TensorProto.INT4 and len(t.dims) == 2}
+    # the kernel's blocks are whole: a K of another length (a tied embedding's) stays on ONNX Runtime's kernel
+    int4 = int4 | {
+        t.name
+        for t in graph.initializer
+        if t.data_type == TensorProto.INT4 and len(t.dims) == 2 and t.dims[0] % BLOCK == 0
+    }
     floats = floats | {t.name for t in graph.initializer if t.data_type == TensorProto.FLOAT}
     consumers: dict[str, list] = {}
     for node in graph.node:

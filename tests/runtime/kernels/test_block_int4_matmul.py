@@ -127,26 +127,30 @@ def test_the_rewrite_takes_the_engines_matmuls_and_nothing_else(library):
         dq(["w", "s16"], "w3", block_size=16), helper.make_node("MatMul", ["x", "w3"], ["y3"]),  # blocks of 16: kept
         dq(["w", "s"], "w4"), helper.make_node("MatMul", ["x", "w4"], ["y4"]),  # its weights are an output: kept
         helper.make_node("If", ["c"], ["y5"], then_branch=branch, else_branch=branch),
+        dq(["w48", "s"], "w6"), helper.make_node("MatMul", ["x48", "w6"], ["y6"]),  # K = 48, a partial block: kept
     ]  # fmt: skip
-    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("y1", "y2", "y3", "y4", "y5")]
+    names = ("y1", "y2", "y3", "y4", "y5", "y6")
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in names]
     outputs.append(helper.make_tensor_value_info("w4", TensorProto.FLOAT, None))
     graph = helper.make_graph(
         nodes, "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 64]),
-         helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+         helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x48", TensorProto.FLOAT, [3, 48])],
         outputs,
         [int4_initializer("w", q), numpy_helper.from_array(s, "s"), int4_initializer("zp", np.zeros((2, 24), np.int8)),
-         numpy_helper.from_array(np.repeat(s, 2, axis=0), "s16")],
+         numpy_helper.from_array(np.repeat(s, 2, axis=0), "s16"), int4_initializer("w48", q[:48])],
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
     plain = _session(model, kernel_library=False, optimized=False)
     rewritten = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
     assert use_kernels(rewritten) == 3  # y1, and the If's matmul in each of its two bodies
     kinds = [(n.domain, n.op_type) for n in rewritten.graph.node]
-    assert kinds.count((DOMAIN, "BlockInt4MatMul")) == 1 and kinds.count(("", "DequantizeLinear")) == 3
-    assert [n.op_type for n in rewritten.graph.node[-1].attribute[0].g.node] == ["BlockInt4MatMul"]
+    assert kinds.count((DOMAIN, "BlockInt4MatMul")) == 1 and kinds.count(("", "DequantizeLinear")) == 4
+    if_node = next(n for n in rewritten.graph.node if n.op_type == "If")
+    assert [n.op_type for n in if_node.attribute[0].g.node] == ["BlockInt4MatMul"]
     x = rng.standard_normal((3, 64)).astype(np.float32)
-    feeds = {"x": x, "c": np.array(True)}
+    feeds = {"x": x, "c": np.array(True), "x48": x[:, :48]}
     want, got = plain.run(None, feeds), _session(rewritten).run(None, feeds)
     for a, b in zip(want, got):  # float activations against int8 ones: the activations' rounding apart
         assert np.abs(a - b).max() <= 0.03 * np.abs(a).max()
