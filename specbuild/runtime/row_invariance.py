@@ -355,10 +355,10 @@ def _session(kernels: list[Kernel], opsets, ir_version: int, threads, accuracy_l
     )
     model = helper.make_model(graph, opset_imports=opsets, ir_version=ir_version)
     options = session_options(threads, accuracy_level)
-    if own_kernels.library() is not None:  # the kernels the engine runs on (as kernels.wanted: every int4 matmul;
-        from specbuild.runtime.kernels.rewrite import FLOAT, INT8, use_kernels  # the probe runs for graphs with
+    if own_kernels.library() is not None:  # the kernels the engine runs on (as kernels.wanted: every int4 matmul)
+        from specbuild.runtime.kernels.rewrite import FLOAT, INT8, use_kernels
 
-        matmuls = INT8 if accuracy_level == ef.ACCURACY_INT8 else FLOAT  # int8 activations or an int8 cache)
+        matmuls = INT8 if accuracy_level == ef.ACCURACY_INT8 else FLOAT
         if use_kernels(model, matmuls=matmuls, attention=True):
             own_kernels.register(options)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -115,6 +115,30 @@ void Quantize(const float* x, int64_t m, int64_t k, Rows& rows) {
   }
 }
 
+// R rows' results of one panel (AVX-512: its 16 columns; AVX2: one half of 8) into y [R][ldy], the columns past N
+// (cols left, which may be 0 or below for a half past it) dropped.
+template <int R>
+__attribute__((target("avx2,fma"))) void StoreRowsAvx2(const __m256 (&acc)[R], int64_t cols, float* y, int64_t ldy) {
+  cols = std::min<int64_t>(8, cols);
+  for (int r = 0; r < R && cols > 0; ++r) {
+    float out[8];
+    _mm256_storeu_ps(out, acc[r]);
+    std::memcpy(y + r * ldy, out, static_cast<size_t>(cols) * sizeof(float));
+  }
+}
+
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void StoreRowsAvx512(const __m512 (&acc)[R],
+                                                                                      int64_t cols, float* y,
+                                                                                      int64_t ldy) {
+  cols = std::min<int64_t>(kPanel, cols);
+  for (int r = 0; r < R; ++r) {
+    float out[kPanel];
+    _mm512_storeu_ps(out, acc[r]);
+    std::memcpy(y + r * ldy, out, static_cast<size_t>(cols) * sizeof(float));
+  }
+}
+
 // ---- one panel (16 columns) for rows [r0, r0 + count), each path the same arithmetic
 
 void PanelScalar(const Packed& w, const Rows& a, int64_t panel, int64_t r0, int64_t count, float* y, int64_t ldy) {
@@ -173,12 +197,7 @@ __attribute__((target("avx2,fma"))) void PanelAvx2Rows(const Packed& w, const Ro
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), f, acc[r]);
       }
     }
-    int64_t cols = std::min<int64_t>(8, w.n - panel * kPanel - half * 8);
-    for (int r = 0; r < R; ++r) {
-      float out[8];
-      _mm256_storeu_ps(out, acc[r]);
-      if (cols > 0) std::memcpy(y + (r0 + r) * ldy + panel * kPanel + half * 8, out, static_cast<size_t>(cols) * 4);
-    }
+    StoreRowsAvx2<R>(acc, w.n - panel * kPanel - half * 8, y + r0 * ldy + panel * kPanel + half * 8, ldy);
   }
 }
 
@@ -208,12 +227,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void PanelAvx512
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), f, acc[r]);
     }
   }
-  int64_t cols = std::min<int64_t>(kPanel, w.n - panel * kPanel);
-  for (int r = 0; r < R; ++r) {
-    float out[kPanel];
-    _mm512_storeu_ps(out, acc[r]);
-    std::memcpy(y + (r0 + r) * ldy + panel * kPanel, out, static_cast<size_t>(cols) * sizeof(float));
-  }
+  StoreRowsAvx512<R>(acc, w.n - panel * kPanel, y + r0 * ldy + panel * kPanel, ldy);
 }
 
 // ---- float activations: one panel for rows [r0, r0 + count); x [m][k] float
@@ -271,12 +285,7 @@ __attribute__((target("avx2,fma"))) void PanelFloatAvx2Rows(const Packed& w, con
       __m256 sw = _mm256_loadu_ps(&w.scales[static_cast<size_t>((panel * w.blocks + b) * kPanel)] + half * 8);
       for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(p[r], sw, acc[r]);
     }
-    int64_t cols = std::min<int64_t>(8, w.n - panel * kPanel - half * 8);
-    for (int r = 0; r < R; ++r) {
-      float out[8];
-      _mm256_storeu_ps(out, acc[r]);
-      if (cols > 0) std::memcpy(y + (r0 + r) * ldy + panel * kPanel + half * 8, out, static_cast<size_t>(cols) * 4);
-    }
+    StoreRowsAvx2<R>(acc, w.n - panel * kPanel - half * 8, y + r0 * ldy + panel * kPanel + half * 8, ldy);
   }
 }
 
@@ -307,12 +316,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void PanelFloatA
     __m512 sw = _mm512_loadu_ps(&w.scales[static_cast<size_t>((panel * w.blocks + b) * kPanel)]);
     for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(p[r], sw, acc[r]);
   }
-  int64_t cols = std::min<int64_t>(kPanel, w.n - panel * kPanel);
-  for (int r = 0; r < R; ++r) {
-    float out[kPanel];
-    _mm512_storeu_ps(out, acc[r]);
-    std::memcpy(y + (r0 + r) * ldy + panel * kPanel, out, static_cast<size_t>(cols) * sizeof(float));
-  }
+  StoreRowsAvx512<R>(acc, w.n - panel * kPanel, y + r0 * ldy + panel * kPanel, ldy);
 }
 
 // Calls of more rows: each block of the panel is unpacked once into floats (wb [32 k][16 columns]) and every row
