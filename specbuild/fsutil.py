@@ -161,7 +161,7 @@ def atomic_output_dir(path: str | os.PathLike | OutputTarget, overwrite: bool = 
             with INTERRUPTS.deferred():  # what is created is always recorded, so always removed
                 created = _make_parents(final.parent, target.shown)
             check_interrupted()
-            with _locked_dir(final.parent):
+            with locked_dir(final.parent):
                 clean_stale(final.parent)
                 with INTERRUPTS.deferred():
                     tmp, tmp_fd = _make_locked_dir(final.parent, f".{final.name[:200]}{TMP_TAG}")
@@ -251,7 +251,7 @@ class _Commit:
     def rollback(self) -> None:
         """Take the new output away again and put back what was there (if the output is still ours)."""
         try:
-            with _locked_dir(self.final.parent, timeout=30):
+            with locked_dir(self.final.parent, timeout=30):
                 self._rollback_locked()
         except OSError:
             self._close()  # the previous output stays aside, unlocked: the next run puts it back
@@ -282,7 +282,7 @@ class _Commit:
 def _commit(target: OutputTarget, tmp: Path) -> _Commit:
     """Rename `tmp` into place under the parent's lock, after checking the output path holds what it held."""
     final, shown = target.path, target.shown
-    with _locked_dir(final.parent):
+    with locked_dir(final.parent):
         with INTERRUPTS.deferred():
             check_interrupted()
             current = _dir_id(final) if os.path.lexists(final) else None
@@ -476,7 +476,7 @@ def _open_locked(path, must_lock: bool = False) -> int:
 
 
 @contextlib.contextmanager
-def _locked_dir(path: Path, timeout: float | None = None):
+def locked_dir(path: Path, timeout: float | None = None):
     """Hold an exclusive flock on the directory `path` (waits; gives up silently after `timeout` seconds)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:

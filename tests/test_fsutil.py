@@ -268,7 +268,7 @@ def test_output_moved_aside_by_a_killed_run_is_restored(tmp_path):
 
 def test_commits_serialize_on_the_parent_lock(tmp_path):
     proc, _ = child(tmp_path / "out", "wait")
-    with fsutil._locked_dir(tmp_path):
+    with fsutil.locked_dir(tmp_path):
         proc.stdin.write("go\n")
         proc.stdin.flush()
         time.sleep(1.0)

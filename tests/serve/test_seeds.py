@@ -25,7 +25,7 @@ VARIANTS = {
     "eagle3": dict(speculative_mode="eagle3", eagle_top_k=3, eagle_depth=3, eagle_total_tokens=8),
     "ngram-tree": dict(speculative_mode="ngram", ngram_candidates=2, num_draft_tokens=3),
 }
-FAST = ("draft-target", "draft-target-tree")
+FAST = ("draft-target-tree",)  # the runtime tests (tests/runtime/test_seeds.py) check its chain too
 
 
 @pytest.fixture(scope="module")

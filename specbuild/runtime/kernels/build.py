@@ -20,6 +20,7 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
+from specbuild import fsutil
 from specbuild.errors import SpecbuildError
 from specbuild.runtime import user_cache
 
@@ -116,7 +117,8 @@ def source_key(cxx: str) -> str:
 
 
 def build() -> Path:
-    """The library's path, built first if this machine has not built these sources yet."""
+    """The library's path, built first if this machine has not built these sources yet (one process builds it while
+    others wait for it: the test workers, the server's first engines)."""
     cxx = compiler()
     if cxx is None:
         raise SpecbuildError("no C++ compiler on PATH (g++ or c++, or $CXX)")
@@ -125,13 +127,35 @@ def build() -> Path:
         return out
     include = headers()
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{LIBRARY}.{os.getpid()}")
-    command = [cxx, *FLAGS, f"-I{include}", *map(str, sorted(SOURCES.glob("*.cc"))), "-o", str(partial)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    if result.returncode != 0:
-        partial.unlink(missing_ok=True)
-        lines = result.stderr.strip().splitlines()
-        first = next((line for line in lines if ": error" in line), lines[0] if lines else "(no message)")
-        raise SpecbuildError(f"the kernel library did not compile: {first}")
-    partial.rename(out)
+    with fsutil.locked_dir(out.parent, timeout=600):
+        if not out.is_file():
+            _compile(cxx, include, out)
     return out
+
+
+def _compile(cxx: str, include: Path, out: Path) -> None:
+    """Each source into an object file, all at once (one compiler per source), then the objects into `out`."""
+    work = out.with_name(f".build.{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    try:
+        sources = sorted(SOURCES.glob("*.cc"))
+        objects = [work / f"{source.stem}.o" for source in sources]
+        jobs = [
+            subprocess.Popen([cxx, *FLAGS, f"-I{include}", "-c", str(source), "-o", str(obj)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for source, obj in zip(sources, objects)
+        ]  # fmt: skip
+        errors = [job.communicate(timeout=600)[1] for job in jobs]
+        failed = next((e for e, job in zip(errors, jobs) if job.returncode), None)
+        if failed is None:
+            link = subprocess.run([cxx, *FLAGS, *map(str, objects), "-o", str(work / LIBRARY)],
+                                  capture_output=True, text=True, timeout=600)  # fmt: skip
+            failed = link.stderr if link.returncode else None
+        if failed is not None:
+            lines = failed.strip().splitlines()
+            first = next((line for line in lines if ": error" in line), lines[0] if lines else "(no message)")
+            raise SpecbuildError(f"the kernel library did not compile: {first}")
+        (work / LIBRARY).rename(out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
