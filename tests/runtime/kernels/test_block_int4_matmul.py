@@ -33,6 +33,7 @@ def _cases(seed: int = 0):
         scales[0, 0] = 0.0  # a zero scale
         x = (rng.standard_normal((20, k)) * rng.choice([0.1, 1.0, 30.0])).astype(np.float32)
         x[3, :32] = 0.0  # a block of zeros (scale 0)
+        x[4, :31], x[4, 31] = np.arange(31) - 15.5, 127.0  # amax 127 (scale 1): each x.5 a tie, to the even integer
         yield k, n, q, scales, x
 
 

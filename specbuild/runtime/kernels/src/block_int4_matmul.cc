@@ -88,30 +88,93 @@ struct Rows {
   std::vector<int32_t> sum;
 };
 
-void Quantize(const float* x, int64_t m, int64_t k, Rows& rows) {
+// One block of 32 activations: q, and (returned) its scale amax / 127 and the sum of q. Both paths give the same
+// bits: max and the integer sum do not depend on the order, v * inv is one rounding either way, and the rounding to
+// an integer is to nearest, ties to even (std::nearbyint in the default mode; _MM_FROUND_TO_NEAREST_INT).
+float QuantizeBlockScalar(const float* v, int8_t* q, int32_t* sum_out) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(v[i]));
+  float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  int32_t sum = 0;
+  for (int64_t i = 0; i < kBlock; ++i) {
+    float t = std::nearbyint(v[i] * inv);
+    t = std::min(127.0f, std::max(-127.0f, t));
+    q[i] = static_cast<int8_t>(t);
+    sum += q[i];
+  }
+  *sum_out = sum;
+  return amax / 127.0f;
+}
+
+__attribute__((target("avx2,fma"))) float QuantizeBlockAvx2(const float* v, int8_t* q, int32_t* sum_out) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 x[4];
+  __m256 amax = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    x[i] = _mm256_loadu_ps(v + 8 * i);
+    amax = _mm256_max_ps(_mm256_andnot_ps(sign, x[i]), amax);  // a NaN input leaves amax as the scalar path does
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  float a = _mm_cvtss_f32(m4);
+  float inv_s = a > 0.0f ? 127.0f / a : 0.0f;
+  const __m256 inv = _mm256_set1_ps(inv_s), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+  __m256i n[4];
+  for (int i = 0; i < 4; ++i) {
+    __m256 t = _mm256_round_ps(_mm256_mul_ps(x[i], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    n[i] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, t)));
+  }
+  __m256i s = _mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3]));
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+  *sum_out = _mm_cvtsi128_si32(s4);
+  // 32 -> 16 -> 8 bits (in range: no saturation), the lanes put back in order
+  __m256i w01 = _mm256_packs_epi32(n[0], n[1]), w23 = _mm256_packs_epi32(n[2], n[3]);
+  __m256i b = _mm256_packs_epi16(w01, w23);
+  b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), b);
+  return a / 127.0f;
+}
+
+struct QuantizeCall {
+  Isa isa;
+  const float* x;
+  Rows* rows;
+  int64_t per_task;  // rows per task
+};
+
+void QuantizeTask(void* data, size_t task) {
+  const QuantizeCall* call = static_cast<const QuantizeCall*>(data);
+  Rows& rows = *call->rows;
+  int64_t r0 = static_cast<int64_t>(task) * call->per_task, r1 = std::min(rows.m, r0 + call->per_task);
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t b = 0; b < rows.blocks; ++b) {
+      const float* v = call->x + r * rows.k + b * kBlock;
+      int8_t* q = &rows.q[static_cast<size_t>(r * rows.k + b * kBlock)];
+      size_t at = static_cast<size_t>(r * rows.blocks + b);
+      rows.scale[at] = call->isa == Isa::kScalar ? QuantizeBlockScalar(v, q, &rows.sum[at])
+                                                 : QuantizeBlockAvx2(v, q, &rows.sum[at]);
+    }
+  }
+}
+
+// A call's activations quantized, the rows shared among the threads where there are enough of them.
+void Quantize(Ort::KernelContext& ctx, Isa isa, const float* x, int64_t m, int64_t k, Rows& rows) {
   rows.m = m;
   rows.k = k;
   rows.blocks = k / kBlock;
   rows.q.resize(static_cast<size_t>(m * k));
   rows.scale.resize(static_cast<size_t>(m * rows.blocks));
   rows.sum.resize(static_cast<size_t>(m * rows.blocks));
-  for (int64_t r = 0; r < m; ++r) {
-    for (int64_t b = 0; b < rows.blocks; ++b) {
-      const float* v = x + r * k + b * kBlock;
-      float amax = 0.0f;
-      for (int64_t i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(v[i]));
-      float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      int32_t sum = 0;
-      int8_t* q = &rows.q[static_cast<size_t>(r * k + b * kBlock)];
-      for (int64_t i = 0; i < kBlock; ++i) {
-        float t = std::nearbyint(v[i] * inv);  // round half to even (the default rounding mode)
-        t = std::min(127.0f, std::max(-127.0f, t));
-        q[i] = static_cast<int8_t>(t);
-        sum += q[i];
-      }
-      rows.scale[static_cast<size_t>(r * rows.blocks + b)] = amax / 127.0f;
-      rows.sum[static_cast<size_t>(r * rows.blocks + b)] = sum;
-    }
+  int64_t per_task = std::max<int64_t>(1, 16384 / k);  // about 16k activations per task
+  QuantizeCall call{isa, x, &rows, per_task};
+  int64_t tasks = (m + per_task - 1) / per_task;
+  if (tasks == 1) {
+    QuantizeTask(&call, 0);
+  } else {
+    ctx.ParallelFor(QuantizeTask, static_cast<size_t>(tasks), 0, &call);
   }
 }
 
@@ -455,8 +518,7 @@ void PanelFloat(Isa isa, const Packed& w, const float* x, int64_t m, int64_t pan
 }
 
 // Rows in chunks the registers hold (AVX-512: 8, AVX2: 4), then the remainder.
-void Panel(Isa isa, const Packed& w, const Rows& a, int64_t panel, float* y, int64_t ldy) {
-  int64_t r = 0, m = a.m;
+void Panel(Isa isa, const Packed& w, const Rows& a, int64_t panel, int64_t r, int64_t m, float* y, int64_t ldy) {
   if (isa == Isa::kAvx512Vnni) {
     for (; r + 8 <= m; r += 8) PanelAvx512Rows<8>(w, a, panel, r, y, ldy);
     switch (m - r) {
@@ -478,7 +540,7 @@ void Panel(Isa isa, const Packed& w, const Rows& a, int64_t panel, float* y, int
       default: break;
     }
   } else {
-    PanelScalar(w, a, panel, 0, m, y, ldy);
+    PanelScalar(w, a, panel, r, m - r, y, ldy);
   }
 }
 
@@ -503,7 +565,7 @@ struct Call {
 void PanelTask(void* data, size_t task) {
   const Call* call = static_cast<const Call*>(data);
   if (call->a != nullptr) {
-    Panel(call->isa, *call->w, *call->a, static_cast<int64_t>(task), call->y, call->w->n);
+    Panel(call->isa, *call->w, *call->a, static_cast<int64_t>(task), 0, call->m, call->y, call->w->n);
     return;
   }
   int64_t group = static_cast<int64_t>(task) / call->w->panels, panel = static_cast<int64_t>(task) % call->w->panels;
@@ -552,7 +614,7 @@ struct BlockInt4MatMulKernel {
     float* y = out.GetTensorMutableData<float>();
     if (m == 0) return;
     Rows rows;
-    if (int8_activations_) Quantize(x.GetTensorData<float>(), m, packed_.k, rows);
+    if (int8_activations_) Quantize(ctx, isa_, x.GetTensorData<float>(), m, packed_.k, rows);
     Call call{isa_, &packed_, int8_activations_ ? &rows : nullptr, x.GetTensorData<float>(), m, y};
     int64_t groups = int8_activations_ ? 1 : (m + RowGroup(packed_.k) - 1) / RowGroup(packed_.k);
     ctx.ParallelFor(PanelTask, static_cast<size_t>(packed_.panels * groups), 0, &call);
