@@ -18,7 +18,7 @@ from specbuild.runtime import kernels
 from specbuild.runtime.kernels.rewrite import DOMAIN, use_kernels
 from tests.runtime.kernels.reference import attention_feeds, attention_model, attention_reference, on_isa
 
-CAPACITY, POSITIONS = 48, 64
+CAPACITY, POSITIONS = 160, 176  # a cache past 64 columns: several blocks of the value pass
 K_SCALE, V_SCALE = 0.05, 0.04
 # (name, heads, kv_heads, head_dim, options of attention_model)
 CASES = [
@@ -91,7 +91,7 @@ def _tree_inputs(past: np.ndarray, tokens: int, window: int = -1):
 def _case_feeds(case, seed: int = 0):
     name, heads, kv_heads, dim, options = case
     rng = np.random.default_rng(seed)
-    past = np.array([9, 0, 17])
+    past = np.array([9, 0, 137])
     tokens = len(PARENTS)
     qkv = rng.standard_normal((len(past), tokens, (heads + 2 * kv_heads) * dim)).astype(np.float32)
     pk, pv = _cache(rng, len(past), kv_heads, dim, options.get("int8", False))

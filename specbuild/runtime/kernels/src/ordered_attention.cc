@@ -21,7 +21,9 @@
 // the even and of the odd visible columns each accumulated in order, one fma per term, then added) * (v scale / sum).
 // Every step is a function of the list of visible (key, value) pairs alone, which is the same list for a tree node
 // and for its token decoded alone. One pass of the keys scores 8 columns at a time; the values are summed 32 dims at
-// a time. The AVX2 path (taken by AVX-512 CPUs too) and the plain C++ one do the same operations.
+// a time; the query heads of one kv head take each block of keys and of values in turn while it is in cache (the
+// cache is read once per kv head, not once per query head). The AVX2 path (taken by AVX-512 CPUs too) and the plain
+// C++ one do the same operations.
 //
 // Built by specbuild/runtime/kernels/build.py (docs/engine-format.md).
 
@@ -238,16 +240,20 @@ inline void Visible(const Attend& a, int64_t b, int64_t i, std::vector<int32_t>&
   for (int64_t j = first; j <= last; ++j) columns.push_back(static_cast<int32_t>(j));
 }
 
-// out[d0, d0 + 8 L) = (sum over the visible columns n of p[n] v_n) * norm, the terms of even and of odd n each
-// added in order by one fma per term (2 L chains in registers), the two sums added at the end.
+// Columns [n_begin, n_end) of the sum over the visible columns n of p[n] v_n, dims [d0, d0 + 8 L): the terms of even
+// and of odd n each added in order by one fma per term onto the running sums even / odd (2 L chains, kept in memory
+// between calls: a call's block starts at an even n, so the chains are those of one pass over every column).
 template <typename V, typename T, int L>
-inline void AccumulateValues(const Attend& a, const T* values, int64_t b, int64_t g, const std::vector<int32_t>& columns,
-                             const float* p, float norm, int64_t d0, float* out) {
+inline void AccumulateValues(const Attend& a, const T* values, int64_t b, int64_t g, const int32_t* columns,
+                             const float* p, int64_t n_begin, int64_t n_end, int64_t d0, float* even_sums,
+                             float* odd_sums) {
   V even[L], odd[L];
-  for (int l = 0; l < L; ++l) even[l] = odd[l] = V::Set(0.0f);
-  const int64_t n_cols = static_cast<int64_t>(columns.size());
-  int64_t n = 0;
-  for (; n + 2 <= n_cols; n += 2) {
+  for (int l = 0; l < L; ++l) {
+    even[l] = V::Load(even_sums + d0 + 8 * l);
+    odd[l] = V::Load(odd_sums + d0 + 8 * l);
+  }
+  int64_t n = n_begin;
+  for (; n + 2 <= n_end; n += 2) {
     const T* v0 = values + a.Slot(b, g, columns[n]) + d0;
     const T* v1 = values + a.Slot(b, g, columns[n + 1]) + d0;
     const V w0 = V::Set(p[n]), w1 = V::Set(p[n + 1]);
@@ -256,64 +262,109 @@ inline void AccumulateValues(const Attend& a, const T* values, int64_t b, int64_
       odd[l] = V::Fma(w1, V::Load(v1 + 8 * l), odd[l]);
     }
   }
-  if (n < n_cols) {
+  if (n < n_end) {
     const T* v0 = values + a.Slot(b, g, columns[n]) + d0;
     const V w0 = V::Set(p[n]);
     for (int l = 0; l < L; ++l) even[l] = V::Fma(w0, V::Load(v0 + 8 * l), even[l]);
   }
-  for (int l = 0; l < L; ++l) V::Mul(V::Add(even[l], odd[l]), V::Set(norm)).Store(out + d0 + 8 * l);
+  for (int l = 0; l < L; ++l) {
+    even[l].Store(even_sums + d0 + 8 * l);
+    odd[l].Store(odd_sums + d0 + 8 * l);
+  }
 }
 
-// One query head of row (b, i) over the columns it sees (see the file's comment for the arithmetic):
-//   scores[n] = sum over 16 dot-product lanes (lane l: fma over d = l mod 16, in order of d; lanes l and l + 8 added,
-//               then the 8 sums as in V::Sums) times scale, softcapped, plus the bias;
-//   p[n] = Exp(scores[n] - max), their sum in column order; out = (sum over n of p[n] v_n, fma in column order) / sum.
+// scores[n0, n0 + count) of one query head q over 8 (or the last count) visible columns: per column, 16 dot-product
+// lanes (lane l: fma over d = l mod 16, in order of d; lanes l and l + 8 added, then the 8 sums as in V::Sums) times
+// scale.
 template <typename V, typename T>
-inline void AttendHead(const Attend& a, const float* q, const T* keys, const T* values, int64_t b, int64_t g,
-                       const std::vector<int32_t>& columns, const std::vector<float>& bias, float* scores, float* out) {
+inline void ScoreBlock(const Attend& a, const float* q, const T* keys, int64_t b, int64_t g, const int32_t* columns,
+                       int64_t n0, int64_t count, float scale, float* scores) {
+  V partial[8];
+  for (int64_t c0 = 0; c0 < 8; c0 += 4) {  // 4 columns at a time: 8 independent fma chains
+    const T* k[4];
+    for (int c = 0; c < 4; ++c) k[c] = keys + a.Slot(b, g, columns[n0 + std::min<int64_t>(c0 + c, count - 1)]);
+    V lo[4], hi[4];  // lanes 0-7 and 8-15 of each 16 dims
+    for (int c = 0; c < 4; ++c) lo[c] = hi[c] = V::Set(0.0f);
+    for (int64_t d = 0; d < a.dim; d += 16) {
+      const V q_lo = V::Load(q + d), q_hi = V::Load(q + d + 8);
+      for (int c = 0; c < 4; ++c) {
+        lo[c] = V::Fma(q_lo, V::Load(k[c] + d), lo[c]);
+        hi[c] = V::Fma(q_hi, V::Load(k[c] + d + 8), hi[c]);
+      }
+    }
+    for (int c = 0; c < 4; ++c) partial[c0 + c] = c0 + c < count ? V::Add(lo[c], hi[c]) : V::Set(0.0f);
+  }
+  float block[8];
+  V::Mul(V::Sums(partial), V::Set(scale)).Store(block);
+  std::memcpy(scores + n0, block, sizeof(float) * count);
+}
+
+// Columns per block of the value pass: every query head of a kv head sums a block's values while they are in the
+// core's nearest cache (even, so that each block starts on an even column: the chains of AccumulateValues).
+constexpr int64_t kValueBlock = 64;
+
+// The query heads `q` [group][dim] (rotated) of row (b, i) over the columns it sees, every head the arithmetic of the
+// file's comment: scores as in ScoreBlock, softcapped, plus the bias; p[n] = Exp(scores[n] - max), their sum in
+// column order; out = (sum over n of p[n] v_n, fma in column order) / sum. The heads share each block of keys and
+// of values while it is in cache (each head's arithmetic is its own: the same bits as one head at a time).
+template <typename V, typename T>
+inline void AttendGroup(const Attend& a, const float* q, int64_t group, const T* keys, const T* values, int64_t b,
+                        int64_t g, const std::vector<int32_t>& columns, const std::vector<float>& bias,
+                        std::vector<float>& scores, std::vector<float>& sums, float* out) {
   const int64_t n_cols = static_cast<int64_t>(columns.size()), dim = a.dim;
   const float scale = a.scale * (a.int8 ? a.k_scale : 1.0f);
+  scores.resize(static_cast<size_t>(group * n_cols));
+  sums.assign(static_cast<size_t>(group * 2 * dim), 0.0f);
   for (int64_t n0 = 0; n0 < n_cols; n0 += 8) {
-    V partial[8];
     const int64_t count = std::min<int64_t>(8, n_cols - n0);
-    for (int64_t c0 = 0; c0 < 8; c0 += 4) {  // 4 columns at a time: 8 independent fma chains
-      const T* k[4];
-      for (int c = 0; c < 4; ++c) k[c] = keys + a.Slot(b, g, columns[n0 + std::min<int64_t>(c0 + c, count - 1)]);
-      V lo[4], hi[4];  // lanes 0-7 and 8-15 of each 16 dims
-      for (int c = 0; c < 4; ++c) lo[c] = hi[c] = V::Set(0.0f);
-      for (int64_t d = 0; d < dim; d += 16) {
-        const V q_lo = V::Load(q + d), q_hi = V::Load(q + d + 8);
-        for (int c = 0; c < 4; ++c) {
-          lo[c] = V::Fma(q_lo, V::Load(k[c] + d), lo[c]);
-          hi[c] = V::Fma(q_hi, V::Load(k[c] + d + 8), hi[c]);
-        }
-      }
-      for (int c = 0; c < 4; ++c) partial[c0 + c] = c0 + c < count ? V::Add(lo[c], hi[c]) : V::Set(0.0f);
+    for (int64_t h = 0; h < group; ++h)
+      ScoreBlock<V, T>(a, q + h * dim, keys, b, g, columns.data(), n0, count, scale, scores.data() + h * n_cols);
+  }
+  thread_local std::vector<float> norm;
+  norm.resize(static_cast<size_t>(group));
+  for (int64_t h = 0; h < group; ++h) {
+    float* s = scores.data() + h * n_cols;
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t n = 0; n < n_cols; ++n) {
+      if (a.softcap > 0.0f) s[n] = a.softcap * std::tanh(s[n] / a.softcap);
+      if (!bias.empty()) s[n] += bias[n];
+      top = s[n] > top ? s[n] : top;
     }
-    float block[8];
-    V::Mul(V::Sums(partial), V::Set(scale)).Store(block);
-    std::memcpy(scores + n0, block, sizeof(float) * count);
+    float sum = 0.0f;
+    for (int64_t n0 = 0; n0 < n_cols; n0 += 8) {
+      float block[8] = {0.0f};
+      const int64_t count = std::min<int64_t>(8, n_cols - n0);
+      std::memcpy(block, s + n0, sizeof(float) * count);
+      Exp(V::Add(V::Load(block), V::Set(-top))).Store(block);  // s - top: exact as an add of -top
+      for (int64_t c = 0; c < count; ++c) sum += block[c];
+      std::memcpy(s + n0, block, sizeof(float) * count);
+    }
+    norm[static_cast<size_t>(h)] = (a.int8 ? a.v_scale : 1.0f) / sum;
   }
-  float top = -std::numeric_limits<float>::infinity();
-  for (int64_t n = 0; n < n_cols; ++n) {
-    if (a.softcap > 0.0f) scores[n] = a.softcap * std::tanh(scores[n] / a.softcap);
-    if (!bias.empty()) scores[n] += bias[n];
-    top = scores[n] > top ? scores[n] : top;
+  for (int64_t n0 = 0; n0 < n_cols; n0 += kValueBlock) {
+    const int64_t n1 = std::min(n_cols, n0 + kValueBlock);
+    for (int64_t h = 0; h < group; ++h) {
+      const float* p = scores.data() + h * n_cols;
+      float* even = sums.data() + h * 2 * dim;
+      float* odd = even + dim;
+      int64_t d0 = 0;
+      for (; d0 + 32 <= dim; d0 += 32)
+        AccumulateValues<V, T, 4>(a, values, b, g, columns.data(), p, n0, n1, d0, even, odd);
+      if (d0 < dim)  // dim % 32 == 16
+        AccumulateValues<V, T, 2>(a, values, b, g, columns.data(), p, n0, n1, d0, even, odd);
+    }
   }
-  float sum = 0.0f;
-  for (int64_t n0 = 0; n0 < n_cols; n0 += 8) {
-    float block[8] = {0.0f};
-    const int64_t count = std::min<int64_t>(8, n_cols - n0);
-    std::memcpy(block, scores + n0, sizeof(float) * count);
-    Exp(V::Add(V::Load(block), V::Set(-top))).Store(block);  // s - top: exact as an add of -top
-    for (int64_t c = 0; c < count; ++c) sum += block[c];
-    std::memcpy(scores + n0, block, sizeof(float) * count);
+  for (int64_t h = 0; h < group; ++h) {
+    float* o = out + h * dim;
+    if (n_cols == 0) {
+      std::fill(o, o + dim, 0.0f);
+      continue;
+    }
+    const float* even = sums.data() + h * 2 * dim;
+    const V scale_by = V::Set(norm[static_cast<size_t>(h)]);
+    for (int64_t d = 0; d < dim; d += 8)
+      V::Mul(V::Add(V::Load(even + d), V::Load(even + dim + d)), scale_by).Store(o + d);
   }
-  const float norm = (a.int8 ? a.v_scale : 1.0f) / sum;
-  int64_t d0 = 0;
-  for (; d0 + 32 <= dim; d0 += 32) AccumulateValues<V, T, 4>(a, values, b, g, columns, scores, norm, d0, out);
-  if (d0 < dim) AccumulateValues<V, T, 2>(a, values, b, g, columns, scores, norm, d0, out);  // dim % 32 == 16
-  if (n_cols == 0) std::fill(out, out + dim, 0.0f);
 }
 
 // One task: query row (b, i) for the query heads of kv head g.
@@ -321,18 +372,15 @@ template <typename V, typename T>
 inline void AttendRow(const Attend& a, int64_t task) {
   int64_t g = task % a.kv_heads, i = (task / a.kv_heads) % a.tokens, b = task / (a.kv_heads * a.tokens);
   thread_local std::vector<int32_t> columns;
-  thread_local std::vector<float> bias, scores, q;
+  thread_local std::vector<float> bias, scores, sums, q;
   Visible(a, b, i, columns, bias);
-  scores.resize(columns.size());
-  q.resize(static_cast<size_t>(a.dim));
+  const int64_t group = a.heads / a.kv_heads;
+  q.resize(static_cast<size_t>(group * a.dim));
   const float* row = a.qkv + (b * a.tokens + i) * a.Width();
   float* out = a.out + (b * a.tokens + i) * a.heads * a.dim;
-  const int64_t group = a.heads / a.kv_heads;
-  for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-    Rotate(a, row + h * a.dim, a.Position(b, i), q.data());
-    AttendHead<V, T>(a, q.data(), static_cast<const T*>(a.keys), static_cast<const T*>(a.values), b, g, columns, bias,
-                     scores.data(), out + h * a.dim);
-  }
+  for (int64_t h = 0; h < group; ++h) Rotate(a, row + (g * group + h) * a.dim, a.Position(b, i), q.data() + h * a.dim);
+  AttendGroup<V, T>(a, q.data(), group, static_cast<const T*>(a.keys), static_cast<const T*>(a.values), b, g, columns,
+                    bias, scores, sums, out + g * group * a.dim);
 }
 
 template <typename V>
