@@ -114,10 +114,13 @@ def run_benchmark(
     peer_args: dict | None = None,
     sampling=None,
     stock_kernels: bool = False,
+    passes: int = 1,
 ) -> dict[str, Any]:
     """The report of one run. peer_args: the peer stacks' options by keyword (bench/peers: e.g. {"ort_genai_dirs":
     [...]}); sampling: the run's SamplingParams (None: greedy), prompt i seeded with its seed + i
-    (bench/decoding.py)."""
+    (bench/decoding.py); passes: the prompt sets run that many times in order through the same loaded engines (the
+    traffic a server sees again: modes that learn from earlier responses draft from the earlier passes), each pass
+    reported apart (results "NAME", "NAME, pass 2", ...)."""
     from specbuild.runtime.row_invariance import cpu_description
 
     peer_args = peer_args or {}
@@ -138,6 +141,7 @@ def run_benchmark(
             "num_prompts": num_prompts,
             "max_new_tokens": max_new_tokens,
             "threads": threads,
+            "passes": passes,
             **peers.settings(peer_args),
             "sampling": decoding.to_dict(sampling),
             "cpu": cpu_description(),  # speed and exactness are properties of this machine
@@ -158,8 +162,10 @@ def run_benchmark(
         "results": {},
     }
     rows = dict(zip(labels, engines))
-    for name, texts in prompts.items():
-        report["results"][name] = _run_set(name, texts, rows, timers, baseline, max_new_tokens, sampling, log)
+    for n in range(1, passes + 1):
+        for name, texts in prompts.items():
+            key = name if n == 1 else f"{name}, pass {n}"
+            report["results"][key] = _run_set(name, texts, rows, timers, baseline, max_new_tokens, sampling, log)
     if sweep:
         report["context_sweep"] = {"engine": labels[0], **context_sweep(engines[0], max_new_tokens, log)}
     return report

@@ -62,6 +62,14 @@ def peer_options(command):
     help="With --concurrency: rounds of every engine and peer at each concurrency, in turns; each row is its "
     "median round (the machine's slow spells fall on all of them).",
 )
+@click.option(
+    "--passes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Run the prompt sets this many times in order through the same engines, each pass reported apart: "
+    "traffic seen again (modes that learn from earlier responses, e.g. suffix, draft from the earlier passes).",
+)
 @sampling_options
 @peer_options
 @handle_errors
@@ -77,6 +85,7 @@ def bench(
     stock_kernels,
     concurrency,
     repeats,
+    passes,
     temperature,
     top_p,
     top_k,
@@ -95,6 +104,8 @@ def bench(
             require_extra(stack.extra, f"bench {stack.options[0].flag}")
     peers.check(peer_args, under_load=concurrency is not None)
     sets = _prompt_sets(prompts)
+    if passes != 1 and concurrency is not None:
+        raise SpecbuildError("--passes belongs to the one-at-a-time benchmark (without --concurrency)")
     if concurrency is not None:
         if context_sweep:
             raise SpecbuildError(
@@ -122,6 +133,7 @@ def bench(
             peer_args=peer_args,
             sampling=sampling,
             stock_kernels=stock_kernels,
+            passes=passes,
         )
     render(report)
     if json_out:
