@@ -74,6 +74,12 @@ def parse_draft_options(pairs) -> dict:
     help="This request's own drafting setting, where the engine's mode has them (at most the built ones, which "
     "`specbuild inspect` shows under mode settings), e.g. window=2; repeatable.",
 )
+@click.option(
+    "--draft-pool",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Keep what drafters that learn from traffic (suffix decoding) learnt in this directory: later runs draft "
+    "from this run's output too.",
+)
 @handle_errors
 def run(
     engine_dir,
@@ -92,6 +98,7 @@ def run(
     allow_lossy,
     speculation,
     draft_options,
+    draft_pool,
 ):
     """Generate from an engine directory."""
     from specbuild.runtime.engine import Engine
@@ -107,7 +114,13 @@ def run(
     check_choice("--graph", graph, BACKEND_CHOICES)
     sampling = sampling_params(temperature, top_p, top_k, seed)
     engine = Engine(
-        engine_dir, backend=backend, threads=threads, graph=graph, allow_lossy=allow_lossy, speculation=speculation
+        engine_dir,
+        backend=backend,
+        threads=threads,
+        graph=graph,
+        allow_lossy=allow_lossy,
+        speculation=speculation,
+        draft_pool=draft_pool,
     )
     if not engine.lossless and engine.manifest.get("lossless", True):
         click.echo(f"warning: this run is LOSSY (--allow-lossy), {engine.exactness.verified}", err=True)

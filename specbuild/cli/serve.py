@@ -50,12 +50,23 @@ from specbuild.errors import SpecbuildError
     help="Serve through Triton Inference Server instead (PyTriton, extra specbuild[triton]): a decoupled streaming "
     "model on Triton's HTTP port (--port; /v2/models/NAME/generate_stream) and gRPC port (--grpc-port).",
 )
+@click.option(
+    "--draft-pool",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Keep what drafters that learn from traffic (suffix decoding) learnt in this directory, across restarts.",
+)
+@click.option(
+    "--shared-draft-pool",
+    is_flag=True,
+    help="With API keys: one pool of earlier responses for every key (default: one per key; a shared pool lets "
+    "one client's outputs speed up, and so be timed by, another's requests).",
+)
 @click.option("--grpc-port", type=int, default=8001, show_default=True, help="With --triton: Triton's gRPC port.")
 @click.option("--metrics-port", type=int, default=8002, show_default=True, help="With --triton: Triton's metrics.")
 @handle_errors
 def serve(
     engine_dir, host, port, threads, max_queue, max_batch_size, model_name, allow_lossy, api_keys, api_key_file,
-    protect_metrics, ssl_certfile, ssl_keyfile, triton, grpc_port, metrics_port,
+    protect_metrics, ssl_certfile, ssl_keyfile, triton, draft_pool, shared_draft_pool, grpc_port, metrics_port,
 ):  # fmt: skip
     """Serve an engine over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, streaming),
     with /health and Prometheus /metrics; SIGINT/SIGTERM stop it within seconds. With --triton, through Triton
@@ -66,14 +77,18 @@ def serve(
         from specbuild.serve.server import Exposure, run_server
 
         keys = load_keys(api_keys, api_key_file)
-        exposure = Exposure(keys, protect_metrics, ssl_certfile, ssl_keyfile)
-        run_server(engine_dir, host, port, threads, max_queue, max_batch_size, model_name, allow_lossy, exposure)
+        exposure = Exposure(keys, protect_metrics, ssl_certfile, ssl_keyfile, shared_draft_pool)
+        run_server(
+            engine_dir, host, port, threads, max_queue, max_batch_size, model_name, allow_lossy, exposure, draft_pool
+        )
         return
     if api_keys or api_key_file or protect_metrics or ssl_certfile or ssl_keyfile:
         raise SpecbuildError(
             "--api-key, --api-key-file, --protect-metrics and --ssl-* are the HTTP server's; with --triton use "
             "Triton's own controls (docs/serving.md: restricting Triton)"
         )
+    if draft_pool or shared_draft_pool:
+        raise SpecbuildError("--draft-pool and --shared-draft-pool are the HTTP server's (not with --triton)")
     require_extra("triton", "serve --triton")
     from specbuild.serve.triton_pytriton import run_triton
 

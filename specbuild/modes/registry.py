@@ -22,6 +22,7 @@ MODE_PACKAGES = (
     "specbuild.plugins.redrafter",
     "specbuild.plugins.draft_target",
     "specbuild.plugins.lookahead",
+    "specbuild.plugins.suffix",
 )
 
 

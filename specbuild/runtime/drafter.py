@@ -153,6 +153,13 @@ class Drafter:
             raise SpecbuildError(f"drafting option {next(iter(options))!r}: this engine's mode takes none")
         return settings
 
+    @classmethod
+    def for_tenant(cls, settings: Any, tenant: str | None) -> Any:
+        """The settings of a request made for `tenant` (Request.tenant: serve's API key, hashed; None: anyone). A
+        drafter that learns from traffic keeps what each tenant's requests taught it apart, so that one client's
+        outputs never shape (nor time) another's; the others ignore it."""
+        return settings
+
     def __init__(self, settings: Any, prompt: Sequence[int], sampling=None):
         """sampling: the request's SamplingParams (a drafter that samples drafts follows them)."""
         self.settings = settings
@@ -160,6 +167,10 @@ class Drafter:
     def propose(self, step: StepResult) -> Proposal:
         """The next call's tree, after `step` (the last call, prefill included) accepted `step.tokens`."""
         raise NotImplementedError
+
+    def finish(self, output_ids: Sequence[int], reason: str | None) -> None:
+        """The request ended with `output_ids` (reason: its stop reason; "error" or "cancelled" when it failed or was
+        cancelled). A drafter that learns from traffic (suffix decoding's pool) keeps what it gave."""
 
 
 class GraphDrafter(Drafter):

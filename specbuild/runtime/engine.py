@@ -83,6 +83,7 @@ class Engine:
         allow_lossy: bool = False,
         speculation: str | None = None,
         shared_cores: bool = False,
+        draft_pool=None,
     ):
         """backend: onnxruntime or tensorrt (default: tensorrt when the engine has a plan). graph: the backend whose
         graph to run (default: the backend's own; `Engine(d, graph="tensorrt")` runs the portable graph on ONNX
@@ -91,10 +92,13 @@ class Engine:
         drafts (runtime/speculation.py): auto (by measured cost), always, or off (roots only); default
         $SPECBUILD_SPECULATION, else auto. shared_cores: this engine runs between the calls of another one (a draft
         model's between its target's): its thread pool does not busy-wait after a call. The target's pool does: a
-        draft-target step on SmolLM2 ran 14-17 % faster than with neither spinning (2 threads, AVX-512 EPYC)."""
+        draft-target step on SmolLM2 ran 14-17 % faster than with neither spinning (2 threads, AVX-512 EPYC).
+        draft_pool: a directory where drafters that learn from traffic (suffix decoding) keep what they learnt,
+        across runs (default: kept in memory for this process)."""
         self.speculation = resolve_policy(speculation)
         threads = resolve_threads(threads)
         self.path = Path(engine_dir)
+        self.draft_pool = Path(draft_pool) if draft_pool is not None else None
         self.manifest = load_manifest(self.path)  # validated; recorded file sizes checked
         backend = backend or default_backend(self.manifest)
         self.graph = select_graph(self.manifest, graph or backend, self.path)
@@ -183,10 +187,11 @@ class Engine:
         return self.codec.prompt_ids(prompt, chat)
 
     # ------------------------------------------------------------------ generation
-    def new_drafter(self, prompt: list[int], sampling: SamplingParams | None = None, options=None):
+    def new_drafter(self, prompt: list[int], sampling: SamplingParams | None = None, options=None, tenant=None):
         """One sequence's drafter, built from the settings read at load (narrowed by the request's drafting
-        `options`, e.g. a smaller window: Drafter.narrowed)."""
-        return self.drafter_class(self.drafting_settings(options), prompt, sampling)
+        `options`, e.g. a smaller window: Drafter.narrowed), for `tenant` (Drafter.for_tenant)."""
+        settings = self.drafter_class.for_tenant(self.drafting_settings(options), tenant)
+        return self.drafter_class(settings, prompt, sampling)
 
     def drafting_settings(self, options=None):
         """The drafter settings of a request with drafting `options` (checked: SpecbuildError naming the option)."""

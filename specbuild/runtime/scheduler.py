@@ -54,6 +54,9 @@ class Request:
     stop: tuple[str, ...] = ()
     on_tokens: Callable[[list[int]], None] | None = None
     draft_options: dict | None = None  # the request's own drafting settings (Drafter.narrowed), where a mode has them
+    # whom the request is for (serve: its API key, hashed; None: anyone): what drafters that learn from traffic learn
+    # from one tenant's requests serves that tenant's alone (Drafter.for_tenant)
+    tenant: str | None = None
 
 
 class Handle:
@@ -203,6 +206,12 @@ class Handle:
             self.stop_reason = reason
         self.error = error
         self.finished_at = time.perf_counter() - self.arrival
+        drafter = self.sequence.drafter if self.sequence is not None else None
+        if drafter is not None:
+            try:
+                drafter.finish(self.output_ids, "error" if error is not None else self.stop_reason)
+            except Exception:  # noqa: BLE001 - a drafter's bookkeeping never fails a request that has ended
+                pass
         self._staging = None
         self._queue.put(_DONE)
         self.done.set()
@@ -352,7 +361,7 @@ class Scheduler:
                 handle = self._waiting.popleft()
             request = handle.request
             try:
-                drafter = self.engine.new_drafter(request.ids, request.sampling, request.draft_options)
+                drafter = self.engine.new_drafter(request.ids, request.sampling, request.draft_options, request.tenant)
                 sequence = Sequence(self.layout, request.sampling, drafter)
                 sequence.long_rope = self.layout.long_rope(len(request.ids))
                 handle.stage(sequence, self._staging_batch(sequence, len(request.ids)))

@@ -5,6 +5,10 @@ The check is an ASGI middleware in front of every route, unknown ones included, 
 key is compared through its SHA-256 digest with a constant-time comparison against every configured key, so the time
 taken says nothing about how much of a key was right or which key matched. A refusal is 401 with an OpenAI-style
 error and `WWW-Authenticate: Bearer`, counted in /metrics like any other error.
+
+An allowed request carries its key's tenant (scope state "tenant": a hash of the key, never the key): what drafters
+that learn from traffic learn from one key's requests serves that key's alone (runtime Request.tenant), unless the
+server shares one pool (`--shared-draft-pool`).
 """
 
 from __future__ import annotations
@@ -43,8 +47,11 @@ def load_keys(keys: Iterable[str], key_file: Path | None) -> tuple[str, ...]:
 class APIKeyMiddleware:
     """Refuses (401) every HTTP request to a closed path that does not carry one of the keys as a bearer token."""
 
-    def __init__(self, app, keys: Iterable[str], protect_metrics: bool, on_refusal: Callable[[int], None]):
+    def __init__(
+        self, app, keys: Iterable[str], protect_metrics: bool, on_refusal: Callable[[int], None], tenants: bool = True
+    ):
         self.app = app
+        self.tenants = tenants
         self.digests = [hashlib.sha256(key.encode()).digest() for key in keys]
         self.open_paths = {HEALTH} if protect_metrics else {HEALTH, METRICS}
         self.on_refusal = on_refusal
@@ -61,6 +68,8 @@ class APIKeyMiddleware:
             return
         authorization = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         if self.allows(authorization):
+            if self.tenants:
+                scope.setdefault("state", {})["tenant"] = tenant(authorization.partition(b" ")[2].strip())
             await self.app(scope, receive, send)
             return
         self.on_refusal(401)
@@ -70,3 +79,8 @@ class APIKeyMiddleware:
         response = APIError(401, message).response()
         response.headers["WWW-Authenticate"] = "Bearer"
         await response(scope, receive, send)
+
+
+def tenant(key: bytes) -> str:
+    """The tenant of an API key: 16 hex digits of a hash of it (a pool's file name under --draft-pool)."""
+    return hashlib.sha256(b"specbuild tenant " + key).hexdigest()[:16]

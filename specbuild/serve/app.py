@@ -27,9 +27,12 @@ MAX_BODY_BYTES = 1 << 20
 DRAIN_BYTES = 16 << 20  # an oversized body is read (and dropped) up to this, to answer its 413
 
 
-def create_app(state, lifespan=None, api_keys=(), protect_metrics: bool = False) -> Starlette:
+def create_app(
+    state, lifespan=None, api_keys=(), protect_metrics: bool = False, shared_draft_pool: bool = False
+) -> Starlette:
     """The app over a ServerState (state.py); lifespan: Starlette's startup/shutdown context; api_keys: the keys a
-    client must send (none: open), /metrics among the closed routes where protect_metrics (access.py)."""
+    client must send (none: open), /metrics among the closed routes where protect_metrics (access.py); each key's
+    requests are their own tenant unless shared_draft_pool."""
     routes = [
         Route("/health", health),
         Route("/metrics", metrics),
@@ -39,7 +42,13 @@ def create_app(state, lifespan=None, api_keys=(), protect_metrics: bool = False)
     ]
     handlers = {APIError: api_error, HTTPException: http_error, Exception: internal_error}
     refused = state.metrics.error
-    access = Middleware(APIKeyMiddleware, keys=api_keys, protect_metrics=protect_metrics, on_refusal=refused)
+    access = Middleware(
+        APIKeyMiddleware,
+        keys=api_keys,
+        protect_metrics=protect_metrics,
+        on_refusal=refused,
+        tenants=not shared_draft_pool,
+    )
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan, middleware=[access])
     app.state.server = state
     return app
@@ -78,7 +87,7 @@ async def _generate(request: HTTPRequest, parse) -> Response:
     state = request.app.state.server
     state.check_ready()
     wanted = parse(await _json_body(request), state.engine, state.model_name)
-    handle = state.submit(wanted.request())
+    handle = state.submit(wanted.request(request.scope.get("state", {}).get("tenant")))
     generation = Generation(state, handle)
     responses = Responses(wanted.chat, state.model_name)
     if wanted.stream:

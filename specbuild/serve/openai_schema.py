@@ -44,9 +44,11 @@ class GenerationRequest:
     include_usage: bool
     draft_options: dict | None = None  # extension: the request's own drafting settings (Drafter.narrowed)
 
-    def request(self) -> Request:
-        """The scheduler request it asks for."""
-        return Request(self.ids, self.max_tokens, self.sampling, self.stop, draft_options=self.draft_options)
+    def request(self, tenant: str | None = None) -> Request:
+        """The scheduler request it asks for, made for `tenant` (the API key's, access.py)."""
+        return Request(
+            self.ids, self.max_tokens, self.sampling, self.stop, draft_options=self.draft_options, tenant=tenant
+        )
 
 
 def parse_chat(body, engine, model_name: str) -> GenerationRequest:

@@ -63,6 +63,7 @@ class Exposure:
     protect_metrics: bool = False
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
+    shared_draft_pool: bool = False  # every key's requests learn from one pool (access.py: tenants)
 
     @property
     def scheme(self) -> str:
@@ -104,6 +105,7 @@ def run_server(
     model_name: str | None,
     allow_lossy: bool,
     exposure: Exposure = Exposure(),
+    draft_pool: Path | None = None,
 ) -> None:
     """Serve an engine directory until SIGINT/SIGTERM."""
     limits = check_options(engine_dir, port, max_queue, max_batch_size)
@@ -112,7 +114,7 @@ def run_server(
     state = ServerState(
         engine_dir,
         model_name or Path(engine_dir).resolve().name,
-        dict(threads=threads, allow_lossy=allow_lossy),
+        dict(threads=threads, allow_lossy=allow_lossy, draft_pool=draft_pool),
         max_batch_size,
         max_queue,
     )
@@ -128,7 +130,7 @@ def run_server(
         state.drain(grace_s=0)
 
     config = uvicorn.Config(
-        create_app(state, lifespan, exposure.api_keys, exposure.protect_metrics),
+        create_app(state, lifespan, exposure.api_keys, exposure.protect_metrics, exposure.shared_draft_pool),
         host=host,
         port=port,
         log_level="warning",

@@ -46,6 +46,10 @@ def _string_literals(path: Path):
                 yield tok.start[0], tok.string
 
 
+# literals that spell a mode's name but mean something else: (file under specbuild/, the word)
+NOT_MODE_NAMES = {("serve/openai_schema.py", "suffix")}  # OpenAI's completions parameter `suffix`
+
+
 def test_no_mode_name_literal_outside_the_plugins():
     names = set(registry.mode_names())
     found = []
@@ -54,7 +58,7 @@ def test_no_mode_name_literal_outside_the_plugins():
             continue
         for line, literal in _string_literals(path):
             body = literal.lstrip("rbuRBU").strip("'\"")
-            if body in names:
+            if body in names and (path.relative_to(ROOT).as_posix(), body) not in NOT_MODE_NAMES:
                 found.append(f"{path.relative_to(ROOT.parent)}:{line}: {literal}")
     assert not found, "mode names outside specbuild/plugins:\n" + "\n".join(found)
 
