@@ -8,6 +8,7 @@ import pytest
 
 from tests.helpers import ORT_ONLY, quiet
 from tests.serve.conftest import MAX_SEQ_LEN, ServerProcess
+from tests.tiers import full
 
 pytestmark = pytest.mark.xdist_group("serve")
 
@@ -56,6 +57,7 @@ def test_each_key_learns_from_its_own_responses_and_the_pool_survives_a_restart(
         server.close()
 
 
+@full("a third server: the fast tier checks the per-key pools, which a shared pool only relaxes")
 def test_a_shared_pool_lets_one_keys_responses_draft_for_another(suffix_engine, reference_engine, tmp_path):
     want = reference_engine.generate(prompt=PROMPT, max_new_tokens=40).text
     server = ServerProcess(
