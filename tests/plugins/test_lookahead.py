@@ -15,8 +15,8 @@ from specbuild.plugins.lookahead import DEFAULT_LOOKUP, step_rows
 from specbuild.plugins.lookahead.drafter import LookaheadDrafter, NgramPool
 from specbuild.runtime.drafter import StepResult
 from specbuild.runtime.engine import Engine
-from tests.helpers import ORT_ONLY, Lazy, hf_greedy, quiet
-from tests.plugins.distribution_check import check_sampled_distribution, exact_distribution
+from tests.helpers import ORT_ONLY, hf_greedy, quiet
+from tests.plugins.host_mode_helpers import check_mode_sampling, toy_engines
 from tests.plugins.medusa_helpers import toy_model
 from tests.shapes import TINY_SHAPES
 from tests.tiers import fast_first, full
@@ -209,20 +209,9 @@ def test_host_work_does_not_grow_with_the_context():
 
 @pytest.fixture(scope="module")
 def toy_lookahead(tmp_path_factory):
-    from specbuild.builder.checkpoint.convert import convert_checkpoint
-
     root = tmp_path_factory.mktemp("lookahead_toy")
-
-    def make(shape):
-        i = list(TINY_SHAPES).index(shape)  # the seed
-        model = toy_model(shape, root / shape / "hf", seed=i)
-        ckpt = convert_checkpoint(root / shape / "hf", root / shape / "ckpt", progress=False)
-        options = BuildOptions(
-            backends=ORT_ONLY, speculative_mode="lookahead", lookahead_window=3, lookahead_ngram=3, lookahead_guesses=3
-        )
-        return (model, build_engine(ckpt, root / shape / "engine", options, log=quiet), ckpt)
-
-    return Lazy(make)
+    options = dict(lookahead_window=3, lookahead_ngram=3, lookahead_guesses=3)
+    return toy_engines(root, speculative_mode="lookahead", **options)
 
 
 @pytest.mark.parametrize("shape", fast_first(TINY_SHAPES, "another tiny shape: the fast tier checks the first"))
@@ -299,18 +288,8 @@ def test_engine_yaml_settings_are_checked_when_the_engine_loads():
 @full("sampling with point-mass drafts: the fast tier checks n-gram's (one acceptance rule in every graph)")
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (1.5, 4, 0.9)])
 def test_sampling_preserves_the_base_distribution(tmp_path, temperature, top_k, top_p):
-    from specbuild.builder.checkpoint.convert import convert_checkpoint
-
-    vocab = 8
-    model = toy_model("llama_gqa_llama3rope", tmp_path / "hf", vocab=vocab, seed=3)
-    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", progress=False)
-    options = BuildOptions(
-        backends=ORT_ONLY, speculative_mode="lookahead", lookahead_window=2, lookahead_ngram=3, lookahead_guesses=2
-    )
-    engine = Engine(build_engine(ckpt, tmp_path / "engine", options, log=quiet), threads=1)
-    prompt, n, samples = [1, 5, 3, 1, 5, 3, 1], 3, 3000
-    exact = exact_distribution(model, prompt, n, temperature, top_k, top_p)
-    check_sampled_distribution(engine, prompt, n, samples, exact, temperature, top_k, top_p)
+    options = dict(speculative_mode="lookahead", lookahead_window=2, lookahead_ngram=3, lookahead_guesses=2)
+    check_mode_sampling(tmp_path, temperature, top_k, top_p, **options)
 
 
 def test_a_request_may_ask_for_a_smaller_setting_than_the_built_one(toy_lookahead):

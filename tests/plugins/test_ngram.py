@@ -8,9 +8,8 @@ from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.ngram.drafter import NgramDrafter
 from specbuild.runtime.engine import Engine
-from tests.helpers import ORT_ONLY, Lazy, hf_greedy, quiet
-from tests.plugins.distribution_check import check_sampled_distribution, exact_distribution
-from tests.plugins.medusa_helpers import toy_model
+from tests.helpers import ORT_ONLY, hf_greedy, quiet
+from tests.plugins.host_mode_helpers import check_mode_sampling, toy_engines
 from tests.shapes import TINY_SHAPES
 from tests.tiers import fast_first
 
@@ -98,17 +97,7 @@ def test_candidates_merge_by_shared_prefix_into_one_tree():
 @pytest.fixture(scope="module")
 def toy_ngram(tmp_path_factory):
     root = tmp_path_factory.mktemp("ngram_toy")
-
-    def make(shape):
-        i = list(TINY_SHAPES).index(shape)  # the seed
-        model = toy_model(shape, root / shape / "hf", seed=i)
-        from specbuild.builder.checkpoint.convert import convert_checkpoint
-
-        ckpt = convert_checkpoint(root / shape / "hf", root / shape / "ckpt", progress=False)
-        options = BuildOptions(backends=ORT_ONLY, speculative_mode="ngram", num_draft_tokens=4, ngram_candidates=2)
-        return (model, build_engine(ckpt, root / shape / "engine", options, log=quiet), ckpt)
-
-    return Lazy(make)
+    return toy_engines(root, speculative_mode="ngram", num_draft_tokens=4, ngram_candidates=2)
 
 
 @pytest.mark.parametrize("shape", fast_first(TINY_SHAPES, "another tiny shape: the fast tier checks the first"))
@@ -152,13 +141,5 @@ def test_bad_settings_are_refused_before_any_work(toy_ngram, tmp_path):
     fast_first([(1.0, 0, 1.0), (1.5, 4, 0.9)], "another sampling setting: the fast tier checks the first"),
 )
 def test_sampling_preserves_the_base_distribution(tmp_path, temperature, top_k, top_p):
-    from specbuild.builder.checkpoint.convert import convert_checkpoint
-
-    vocab = 8
-    model = toy_model("llama_gqa_llama3rope", tmp_path / "hf", vocab=vocab, seed=3)
-    ckpt = convert_checkpoint(tmp_path / "hf", tmp_path / "ckpt", progress=False)
-    options = BuildOptions(backends=ORT_ONLY, speculative_mode="ngram", num_draft_tokens=3, ngram_candidates=2)
-    engine = Engine(build_engine(ckpt, tmp_path / "engine", options, log=quiet), threads=1)
-    prompt, n, samples = [1, 5, 3, 1, 5, 3, 1], 3, 3000
-    exact = exact_distribution(model, prompt, n, temperature, top_k, top_p)
-    check_sampled_distribution(engine, prompt, n, samples, exact, temperature, top_k, top_p)
+    options = dict(speculative_mode="ngram", num_draft_tokens=3, ngram_candidates=2)
+    check_mode_sampling(tmp_path, temperature, top_k, top_p, **options)
