@@ -75,11 +75,6 @@ class SuffixPool:
     def nodes(self) -> int:
         return self.trie.nodes
 
-    @property
-    def bytes(self) -> int:
-        """The trie's arrays as allocated and the responses' tokens (what the bound limits)."""
-        return self.trie.allocated * self.trie.bytes_per_node + 4 * self.tokens
-
 
 def _read(path: Path, vocab_size: int | None) -> list[list[int]]:
     """The responses of a pool file; a line cut short by a crash (the last, without its newline) is dropped."""

@@ -48,16 +48,6 @@ class SuffixTrie:
         """Nodes in use (the root not counted): what the memory bound of a pool counts."""
         return self._size - 1 - len(self._free)
 
-    @property
-    def allocated(self) -> int:
-        """Node slots allocated (the arrays' length)."""
-        return len(self._token)
-
-    @property
-    def bytes_per_node(self) -> int:
-        arrays = (self._token, self._count, self._followed, self._parent, self._level, self._first, self._next)
-        return sum(a.itemsize for a in arrays)
-
     def count(self, node: int) -> int:
         return self._count[node]
 
