@@ -285,14 +285,9 @@ def _ratio(row: dict, other: dict | None) -> float | None:
 def interleaved_prompts(engine, prompt_sets: list[str], num_prompts: int) -> list[list[int]]:
     """Token ids (the engine's tokenizer) of every set's prompts, the sets interleaved (mixed lengths in flight
     together)."""
-    from specbuild.prompts import is_chat, load_prompt_set
+    from specbuild.prompts import load_prompt_set, prompt_ids
 
-    codec = engine.codec
-    per_set = []
-    for name in prompt_sets:
-        texts = load_prompt_set(name, num_prompts)
-        chat = is_chat(name) and codec.chat_template is not None  # a base model (no template) gets the raw text
-        per_set.append([codec.prompt_ids(t, chat) for t in texts])
+    per_set = [[prompt_ids(engine.codec, name, t) for t in load_prompt_set(name, num_prompts)] for name in prompt_sets]
     longest = max(len(group) for group in per_set)
     return [group[i] for i in range(longest) for group in per_set if i < len(group)]
 

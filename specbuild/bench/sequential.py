@@ -21,7 +21,7 @@ from specbuild.bench import decoding, peers
 from specbuild.bench.engines import is_plain, load_engines, own_none
 from specbuild.bench.results import Sample
 from specbuild.errors import SpecbuildError
-from specbuild.prompts import is_chat, load_prompt_set
+from specbuild.prompts import TRAFFIC_SETS, load_prompt_set, prompt_ids
 
 SWEEP_CONTEXTS = (64, 1024)
 SWEEP_MIN_SEQ_LEN = 1100
@@ -165,25 +165,45 @@ def run_benchmark(
     for n in range(1, passes + 1):
         for name, texts in prompts.items():
             key = name if n == 1 else f"{name}, pass {n}"
-            report["results"][key] = _run_set(name, texts, rows, timers, baseline, max_new_tokens, sampling, log)
+            samples, peer_samples = _run_set(name, texts, rows, timers, max_new_tokens, sampling, log)
+            for part, cut in _parts(name, len(texts)):
+                cut_samples = {label: s[cut] for label, s in samples.items()}
+                cut_peers = [s[cut] for s in peer_samples]
+                report["results"][key + part] = _rows(rows, cut_samples, cut_peers, timers, baseline)
     if sweep:
         report["context_sweep"] = {"engine": labels[0], **context_sweep(engines[0], max_new_tokens, log)}
     return report
 
 
-def _run_set(name, texts, engines: dict, timers: list, baseline, max_new_tokens, sampling, log) -> dict[str, Any]:
-    """One prompt set: every prompt through each engine (labels -> engines) and each peer in turn, then the rows."""
+def _parts(name: str, count: int) -> list[tuple[str, slice]]:
+    """How a set's requests are reported: all of them; a traffic set (prompts.TRAFFIC_SETS) also by halves, the
+    first requests apart from the later ones (what the drafters that learn from responses learnt)."""
+    parts = [("", slice(None))]
+    if name in TRAFFIC_SETS and count >= 2:
+        half = count // 2
+        parts += [(f" (requests 1-{half})", slice(None, half)), (f" (requests {half + 1}-{count})", slice(half, None))]
+    return parts
+
+
+def _run_set(name, texts, engines: dict, timers: list, max_new_tokens, sampling, log):
+    """One prompt set: every prompt through each engine (labels -> engines) and each peer in turn, in order. Returns
+    the samples by engine label and by peer."""
     codec = next(iter(engines.values())).codec
     samples: dict[str, list[Sample]] = {label: [] for label in engines}
     peer_samples: list[list[Sample]] = [[] for _ in timers]
     for i, text in enumerate(texts):
-        ids = codec.prompt_ids(text, is_chat(name) and codec.chat_template is not None)
+        ids = prompt_ids(codec, name, text)
         log(f"{name} {i + 1}/{len(texts)} ({len(ids)} prompt tokens)")
         request = decoding.for_request(sampling, i)
         for label, eng in engines.items():
             samples[label].append(timed_generate(eng, ids, max_new_tokens, sampling=request))
         for k, timer in enumerate(timers):
             peer_samples[k].append(timer.sample(ids, max_new_tokens, request))
+    return samples, peer_samples
+
+
+def _rows(engines: dict, samples: dict[str, list[Sample]], peer_samples: list[list[Sample]], timers, baseline) -> dict:
+    """The report rows of some requests: per engine (labels -> engines, their samples), then per peer."""
     base = samples[baseline] if baseline is not None else None
     rows = {label: summarize(s, base) for label, s in samples.items()}
     # lossless is relative to the none engine of the same precision (int8 activations or cache change the output)

