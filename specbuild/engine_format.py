@@ -102,6 +102,8 @@ NEXT_PATHS = "next_paths"  # [B,NP,DP] int64, -1 padded
 # [B,W] int64: each window row's most likely next token (its logits' argmax), for drafters that iterate guesses of
 # future tokens through the graph (a Jacobi window): the rows are not accepted, only read
 ROW_TOP_TOKENS = "row_top_tokens"
+# [B,W,K] int64: each window row's K most likely next tokens, most likely first (token recycling's candidates)
+ROW_TOP_K = "row_top_k"
 NEXT_NUM_TOKENS = "next_num_tokens"  # [B] int64: how many of the N next tokens are real (the rest is padding)
 LOGITS = "logits"  # optional [B,T,V]
 

@@ -23,6 +23,7 @@ MODE_PACKAGES = (
     "specbuild.plugins.draft_target",
     "specbuild.plugins.lookahead",
     "specbuild.plugins.suffix",
+    "specbuild.plugins.recycle",
 )
 
 

@@ -100,7 +100,7 @@ class Sequence:
 
 
 # outputs with one entry per acceptance-window token: a row's are cut to its own tokens (padding rows dropped)
-WINDOW_OUTPUTS = (ef.LOGITS, ef.ROW_TOP_TOKENS)
+WINDOW_OUTPUTS = (ef.LOGITS, ef.ROW_TOP_TOKENS, ef.ROW_TOP_K)
 
 
 class RowOutputs(Mapping):

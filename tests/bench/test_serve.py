@@ -74,6 +74,8 @@ def test_real_prompts_become_an_aiperf_single_turn_file(tmp_path):
     assert lines[1]["text"].startswith("from typing import List") and lines[0]["output_length"] == 32
     with pytest.raises(SpecbuildError, match="synthetic:N"):
         dataset_args("synthetic:x", 5, 32, tmp_path)
+    with pytest.raises(SpecbuildError, match="--prompts tasks: its prompts are whole conversations"):
+        dataset_args("mtbench,tasks", 5, 32, tmp_path)
 
 
 def test_options_and_engine_labels():

@@ -24,9 +24,11 @@ VARIANTS = {
     "lookahead": ("lookahead", LOOKAHEAD),
     "draft-target": ("draft-target", dict(num_draft_tokens=3)),  # a chain
     "draft-target-tree": ("draft-target", dict(draft_top_k=2, draft_depth=2)),
+    "suffix": ("suffix", dict(num_draft_tokens=4, suffix_depth=8)),
+    "recycle": ("recycle", dict(num_draft_tokens=6, recycle_top_k=3, recycle_depth=3)),
 }
 # the variants test_scheduler parametrizes over: each mode once
-MODES = ("none", "ngram", "medusa", "eagle", "eagle3", "redrafter", "lookahead", "draft-target")
+MODES = ("none", "ngram", "medusa", "eagle", "eagle3", "redrafter", "lookahead", "draft-target", "suffix", "recycle")
 
 _rng = np.random.default_rng(0)
 # 16 prompts of mixed lengths; repeats in them give prompt lookup something to copy

@@ -1,0 +1,156 @@
+"""Token recycling: the static tree (best first, prefix-closed, within its width and depth), the candidate table
+filled from every verified row (and a prefill's last rows), each step's tree read from it (a node without candidates
+left out with its subtree), a table per tenant, exact greedy ids on tiny models of every shape while the table warms,
+the base distribution when sampling, and bad settings refused before any work."""
+
+import numpy as np
+import pytest
+
+from specbuild import engine_format as ef
+from specbuild.builder.build import BuildOptions, build_engine
+from specbuild.errors import SpecbuildError
+from specbuild.plugins.recycle import RANK_PROFILE, static_tree
+from specbuild.plugins.recycle.drafter import RecycleDrafter
+from specbuild.runtime.drafter import StepResult
+from specbuild.runtime.engine import Engine
+from tests.helpers import ORT_ONLY, hf_greedy, quiet
+from tests.plugins.host_mode_helpers import check_mode_sampling, toy_engines
+from tests.shapes import TINY_SHAPES
+from tests.tiers import fast_first
+
+pytestmark = pytest.mark.xdist_group("recycle")
+
+PROMPTS = [[1, 5, 9, 3, 7, 5, 9, 3], [1, 4], [1, 11, 10, 6, 2, 8, 3, 11, 10]]
+TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+
+
+def settings(choices=TREE, top_k=2, vocab=32):
+    fields = {"top_k": top_k, "depth": max(map(len, choices)), "choices": choices}
+    return RecycleDrafter.read_settings({"model": {"vocab_size": vocab}, "mode": {"drafter": fields}})
+
+
+def step(tokens, top=None, prefill=False):
+    """A StepResult that accepted `tokens`; top: each verified row's candidates (ef.ROW_TOP_K)."""
+    outputs = {} if top is None else {ef.ROW_TOP_K: np.asarray([top], dtype=np.int64)}
+    return StepResult(list(tokens), None if prefill else np.zeros(len(tokens), dtype=np.int64), outputs)
+
+
+def value(choice):
+    return np.prod([RANK_PROFILE[min(r, len(RANK_PROFILE) - 1)] for r in choice])
+
+
+@pytest.mark.parametrize("drafts,k,depth", [(1, 8, 8), (24, 8, 8), (80, 8, 6), (30, 2, 3), (5, 1, 9)])
+def test_the_static_tree_takes_the_most_probable_choices_within_its_bounds(drafts, k, depth):
+    tree = static_tree(drafts, k, depth)
+    assert len(tree) == min(drafts, sum(k**d for d in range(1, depth + 1)))
+    assert len(set(tree)) == len(tree)
+    assert all(c[:-1] in tree or len(c) == 1 for c in tree)  # prefix-closed
+    assert all(len(c) <= depth and max(c) < k for c in tree)
+    values = [value(c) for c in tree]
+    assert all(a >= b - 1e-12 for a, b in zip(values, values[1:]))  # best first (equal values in any order)
+    # no choice left out is worth more than the worst one taken (among those within the bounds)
+    outside = [c + (r,) for c in [(), *tree] for r in range(k) if len(c) < depth and c + (r,) not in tree]
+    assert all(value(c) <= min(values) + 1e-12 for c in outside)
+
+
+def test_a_cold_table_verifies_the_root_alone_then_every_row_teaches_it():
+    s = settings()
+    drafter = RecycleDrafter(s, [3, 4, 5])
+    first = drafter.propose(step([6], top=[[7, 8], [9, 1], [2, 3]], prefill=True))  # the prompt's last 3 rows
+    assert s.table.table[[3, 4, 5]].tolist() == [[7, 8], [9, 1], [2, 3]]
+    assert first.tokens.tolist() == [[6]]  # nothing known about 6 yet: the root alone
+    # the call verified [6]; its row says 6 -> (2, 9); 2 -> (4, 5) is unknown, 9 -> (1, 3) unknown, so depth 1 only
+    proposal = drafter.propose(step([6], top=[[2, 9]]))
+    assert proposal.tokens.tolist() == [[6, 2, 9]]
+    assert proposal.paths.shape[1] == 2  # two leaves
+    s.table.update(np.array([2, 9]), np.array([[4, 5], [1, 3]]))
+    s.table.update(np.array([4]), np.array([[0, 11]]))
+    full_tree = drafter.draft(6)
+    # TREE in node order: (0), (1), (0,0), (0,1), (1,0), (0,0,0)
+    assert full_tree.tokens.tolist() == [[6, 2, 9, 4, 5, 1, 0]]
+    assert full_tree.size == len(TREE) + 1
+
+
+def test_every_verified_row_updates_the_table_accepted_or_not():
+    s = settings()
+    drafter = RecycleDrafter(s, [1])
+    s.table.update(np.array([6, 2]), np.array([[2, 9], [4, 5]]))
+    proposal = drafter.propose(step([6]))  # the tree verified next: 6, 2, 9, 4, 5 (9 has no candidates)
+    verified = proposal.tokens[0].tolist()
+    assert verified == [6, 2, 9, 4, 5]
+    rows = [[10 + i, 20 + i] for i in range(len(verified))]
+    drafter.propose(step([6, 2], top=rows))
+    assert s.table.table[verified].tolist() == rows
+
+
+def test_a_call_cut_to_its_first_nodes_updates_those_only():
+    s = settings()
+    drafter = RecycleDrafter(s, [1])
+    s.table.update(np.array([6, 2]), np.array([[2, 9], [4, 5]]))
+    assert drafter.propose(step([6])).size == 5
+    drafter.propose(step([6], top=[[12, 13]]))  # the scheduler verified the root alone
+    assert s.table.table[6].tolist() == [12, 13] and s.table.table[2].tolist() == [4, 5]
+
+
+def test_each_tenant_learns_in_its_own_table():
+    s = settings()
+    a, b = RecycleDrafter.for_tenant(s, "a"), RecycleDrafter.for_tenant(s, "b")
+    assert RecycleDrafter.for_tenant(s, "a").table is a.table and a.table is not b.table
+    RecycleDrafter(a, [3]).propose(step([4], top=[[5, 6]], prefill=True))
+    assert a.table.known == 1 and b.table.known == 0 and s.table.known == 0
+
+
+def test_engine_yaml_settings_are_checked_when_the_engine_loads():
+    with pytest.raises(SpecbuildError, match=r"field mode.drafter.top_k must be an integer >= 1, got 0"):
+        settings(top_k=0)
+    with pytest.raises(SpecbuildError, match=r"field mode.drafter.choices takes a rank >= top_k 2"):
+        settings(choices=[[0], [2]])
+    with pytest.raises(SpecbuildError, match=r"mode.drafter.choices\[1\] must have at least 1 item"):
+        settings(choices=[[0], []])
+
+
+@pytest.fixture(scope="module")
+def toy_recycle(tmp_path_factory):
+    root = tmp_path_factory.mktemp("recycle_toy")
+    return toy_engines(root, speculative_mode="recycle", num_draft_tokens=8, recycle_top_k=3, recycle_depth=4)
+
+
+@pytest.mark.parametrize("shape", fast_first(TINY_SHAPES, "another tiny shape: the fast tier checks the first"))
+def test_greedy_equals_base_model_while_the_table_warms(toy_recycle, shape):
+    model, eng, _ = toy_recycle[shape]
+    engine = Engine(eng, threads=1)
+    assert engine.manifest["lossless"] is True
+    accepted = []
+    for ids in PROMPTS * 2:
+        result = engine.generate(input_ids=ids, max_new_tokens=30)
+        assert result.output_ids == hf_greedy(model, ids, 30)
+        accepted += result.accepted_per_step
+    assert max(accepted) > 1  # the recycled candidates are accepted
+    assert engine.drafter_settings.table.known > 0
+
+
+def test_bad_settings_are_refused_before_any_work(toy_recycle, tmp_path):
+    _, _, ckpt = toy_recycle["llama_gqa_llama3rope"]
+    cases = [
+        (dict(num_draft_tokens=0), "--num-draft-tokens 0 is invalid"),
+        (dict(recycle_top_k=0), "--recycle-top-k 0 is invalid"),
+        (dict(recycle_top_k=65), "--recycle-top-k 65 is invalid: expected at most"),
+        (dict(recycle_depth=0), "--recycle-depth 0 is invalid"),
+        (dict(num_draft_tokens=9, max_draft_len=8), "--num-draft-tokens 9 but --max-draft-len is 8"),
+        (dict(num_draft_tokens=600), "at most 511 per step"),
+        (dict(suffix_depth=4), "--suffix-depth does not apply to --speculative-mode recycle"),
+    ]
+    for options, message in cases:
+        with pytest.raises(SpecbuildError, match=message):
+            build = BuildOptions(backends=ORT_ONLY, speculative_mode="recycle", **options)
+            build_engine(ckpt, tmp_path / "e", build, log=quiet)
+        assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p",
+    fast_first([(1.0, 0, 1.0), (1.5, 4, 0.9)], "another sampling setting: the fast tier checks the first"),
+)
+def test_sampling_preserves_the_base_distribution(tmp_path, temperature, top_k, top_p):
+    options = dict(speculative_mode="recycle", num_draft_tokens=4, recycle_top_k=2, recycle_depth=3)
+    check_mode_sampling(tmp_path, temperature, top_k, top_p, **options)
