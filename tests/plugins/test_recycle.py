@@ -24,8 +24,10 @@ PROMPTS = [[1, 5, 9, 3, 7, 5, 9, 3], [1, 4], [1, 11, 10, 6, 2, 8, 3, 11, 10]]
 TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 
 
-def settings(choices=TREE, top_k=2, vocab=32):
+def settings(choices=TREE, top_k=2, vocab=32, context=None):
     fields = {"top_k": top_k, "depth": max(map(len, choices)), "choices": choices}
+    if context is not None:  # engines built before the key existed have none: "token"
+        fields["context"] = context
     return RecycleDrafter.read_settings({"model": {"vocab_size": vocab}, "mode": {"drafter": fields}})
 
 
@@ -65,10 +67,34 @@ def test_a_cold_table_verifies_the_root_alone_then_every_row_teaches_it():
     assert proposal.paths.shape[1] == 2  # two leaves
     s.table.update(np.array([2, 9]), np.array([[4, 5], [1, 3]]))
     s.table.update(np.array([4]), np.array([[0, 11]]))
-    full_tree = drafter.draft(6)
+    full_tree, before = drafter.draft(6, 1)
     # TREE in node order: (0), (1), (0,0), (0,1), (1,0), (0,0,0)
     assert full_tree.tokens.tolist() == [[6, 2, 9, 4, 5, 1, 0]]
     assert full_tree.size == len(TREE) + 1
+    assert before.tolist() == [1, 6, 6, 2, 2, 9, 4]  # each node's parent's token, the root's: the one before it
+
+
+def test_pairs_key_candidates_by_the_token_before_where_that_pair_was_seen():
+    s = settings(context="pair")
+    assert s.context == "pair" and settings().context == "token"
+    drafter = RecycleDrafter(s, [3, 4])
+    drafter.propose(step([6], top=[[7, 8], [9, 1]], prefill=True))  # rows of 3 (after none) and 4 (after 3)
+    table = s.table
+    assert table.candidates(np.array([3, 5, -1]), np.array([4, 4, 4]), np.array([0, 0, 1])).tolist() == [9, 9, 1]
+    table.update(np.array([4]), np.array([[11, 12]]), np.array([5]))  # 4 after 5: its own candidates now
+    assert table.table[4].tolist() == [11, 12]  # the token's are the latest
+    assert table.candidates(np.array([3, 5, 2]), np.array([4, 4, 4]), np.array([0, 0, 0])).tolist() == [9, 11, 11]
+    # the next call verified the root 6 (after 4): its pair (4, 6) is learnt from the call's first row
+    drafter.propose(step([6], top=[[2, 3]]))
+    assert table.candidates(np.array([4]), np.array([6]), np.array([1])).tolist() == [3]
+
+
+def test_the_pair_hash_stays_in_its_slots():
+    table = settings(context="pair", vocab=50_000).table
+    rng = np.random.default_rng(0)
+    tokens, before = rng.integers(0, 50_000, size=(2, 100_000))
+    table.update(tokens, rng.integers(0, 50_000, size=(100_000, 2)), before)
+    assert table.pair_keys.shape == (table.pair_slots,) and (table.pair_keys >= 0).mean() > 0.3
 
 
 def test_every_verified_row_updates_the_table_accepted_or_not():
@@ -92,6 +118,19 @@ def test_a_call_cut_to_its_first_nodes_updates_those_only():
     assert s.table.table[6].tolist() == [12, 13] and s.table.table[2].tolist() == [4, 5]
 
 
+def test_the_schedulers_budget_keeps_the_best_nodes_only():
+    order = [[0], [0, 0], [1], [0, 0, 0], [0, 1], [1, 0]]  # best first, as engine.yaml records them
+    s = settings(choices=order)
+    drafter = RecycleDrafter(s, [1])
+    s.table.update(np.array([6, 2, 9, 4]), np.array([[2, 9], [4, 5], [1, 3], [0, 11]]))
+    assert RecycleDrafter.paid_drafts and drafter.draft_ms() > 0
+    assert drafter.propose(step([6])).size == 7  # no budget: the whole tree
+    drafter.limit = 4  # the root and the 3 best nodes: (0), (0, 0), (1)
+    assert drafter.propose(step([6])).tokens.tolist() == [[6, 2, 9, 4]]
+    drafter.limit = 1
+    assert drafter.propose(step([6])).tokens.tolist() == [[6]]
+
+
 def test_each_tenant_learns_in_its_own_table():
     s = settings()
     a, b = RecycleDrafter.for_tenant(s, "a"), RecycleDrafter.for_tenant(s, "b")
@@ -107,6 +146,8 @@ def test_engine_yaml_settings_are_checked_when_the_engine_loads():
         settings(choices=[[0], [2]])
     with pytest.raises(SpecbuildError, match=r"mode.drafter.choices\[1\] must have at least 1 item"):
         settings(choices=[[0], []])
+    with pytest.raises(SpecbuildError, match=r"field mode.drafter.context must be one of token, pair, got 'x'"):
+        settings(context="x")
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +177,7 @@ def test_bad_settings_are_refused_before_any_work(toy_recycle, tmp_path):
         (dict(recycle_top_k=0), "--recycle-top-k 0 is invalid"),
         (dict(recycle_top_k=65), "--recycle-top-k 65 is invalid: expected at most"),
         (dict(recycle_depth=0), "--recycle-depth 0 is invalid"),
+        (dict(recycle_context="trigram"), "--recycle-context must be one of token, pair, got 'trigram'"),
         (dict(num_draft_tokens=9, max_draft_len=8), "--num-draft-tokens 9 but --max-draft-len is 8"),
         (dict(num_draft_tokens=600), "at most 511 per step"),
         (dict(suffix_depth=4), "--suffix-depth does not apply to --speculative-mode recycle"),

@@ -25,7 +25,7 @@ VARIANTS = {
     "draft-target": ("draft-target", dict(num_draft_tokens=3)),  # a chain
     "draft-target-tree": ("draft-target", dict(draft_top_k=2, draft_depth=2)),
     "suffix": ("suffix", dict(num_draft_tokens=4, suffix_depth=8)),
-    "recycle": ("recycle", dict(num_draft_tokens=6, recycle_top_k=3, recycle_depth=3)),
+    "recycle": ("recycle", dict(num_draft_tokens=6, recycle_top_k=3, recycle_depth=3, recycle_context="token")),
 }
 # the variants test_scheduler parametrizes over: each mode once
 MODES = ("none", "ngram", "medusa", "eagle", "eagle3", "redrafter", "lookahead", "draft-target", "suffix", "recycle")

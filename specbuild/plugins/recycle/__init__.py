@@ -9,10 +9,15 @@ from heapq import heappop, heappush
 
 from specbuild.modes.spec import HOST_DRAFTED, MAX_DRAFT_LEN, NUM_DRAFT_TOKENS, ModeOption, ModeSpec
 
-DEFAULT_NUM_DRAFT_TOKENS = 16  # nodes of the static tree besides the root (the paper's 80 is a GPU's; measured)
+DEFAULT_NUM_DRAFT_TOKENS = 10  # nodes of the static tree besides the root (the paper's 80 is a GPU's; measured)
 DEFAULT_TOP_K = 8  # candidates kept per token (the paper's k)
 DEFAULT_DEPTH = 8  # the tree's deepest node
 MAX_TOP_K = 64
+# what a token's candidates are keyed by: the token alone (the paper's table), or also the token before it, where
+# that pair was verified before (a hash of PAIR_SLOTS slots beside the table; the token's candidates otherwise)
+CONTEXTS = ("token", "pair")
+DEFAULT_CONTEXT = "pair"  # measured: more tokens accepted a step at the same tree (docs/modes.md)
+PAIR_SLOTS = 1 << 18  # 262,144 pairs: 10 MB at K = 8
 # how likely the rank-r candidate of a token is the next one, given that token was: the static tree is the
 # num_draft_tokens choices of highest product along their path (measured on fresh HumanEval and MT-Bench prompts
 # with SmolLM2-135M-Instruct: docs/modes.md); ranks past the profile share its last value
@@ -31,6 +36,13 @@ MODE = ModeSpec(
             "int",
             f"recycle: candidates kept per token, the tree's widest branching (default {DEFAULT_TOP_K}).",
             minimum=1,
+        ),
+        ModeOption(
+            "recycle_context",
+            "text",
+            f"recycle: a token's candidates keyed by the token ('token') or also by the one before it where that pair "
+            f"was seen ('pair'; default {DEFAULT_CONTEXT}).",
+            metavar="token|pair",
         ),
         ModeOption(
             "recycle_depth",

@@ -5,7 +5,9 @@ rows' tokens get them as their candidates in the table (int32 [V, K], the latest
 verified row, accepted or not -- the prompt's last rows after a prefill (arXiv:2408.08696, "adjacency matrix"). The
 next tree is the engine's static tree of ranks (engine.yaml `mode.drafter.choices`): node (r1, ..., rd) takes
 candidate rd of its parent's token, level by level; a node whose parent's token has no candidates yet is left out
-with its subtree (so a cold table verifies fewer rows, never guesses).
+with its subtree (so a cold table verifies fewer rows, never guesses). With `context: pair` a node's candidates are
+those of the pair (its parent's parent's token, its parent's token) where that pair was verified before -- a hash
+table beside the token table, updated from the same rows -- and its parent's token's otherwise.
 
 The table is shared by the requests of one tenant (serve's API key; everyone's without keys), like suffix decoding's
 pool (docs/modes.md: what one client's traffic teaches must not time another's), and lives as long as the process.
@@ -24,20 +26,50 @@ import numpy as np
 
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
+from specbuild.plugins.recycle import CONTEXTS, PAIR_SLOTS
 from specbuild.runtime.drafter import Drafter, Proposal, StepResult
-from specbuild.runtime.manifest import ListOf, check_fields, integer
+from specbuild.runtime.manifest import ListOf, check_fields, integer, one_of
 from specbuild.tree import Tree
+
+HOST_MS_PER_DRAFT = 0.02  # what a draft token costs the host (a 10-node tree with pairs: ~0.2 ms, measured)
 
 
 class CandidateTable:
-    """K candidate next tokens per vocabulary entry, most likely first: int32 [V, K], -1 where none is known."""
+    """K candidate next tokens per vocabulary entry, most likely first: int32 [V, K], -1 where none is known; with
+    `pair_slots`, also per pair (token before, token) in a direct-mapped hash of that many slots (a newer pair
+    overwrites an older one in its slot: bounded memory, O(1) per row)."""
 
-    def __init__(self, vocab_size: int, top_k: int):
+    def __init__(self, vocab_size: int, top_k: int, pair_slots: int = 0):
+        self.vocab_size = vocab_size
         self.table = np.full((vocab_size, top_k), -1, dtype=np.int32)
+        self.pair_slots = pair_slots
+        self.pair_keys = np.full(pair_slots, -1, dtype=np.int64)
+        self.pair_top = np.zeros((pair_slots, top_k), dtype=np.int32)
 
-    def update(self, tokens: np.ndarray, top: np.ndarray) -> None:
-        """tokens [N] get top [N, K] (a token verified twice in one call keeps its last row's)."""
+    def _slot(self, keys: np.ndarray) -> np.ndarray:
+        mixed = keys.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
+        return (mixed >> np.uint64(64 - self.pair_slots.bit_length() + 1)).astype(np.int64)
+
+    def update(self, tokens: np.ndarray, top: np.ndarray, before: np.ndarray | None = None) -> None:
+        """tokens [N] get top [N, K] (a token verified twice in one call keeps its last row's); with `before` [N]
+        (the token before each, -1: none), so do the pairs."""
         self.table[tokens] = top
+        if self.pair_slots and before is not None:
+            known = before >= 0
+            keys = before[known] * self.vocab_size + tokens[known]
+            slots = self._slot(keys)
+            self.pair_keys[slots] = keys
+            self.pair_top[slots] = top[known]
+
+    def candidates(self, before: np.ndarray, tokens: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+        """The rank-th candidate after each token (-1: none known): the pair's (before, token) where it is known."""
+        out = self.table[tokens, ranks]
+        if self.pair_slots:
+            keys = before * self.vocab_size + tokens
+            slots = self._slot(keys)
+            hit = (self.pair_keys[slots] == keys) & (before >= 0)
+            out = np.where(hit, self.pair_top[slots, ranks], out)
+        return out
 
     @property
     def known(self) -> int:
@@ -48,8 +80,8 @@ class CandidateTable:
 class TableSet:
     """The tables of one engine: one per tenant, made on its first request."""
 
-    def __init__(self, vocab_size: int, top_k: int):
-        self.vocab_size, self.top_k = vocab_size, top_k
+    def __init__(self, vocab_size: int, top_k: int, pair_slots: int = 0):
+        self.vocab_size, self.top_k, self.pair_slots = vocab_size, top_k, pair_slots
         self._tables: dict[str | None, CandidateTable] = {}
         self._lock = threading.Lock()
 
@@ -57,7 +89,7 @@ class TableSet:
         with self._lock:
             table = self._tables.get(tenant)
             if table is None:
-                table = self._tables[tenant] = CandidateTable(self.vocab_size, self.top_k)
+                table = self._tables[tenant] = CandidateTable(self.vocab_size, self.top_k, self.pair_slots)
             return table
 
 
@@ -67,25 +99,30 @@ class RecycleSettings:
 
     top_k: int
     tree: Tree
+    order: tuple  # the tree's choices best first (as engine.yaml lists them): smaller trees take the first ones
+    context: str  # CONTEXTS: candidates per token, or per (token before, token) where the pair is known
     tables: TableSet = dataclasses.field(compare=False)
     table: CandidateTable = dataclasses.field(compare=False)  # the table of this request's tenant
 
 
 @dataclasses.dataclass(frozen=True)
 class _Levels:
-    """The static tree level by level: per depth, its nodes, their parents and the rank each takes."""
+    """The static tree level by level: per depth, its nodes, their parents, their parents' parents (-1: the token
+    before the root) and the rank each takes."""
 
     nodes: list[np.ndarray]
     parents: list[np.ndarray]
+    grandparents: list[np.ndarray]
     ranks: list[np.ndarray]
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=64)
 def _levels(tree: Tree) -> _Levels:
     depths, parents = tree.depths, tree.parents
     ranks = np.array([0, *(c[-1] for c in tree.choices)], dtype=np.int64)
+    grand = np.where(parents > 0, parents[np.maximum(parents, 0)], -1)
     at = [np.flatnonzero(depths == d) for d in range(1, tree.depth + 1)]
-    return _Levels(at, [parents[n] for n in at], [ranks[n] for n in at])
+    return _Levels(at, [parents[n] for n in at], [grand[n] for n in at], [ranks[n] for n in at])
 
 
 @functools.lru_cache(maxsize=512)
@@ -93,13 +130,29 @@ def _subtree(choices: tuple) -> Tree:
     return Tree.from_choices(list(choices))
 
 
+@functools.lru_cache(maxsize=64)
+def _best(order: tuple, size: int) -> Tree:
+    """The tree of the first `size` - 1 choices of `order` (best first) whose parents come before them."""
+    taken: list[tuple] = []
+    for choice in order:
+        if len(taken) >= size - 1:
+            break
+        if len(choice) == 1 or choice[:-1] in taken:
+            taken.append(choice)
+    return Tree.from_choices([list(c) for c in taken])
+
+
 class RecycleDrafter(Drafter):
+    # the scheduler's budget sizes the tree, alone too: a tree of rows does not pay where rows are dear (int4 on most
+    # CPUs) nor under load, and a tree the step would cut to its root is not drafted at all
+    paid_drafts = True
     SCHEMA = {
         "mode": {
             "drafter": {
                 "top_k": integer(1),
                 "depth": integer(1),
                 "choices": ListOf(ListOf(integer(0), min_len=1)),
+                "context": one_of(CONTEXTS, optional=True),
             }
         }
     }
@@ -112,8 +165,10 @@ class RecycleDrafter(Drafter):
         k = fields["top_k"]
         if any(rank >= k for choice in tree.choices for rank in choice):
             raise SpecbuildError(f"{source}: field mode.drafter.choices takes a rank >= top_k {k}")
-        tables = TableSet(manifest["model"]["vocab_size"], k)
-        return RecycleSettings(k, tree, tables, tables.get(None))
+        context = fields.get("context", "token")
+        tables = TableSet(manifest["model"]["vocab_size"], k, PAIR_SLOTS if context == "pair" else 0)
+        order = tuple(tuple(c) for c in fields["choices"])
+        return RecycleSettings(k, tree, order, context, tables, tables.get(None))
 
     @classmethod
     def for_tenant(cls, settings: RecycleSettings, tenant: str | None) -> RecycleSettings:
@@ -126,35 +181,55 @@ class RecycleDrafter(Drafter):
         super().__init__(settings, prompt, sampling)
         self.table = settings.table
         self.tree = settings.tree
-        self.levels = _levels(settings.tree)
-        self._prompt_tail = np.asarray(prompt[-settings.tree.size :], dtype=np.int64)  # a prefill's window rows
+        tail = [-1, *prompt[-settings.tree.size :]]
+        self._prompt_tail = np.asarray(tail, dtype=np.int64)  # a prefill's window rows, after the token before them
+        self._before_root = int(prompt[-1]) if prompt else -1  # the token before the next root
         self._verified: np.ndarray | None = None  # the tokens the last call verified, root first
+        self._verified_before: np.ndarray | None = None  # the token before each of them
 
     def propose(self, step: StepResult) -> Proposal:
         top = step.outputs.get(ef.ROW_TOP_K)
         if top is not None:
             rows = top[0]  # [N, K]: the window rows of this sequence
             if step.nodes is None:  # a prefill: the prompt's last N tokens
-                tokens = self._prompt_tail[max(0, len(self._prompt_tail) - len(rows)) :]
-            else:  # the proposal's first N nodes (all of it, or what the scheduler cut it to)
-                tokens = self._verified[: len(rows)] if self._verified is not None else rows[:0, 0]
+                start = max(1, len(self._prompt_tail) - len(rows))
+                tokens, before = self._prompt_tail[start:], self._prompt_tail[start - 1 : -1]
+            elif self._verified is not None:  # the proposal's first N nodes (all of it, or what the scheduler cut)
+                tokens, before = self._verified[: len(rows)], self._verified_before[: len(rows)]
+            else:
+                tokens = before = rows[:0, 0]
             if len(tokens) == len(rows):
-                self.table.update(tokens, rows)
-        proposal = self.draft(step.tokens[-1])
+                self.table.update(tokens, rows, before)
+        if len(step.tokens) > 1:  # the token before the new root: an accepted one, or the last root
+            self._before_root = int(step.tokens[-2])
+        elif step.nodes is not None and self._verified is not None:
+            self._before_root = int(self._verified[0])
+        tree = self.tree
+        if self.limit is not None and self.limit < tree.size:  # the scheduler's budget: the best nodes only
+            tree = _best(self.settings.order, self.limit)
+        proposal, self._verified_before = self.draft(step.tokens[-1], self._before_root, tree)
         self._verified = proposal.tokens[0]
         return proposal
 
-    def draft(self, root: int) -> Proposal:
-        """The static tree's tokens from the table; nodes under a token without candidates left out."""
-        tree, table = self.tree, self.table.table
-        tokens = np.empty(tree.size, dtype=np.int64)
-        tokens[0] = root
-        levels = self.levels
-        for nodes, parents, ranks in zip(levels.nodes, levels.parents, levels.ranks):
-            parent = tokens[parents]
-            tokens[nodes] = np.where(parent >= 0, table[np.maximum(parent, 0), ranks], -1)
+    def draft_ms(self) -> float:
+        return HOST_MS_PER_DRAFT
+
+    def draft(self, root: int, before_root: int = -1, tree: Tree | None = None) -> tuple[Proposal, np.ndarray]:
+        """The static tree's (or `tree`'s) tokens from the table (nodes under a token without candidates left out),
+        and the token before each node (its parent's; the root's: `before_root`)."""
+        tree = tree or self.tree
+        levels = _levels(tree)
+        ext = np.empty(tree.size + 1, dtype=np.int64)  # ext[0]: the token before the root; ext[i + 1]: node i's
+        ext[0], ext[1] = before_root, root
+        for nodes, parents, grand, ranks in zip(levels.nodes, levels.parents, levels.grandparents, levels.ranks):
+            parent = ext[parents + 1]
+            found = self.table.candidates(ext[grand + 1], np.maximum(parent, 0), ranks)
+            ext[nodes + 1] = np.where(parent >= 0, found, -1)
+        tokens = ext[1:]
+        before = ext[tree.parents + 1]
         known = tokens >= 0
         if known.all():
-            return Proposal.from_tree(tokens, tree)
+            return Proposal.from_tree(tokens, tree), before
         kept = np.flatnonzero(known)  # parents before children: a prefix-closed subset, in the tree's node order
-        return Proposal.from_tree(tokens[kept], _subtree(tuple(tree.choices[i - 1] for i in kept[1:])))
+        subtree = _subtree(tuple(tree.choices[i - 1] for i in kept[1:]))
+        return Proposal.from_tree(tokens[kept], subtree), before[kept]

@@ -9,7 +9,15 @@ import torch
 from specbuild import engine_format as ef
 from specbuild.builder.network.mode_plugin import DraftContext, HostDraftedPlugin, OutputSpec
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.recycle import DEFAULT_DEPTH, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_TOP_K, MAX_TOP_K, static_tree
+from specbuild.plugins.recycle import (
+    CONTEXTS,
+    DEFAULT_CONTEXT,
+    DEFAULT_DEPTH,
+    DEFAULT_NUM_DRAFT_TOKENS,
+    DEFAULT_TOP_K,
+    MAX_TOP_K,
+    static_tree,
+)
 from specbuild.tree import MAX_TREE_SIZE
 
 
@@ -35,8 +43,11 @@ class RecyclePlugin(HostDraftedPlugin):
             raise SpecbuildError(f"--num-draft-tokens {drafts} but --max-draft-len is {max_draft}")
         if 1 + drafts > MAX_TREE_SIZE:
             raise SpecbuildError(f"--num-draft-tokens {drafts}: at most {MAX_TREE_SIZE - 1} per step")
+        context = getattr(options, "recycle_context", None) or DEFAULT_CONTEXT
+        if context not in CONTEXTS:
+            raise SpecbuildError(f"--recycle-context must be one of {', '.join(CONTEXTS)}, got {context!r}")
         choices = static_tree(drafts, k, depth)
-        return {"top_k": k, "depth": depth, "choices": choices, "tokens_per_step": 1 + len(choices)}
+        return {"top_k": k, "depth": depth, "context": context, "choices": choices, "tokens_per_step": 1 + len(choices)}
 
     def draft_outputs(self) -> list[OutputSpec]:
         return [*super().draft_outputs(), OutputSpec(ef.ROW_TOP_K, "int64", ("B", "W", self.settings["top_k"]))]
@@ -48,4 +59,5 @@ class RecyclePlugin(HostDraftedPlugin):
 
     def manifest(self) -> dict:
         s = self.settings
-        return {"drafter": {"top_k": s["top_k"], "depth": s["depth"], "choices": [list(c) for c in s["choices"]]}}
+        choices = [list(c) for c in s["choices"]]
+        return {"drafter": {"top_k": s["top_k"], "depth": s["depth"], "context": s["context"], "choices": choices}}
