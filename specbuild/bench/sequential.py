@@ -270,8 +270,9 @@ def render(report: dict[str, Any], console=None) -> None:
     settings = report["settings"]
     for name, res in report["results"].items():
         counts = [r["prompts"] for r in res["engines"].values() if "prompts" in r]
+        count = counts[0] if counts else settings["num_prompts"]
         table = Table(
-            title=f"{name}: {counts[0] if counts else settings['num_prompts']} prompts, {decoding.describe(settings.get('sampling'))}, max "
+            title=f"{name}: {count} prompts, {decoding.describe(settings.get('sampling'))}, max "
             f"{settings['max_new_tokens']} new tokens "
             f"(baseline {report['baseline'] or '-'}) on {settings.get('cpu', 'this CPU')}",
             title_justify="left",
