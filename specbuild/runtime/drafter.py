@@ -102,7 +102,7 @@ class Proposal:
                 ranks = children.setdefault(path, {})
                 path = (*path, ranks.setdefault(int(token), len(ranks)))
                 token_of[path] = int(token)
-        tree = _cached_tree(tuple(sorted(p for p in token_of if p)))
+        tree = cached_tree(tuple(sorted(p for p in token_of if p)))
         tokens = [0] * tree.size
         for path, token in token_of.items():
             tokens[tree.node_index(path)] = token
@@ -116,16 +116,18 @@ class Proposal:
 
 
 @functools.lru_cache(maxsize=512)
-def _cached_tree(choices: tuple) -> Tree:
+def cached_tree(choices: tuple) -> Tree:
+    """The Tree of `choices` (a tuple of rank tuples), made once per distinct set (host drafters' trees repeat)."""
     return Tree.from_choices(list(choices))
 
 
 class Drafter:
     """One sequence's drafter. `read_settings` reads the mode's part of engine.yaml once per engine (under `mode`).
 
-    A drafter whose drafts cost time to make (`paid_drafts`: a draft model's calls) drafts at most `limit` - 1
-    tokens when the scheduler sets `limit` (what its cost model would verify at the step's batch size), and reports
-    what a draft token costs it (`draft_ms`)."""
+    A drafter whose drafts cost time to make (`paid_drafts`: a draft model's calls), or whose drafts are only worth
+    their rows in part (token recycling's fixed tree), drafts at most `limit` - 1 tokens when the scheduler sets
+    `limit` (what its cost model would verify at the step's batch size), and reports what a draft token costs it
+    (`draft_ms`)."""
 
     paid_drafts = False
     limit: int | None = None

@@ -27,7 +27,7 @@ import numpy as np
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.recycle import CONTEXTS, PAIR_SLOTS
-from specbuild.runtime.drafter import Drafter, Proposal, StepResult
+from specbuild.runtime.drafter import Drafter, Proposal, StepResult, cached_tree
 from specbuild.runtime.manifest import ListOf, check_fields, integer, one_of
 from specbuild.tree import Tree
 
@@ -125,11 +125,6 @@ def _levels(tree: Tree) -> _Levels:
     return _Levels(at, [parents[n] for n in at], [grand[n] for n in at], [ranks[n] for n in at])
 
 
-@functools.lru_cache(maxsize=512)
-def _subtree(choices: tuple) -> Tree:
-    return Tree.from_choices(list(choices))
-
-
 @functools.lru_cache(maxsize=64)
 def _best(order: tuple, size: int) -> Tree:
     """The tree of the first `size` - 1 choices of `order` (best first) whose parents come before them."""
@@ -139,7 +134,7 @@ def _best(order: tuple, size: int) -> Tree:
             break
         if len(choice) == 1 or choice[:-1] in taken:
             taken.append(choice)
-    return Tree.from_choices([list(c) for c in taken])
+    return cached_tree(tuple(taken))
 
 
 class RecycleDrafter(Drafter):
@@ -231,5 +226,5 @@ class RecycleDrafter(Drafter):
         if known.all():
             return Proposal.from_tree(tokens, tree), before
         kept = np.flatnonzero(known)  # parents before children: a prefix-closed subset, in the tree's node order
-        subtree = _subtree(tuple(tree.choices[i - 1] for i in kept[1:]))
+        subtree = cached_tree(tuple(tree.choices[i - 1] for i in kept[1:]))
         return Proposal.from_tree(tokens[kept], subtree), before[kept]
