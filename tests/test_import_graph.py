@@ -70,7 +70,18 @@ def test_no_import_circles():
 # The packages from the bottom up: a module may import its own package and the layers below it, never one above. The
 # foundation's modules (errors, formats, trees, files) import only each other; the mode contract only them.
 LAYERS = (
-    ("errors", "interrupts", "engine_format", "tree", "fsutil", "progress", "host_memory", "prompts", "task_prompts"),
+    (
+        "errors",
+        "interrupts",
+        "engine_format",
+        "tree",
+        "fsutil",
+        "ports",
+        "progress",
+        "host_memory",
+        "prompts",
+        "task_prompts",
+    ),
     ("modes",),
     ("runtime",),
     ("builder",),

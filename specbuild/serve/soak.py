@@ -20,11 +20,12 @@ import dataclasses
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from specbuild.ports import free_port
 
 PROMPTS = [
     "def fibonacci(n):",
@@ -60,12 +61,6 @@ class Tally:
     def fail(self, message: str) -> None:
         if len(self.failures) < 50:
             self.failures.append(message)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _rss_mb(pid: int) -> float:
@@ -307,7 +302,7 @@ def main(argv=None) -> int:
 
     slots = args.max_batch_size or load_manifest(args.engine_dir)["limits"]["max_batch_size"]
     warmup_s = args.warmup if args.warmup is not None else min(60.0, args.duration / 3)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "specbuild.cli.main", "serve", "--engine-dir", str(args.engine_dir)]
     command += ["--port", str(port), "--threads", str(args.threads), "--max-batch-size", str(slots)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import openai
 import pytest
 
 import specbuild
+from specbuild.ports import free_port
 from tests.helpers import ORT_ONLY, quiet, write_char_tokenizer
 from tests.shapes import tiny_hf_model
 
@@ -48,12 +48,6 @@ def serve_engines(tmp_path_factory) -> dict[str, Path]:
             ckpt, root / "ngram", BuildOptions(speculative_mode="ngram", num_draft_tokens=3, **common), log=quiet
         ),
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ServerProcess:

@@ -22,10 +22,11 @@ from click.testing import CliRunner
 
 from specbuild.cli.main import cli
 from specbuild.errors import SpecbuildError
+from specbuild.ports import free_ports
 from specbuild.serve import triton_io
 from specbuild.serve.errors import APIError
 from specbuild.serve.triton_repo import write_repository
-from tests.serve.conftest import MAX_SEQ_LEN, REPO, free_port
+from tests.serve.conftest import MAX_SEQ_LEN, REPO
 from tests.tiers import full
 
 pytestmark = [pytest.mark.xdist_group("serve"), full("Triton: a real Triton server from the PyTriton venv")]
@@ -230,7 +231,7 @@ class TritonProcess:
     """A Triton server in the Triton venv: `specbuild serve --triton` or the wheel's tritonserver on a repository."""
 
     def __init__(self, command: list[str], log_file: Path):
-        self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
+        self.http, self.grpc, self.metrics = free_ports(3)
         self.url = f"http://127.0.0.1:{self.http}"
         self.log_file = log_file
         ports = ["--port", str(self.http), "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics)]

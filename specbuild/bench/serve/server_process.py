@@ -4,7 +4,6 @@ stopped with SIGINT (the server's clean shutdown); its output goes to a log file
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,15 +12,10 @@ import urllib.request
 from pathlib import Path
 
 from specbuild.errors import SpecbuildError
+from specbuild.ports import free_port
 
 READY_TIMEOUT_S = 600  # an engine's first load may check file hashes and warm up
 STOP_TIMEOUT_S = 20
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def metric_sums(text: str) -> dict[str, float]:
