@@ -82,7 +82,9 @@ class SchedulerLoad:
         }  # fmt: skip
 
     def prepare(self) -> None:
-        """Measure the call costs the run's steps can need before it is timed (the speculation policy's)."""
+        """Measure the call costs the run's steps can need before it is timed (the speculation policy's), and start
+        the drafter's traffic from nothing: the warm-up and the earlier rounds and concurrencies sent these prompts."""
+        self.scheduler.engine.forget_traffic()
         if self.scheduler.speculation.policy == "auto" and self.scheduler.engine.layout.step_tokens > 1:
             self.scheduler.engine.cost_curve().prepare(self.scheduler.batch.slots)
 
@@ -185,7 +187,7 @@ def measure(target, prompts: list[list[int]], concurrency: int, max_new_tokens: 
     closed_loop(target, [prompts[i % len(prompts)] for i in range(concurrency)], concurrency, sampling)
     target.max_new_tokens = max_new_tokens
     if hasattr(target, "prepare"):
-        target.prepare()
+        target.prepare()  # and what a drafter learnt from earlier runs of these prompts is forgotten
     before = target.counters()
     run = closed_loop(target, prompts, concurrency, sampling)
     row = {**summarize_load(run), "rss_mib": rss_mib()}

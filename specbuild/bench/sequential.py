@@ -118,9 +118,10 @@ def run_benchmark(
 ) -> dict[str, Any]:
     """The report of one run. peer_args: the peer stacks' options by keyword (bench/peers: e.g. {"ort_genai_dirs":
     [...]}); sampling: the run's SamplingParams (None: greedy), prompt i seeded with its seed + i
-    (bench/decoding.py); passes: the prompt sets run that many times in order through the same loaded engines (the
+    (bench/decoding.py); passes: each prompt set runs that many times in order through the same loaded engines (the
     traffic a server sees again: modes that learn from earlier responses draft from the earlier passes), each pass
-    reported apart (results "NAME", "NAME, pass 2", ...)."""
+    reported apart (results "NAME", "NAME, pass 2", ...). Each set starts from nothing learnt (Engine.forget_traffic):
+    one set's responses never draft another's."""
     from specbuild.runtime.row_invariance import cpu_description
 
     peer_args = peer_args or {}
@@ -162,8 +163,10 @@ def run_benchmark(
         "results": {},
     }
     rows = dict(zip(labels, engines))
-    for n in range(1, passes + 1):
-        for name, texts in prompts.items():
+    for name, texts in prompts.items():
+        for eng in engines:  # each set is traffic of its own: drafters that learn from responses start from nothing
+            eng.forget_traffic()
+        for n in range(1, passes + 1):
             key = name if n == 1 else f"{name}, pass {n}"
             samples, peer_samples = _run_set(name, texts, rows, timers, max_new_tokens, sampling, log)
             for part, cut in _parts(name, len(texts)):

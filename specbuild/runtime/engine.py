@@ -187,6 +187,11 @@ class Engine:
         return self.codec.prompt_ids(prompt, chat)
 
     # ------------------------------------------------------------------ generation
+    def forget_traffic(self) -> None:
+        """Drafters that learn from traffic (suffix decoding's pool, token recycling's table) start again from what
+        they held at load: a benchmark that sends the same prompts again measures each run on its own."""
+        self.drafter_settings = self.drafter_class.load_settings(self)
+
     def new_drafter(self, prompt: list[int], sampling: SamplingParams | None = None, options=None, tenant=None):
         """One sequence's drafter, built from the settings read at load (narrowed by the request's drafting
         `options`, e.g. a smaller window: Drafter.narrowed), for `tenant` (Drafter.for_tenant)."""

@@ -109,3 +109,27 @@ def test_traffic_sets_are_reported_whole_and_by_halves():
     requests = list(range(25))
     assert [requests[cut] for _, cut in parts[1:]] == [requests[:12], requests[12:]]
     assert _parts("tasks", 1) == [("", slice(None))]
+
+
+def test_each_prompt_set_starts_from_nothing_learnt_and_its_passes_follow_each_other(monkeypatch):
+    """What a drafter learnt from one set's responses (suffix's pool, recycle's table) never drafts another set's:
+    the engines forget the traffic before each set, and a set's later passes draft from its earlier ones."""
+    from types import SimpleNamespace
+
+    from specbuild.bench import sequential
+
+    events = []
+    engine = SimpleNamespace(
+        path="e", manifest={"speculative_mode": "suffix", "dtype": "float32"}, max_seq_len=64, lossless=True,
+        exactness=SimpleNamespace(to_dict=dict), codec=SimpleNamespace(encode=lambda text: [1]),
+        eos_ids=set(), forget_traffic=lambda: events.append("forget"),
+    )  # fmt: skip
+    monkeypatch.setattr(sequential, "load_engines", lambda *args: ([engine], ["suffix"]))
+    monkeypatch.setattr(sequential, "load_prompt_set", lambda name, count: [name] * count)
+    monkeypatch.setattr(sequential, "prompt_ids", lambda codec, name, text: [2])
+    monkeypatch.setattr(sequential, "_rows", lambda *args: {})
+    monkeypatch.setattr(sequential, "timed_generate", lambda eng, ids, n, sampling=None: events.append(ids[0]))
+    report = sequential.run_benchmark(["e"], ["humaneval", "mtbench"], num_prompts=2, passes=2, log=lambda line: None)
+    generate = 2  # every prompt's generation (the warm-up's is 1)
+    assert events == [1, "forget", *[generate] * 4, "forget", *[generate] * 4]
+    assert list(report["results"]) == ["humaneval", "humaneval, pass 2", "mtbench", "mtbench, pass 2"]
