@@ -162,6 +162,12 @@ class Drafter:
         outputs never shape (nor time) another's; the others ignore it."""
         return settings
 
+    @classmethod
+    def learnt_memory(cls, settings: Any) -> tuple[int, int]:
+        """The bytes that what this engine's drafters learnt from traffic holds now (every tenant's), and the most it
+        may hold: (0, 0) for the drafters that learn nothing."""
+        return 0, 0
+
     def __init__(self, settings: Any, prompt: Sequence[int], sampling=None):
         """sampling: the request's SamplingParams (a drafter that samples drafts follows them)."""
         self.settings = settings

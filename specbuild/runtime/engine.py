@@ -192,6 +192,11 @@ class Engine:
         they held at load: a benchmark that sends the same prompts again measures each run on its own."""
         self.drafter_settings = self.drafter_class.load_settings(self)
 
+    def learnt_memory(self) -> tuple[int, int]:
+        """The bytes held by what the drafters learnt from traffic (suffix's pools, recycle's tables), and the most
+        they may hold ((0, 0): its mode learns nothing)."""
+        return self.drafter_class.learnt_memory(self.drafter_settings)
+
     def new_drafter(self, prompt: list[int], sampling: SamplingParams | None = None, options=None, tenant=None):
         """One sequence's drafter, built from the settings read at load (narrowed by the request's drafting
         `options`, e.g. a smaller window: Drafter.narrowed), for `tenant` (Drafter.for_tenant)."""

@@ -1,6 +1,7 @@
 """Prometheus metrics under `specbuild:`, named like vLLM's (dashboards and AIPerf read those names): requests and
 tokens, TTFT / inter-token / request latency histograms, and the speculative-decoding counters (drafts, draft
-tokens, accepted tokens, accepted tokens per draft position)."""
+tokens, accepted tokens, accepted tokens per draft position), and the memory of what drafters learn from traffic
+against its bound."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0
 
 
 class Metrics:
-    """One server's metrics (its own registry). `running`/`waiting` are read from the scheduler at each scrape."""
+    """One server's metrics (its own registry). `running`/`waiting` are read from the scheduler at each scrape,
+    `learnt` (bytes held, bound) from the engine's drafters that learn from traffic."""
 
-    def __init__(self, running=lambda: 0, waiting=lambda: 0):
+    def __init__(self, running=lambda: 0, waiting=lambda: 0, learnt=lambda: (0, 0)):
         self.registry = registry = CollectorRegistry()
 
         def counter(name, doc, labels=()):
@@ -40,6 +42,12 @@ class Metrics:
         )
         Gauge(PREFIX + "num_requests_running", "Requests holding a KV slot.", registry=registry).set_function(running)
         Gauge(PREFIX + "num_requests_waiting", "Requests queued for a slot.", registry=registry).set_function(waiting)
+        memory = Gauge(PREFIX + "draft_memory_bytes", "Bytes held by what the drafters learnt from traffic, every "
+                       "tenant's (0: the engine's mode learns nothing).", registry=registry)  # fmt: skip
+        memory.set_function(lambda: learnt()[0])
+        bound = Gauge(PREFIX + "draft_memory_bound_bytes", "The most draft_memory_bytes may be (its pools' bounds).",
+                      registry=registry)  # fmt: skip
+        bound.set_function(lambda: learnt()[1])
 
     def steps(self, handle, seen: int) -> int:
         """Count the speculative steps of `handle` after the first `seen`; returns how many are counted now."""

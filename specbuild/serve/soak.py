@@ -4,8 +4,9 @@ mix of greedy, seeded-sampling, stop-string, streamed, disconnecting and bad req
 It fails (exit 1, the reasons in the report) when: a greedy text differs from the same request sent alone before the
 load; a seeded request's text differs from its first answer; a stop string is not honoured; anything answers 5xx
 (status or stream error event); a bad request is not refused with a 4xx JSON error; the server's RSS grows after the
-warm-up (the KV pool grows once, early) by more than RSS_SLACK; /metrics does not add up (success + cancelled +
-errors = requests sent); or the server is not healthy at the end. `scripts/soak-serve.sh` runs it;
+warm-up (the KV pool grows once, early) by more than RSS_SLACK; what the drafters learnt from traffic (suffix
+decoding's pools) holds more than its bound at any reading of /metrics; /metrics does not add up (success +
+cancelled + errors = requests sent); or the server is not healthy at the end. `scripts/soak-serve.sh` runs it;
 tests/serve/test_soak.py runs 60 seconds of it.
 
     python -m specbuild.serve.soak --engine-dir ENGINE [--duration 600] [--report soak.md]
@@ -48,6 +49,7 @@ BAD_REQUESTS = [  # (body bytes, expected status)
 KINDS = {"greedy": 4, "greedy_stream": 3, "seeded": 2, "stop": 2, "disconnect": 1, "bad": 1}
 RSS_SLACK = 0.03  # relative RSS growth allowed after the warm-up (allocator noise), at least RSS_SLACK_MB
 RSS_SLACK_MB = 24
+LEARNT_EVERY_S = 30  # how often the drafters' learnt memory is read from /metrics
 
 
 @dataclasses.dataclass
@@ -191,7 +193,8 @@ class Soak:
                 self.tally.fail(f"{type(exc).__name__}: {exc}")
 
 
-async def drive(url: str, model: str, slots: int, duration: float, seed: int, sample_rss) -> tuple[Soak, list]:
+async def drive(url: str, model: str, slots: int, duration: float, seed: int, sample_rss) -> tuple[Soak, list, list]:
+    """The load; RSS every 2 s and the drafters' learnt memory (/metrics) every LEARNT_EVERY_S."""
     import httpx
 
     soak = Soak(model, slots, seed)
@@ -199,11 +202,18 @@ async def drive(url: str, model: str, slots: int, duration: float, seed: int, sa
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
         await soak.reference(client)
         rss: list[tuple[float, float]] = []
+        learnt: list[tuple[float, float, float]] = []
         start = time.monotonic()
+
+        async def scrape_learnt():
+            text = (await client.get("/metrics")).text
+            learnt.append((time.monotonic() - start, *learnt_memory(text)))
 
         async def sampler():
             while True:
                 rss.append((time.monotonic() - start, sample_rss()))
+                if not learnt or rss[-1][0] - learnt[-1][0] >= LEARNT_EVERY_S:
+                    await scrape_learnt()
                 await asyncio.sleep(2)
 
         sampling = asyncio.ensure_future(sampler())
@@ -211,7 +221,38 @@ async def drive(url: str, model: str, slots: int, duration: float, seed: int, sa
         await asyncio.gather(*(soak.worker(client, deadline) for _ in range(2 * slots)))
         rss.append((time.monotonic() - start, sample_rss()))
         sampling.cancel()
-    return soak, rss
+        await scrape_learnt()
+    return soak, rss, learnt
+
+
+def learnt_memory(metrics_text: str) -> tuple[float, float]:
+    """/metrics' bytes of what the drafters learnt from traffic, and their bound."""
+    return (
+        _metric(metrics_text, "specbuild:draft_memory_bytes"),
+        _metric(metrics_text, "specbuild:draft_memory_bound_bytes"),
+    )
+
+
+def check_learnt(learnt: list) -> tuple[str | None, str | None]:
+    """The report's line on the drafters' learnt memory (None: the mode learns nothing), and a failure message
+    when it was ever over its bound."""
+    if not learnt or not any(bound for _, _, bound in learnt):
+        return None, None
+    most = max(learnt, key=lambda sample: sample[1])
+    marks = {}
+    for t, held, _ in learnt:
+        marks.setdefault(int(t // 60), held)
+    by_minute = ", ".join(f"{minute}: {held / 1e6:.1f}" for minute, held in marks.items())
+    line = (
+        f"- drafting state learnt from traffic (/metrics draft_memory_bytes): at most {most[1] / 1e6:.1f} MB "
+        f"(bound {most[2] / 1e6:.1f} MB), by minute (MB): {by_minute}"
+    )
+    over = [(t, held, bound) for t, held, bound in learnt if held > bound]
+    if over:
+        t, held, bound = over[0]
+        failure = f"the drafters' learnt memory was {held / 1e6:.1f} MB at {t:.0f} s, over its bound {bound / 1e6:.1f}"
+        return line, failure
+    return line, None
 
 
 def _metric(text: str, name: str) -> float:
@@ -254,11 +295,16 @@ def _by_minute(rss: list) -> str:
     return ", ".join(f"{minute}: {mb:.0f}" for minute, mb in marks.items())
 
 
-def report(soak: Soak, rss: list, metrics_text: str, args, warmup_s: float, healthy: bool) -> tuple[str, bool]:
+def report(
+    soak: Soak, rss: list, metrics_text: str, args, warmup_s: float, healthy: bool, learnt: list = ()
+) -> tuple[str, bool]:
     tally = soak.tally
     base, peak, rss_failure = check_rss(rss, warmup_s)
     if rss_failure:
         tally.fail(rss_failure)
+    learnt_line, learnt_failure = check_learnt(list(learnt))
+    if learnt_failure:
+        tally.fail(learnt_failure)
     counted = sum(
         _metric(metrics_text, f"specbuild:{name}")
         for name in ("request_success_total", "request_cancelled_total", "request_errors_total")
@@ -279,6 +325,7 @@ def report(soak: Soak, rss: list, metrics_text: str, args, warmup_s: float, heal
         f"- server RSS: {rss[0][1]:.0f} MB at the start of the load, {base:.0f} MB at {warmup_s:g} s, "
         f"at most {peak:.0f} MB after, {rss[-1][1]:.0f} MB at the end",
         f"- server RSS by minute of load (MB): {_by_minute(rss)}",
+        *([learnt_line] if learnt_line else []),
         f"- /metrics: success + cancelled + errors = {counted:.0f} (sent {tally.sent})",
         f"- failures: {len(tally.failures)}",
         *[f"  - {failure}" for failure in tally.failures],
@@ -322,13 +369,13 @@ def main(argv=None) -> int:
                 pass
             time.sleep(0.2)
         model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
-        soak, rss = asyncio.run(drive(url, model, slots, args.duration, args.seed, lambda: _rss_mb(server.pid)))
+        soak, rss, learnt = asyncio.run(drive(url, model, slots, args.duration, args.seed, lambda: _rss_mb(server.pid)))
         metrics_text = settle(url)
         healthy = httpx.get(url + "/health", timeout=10).status_code == 200
     finally:
         server.terminate()
         server.wait(30)
-    text, passed = report(soak, rss, metrics_text, args, warmup_s, healthy)
+    text, passed = report(soak, rss, metrics_text, args, warmup_s, healthy, learnt)
     if server.returncode != 0:
         text += f"- the server exited {server.returncode} on SIGTERM\n"
         passed = False

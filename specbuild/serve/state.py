@@ -25,10 +25,15 @@ class ServerState:
         self.scheduler: Scheduler | None = None
         self.failure: str | None = None
         self.draining = False
-        self.metrics = Metrics(running=lambda: self._count("active"), waiting=lambda: self._count("waiting"))
+        self.metrics = Metrics(
+            running=lambda: self._count("active"), waiting=lambda: self._count("waiting"), learnt=self._learnt_memory
+        )
 
     def _count(self, what: str) -> int:
         return getattr(self.scheduler, what) if self.scheduler is not None else 0
+
+    def _learnt_memory(self) -> tuple[int, int]:
+        return self.engine.learnt_memory() if self.engine is not None else (0, 0)
 
     def load(self) -> bool:
         """Load the engine and start its scheduler thread (run in a background thread); False: `failure` says why."""

@@ -137,6 +137,8 @@ def test_each_tenant_learns_in_its_own_table():
     assert RecycleDrafter.for_tenant(s, "a").table is a.table and a.table is not b.table
     RecycleDrafter(a, [3]).propose(step([4], top=[[5, 6]], prefill=True))
     assert a.table.known == 1 and b.table.known == 0 and s.table.known == 0
+    one = s.table.table.nbytes + s.table.pair_keys.nbytes + s.table.pair_top.nbytes
+    assert RecycleDrafter.learnt_memory(s) == (3 * one, 3 * one)  # three tables (a, b, no tenant), made whole
 
 
 def test_engine_yaml_settings_are_checked_when_the_engine_loads():

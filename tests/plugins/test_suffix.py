@@ -12,8 +12,8 @@ import pytest
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.suffix.drafter import SuffixDrafter
-from specbuild.plugins.suffix.pool import SuffixPool
-from specbuild.plugins.suffix.trie import ROOT, SuffixTrie
+from specbuild.plugins.suffix.pool import PoolSet, SuffixPool
+from specbuild.plugins.suffix.trie import ROOT, SuffixTrie, most_new_nodes
 from specbuild.runtime.drafter import StepResult
 from specbuild.runtime.engine import Engine
 from tests.helpers import ORT_ONLY, hf_greedy, quiet
@@ -120,12 +120,44 @@ def test_the_pool_stays_under_its_bound_and_evicts_the_oldest_first():
         assert trie_counts(pool.trie) == run_counts(held, 8)
     assert pool.evicted == 10 - len(pool.responses) > 0
     huge = SuffixPool(depth=8, max_nodes=50)
-    huge.add(list(range(100)))  # alone over the bound: it leaves too
-    assert huge.nodes == 0 and not huge.responses
-    same = SuffixPool(depth=8, max_nodes=100)
+    huge.add(list(range(100)))  # alone over the bound: never kept
+    assert huge.nodes == 0 and not huge.responses and huge.evicted == 1
+    same = SuffixPool(depth=4, max_nodes=100)
     for _ in range(30):  # repeats add no node, but their tokens count
         same.add(list(range(10)))
-    assert len(same.responses) == 10 and same.tokens == 100 and same.nodes == len(run_counts([range(10)], 8))
+    assert len(same.responses) == 10 and same.tokens == 100 and same.nodes == len(run_counts([range(10)], 4))
+
+
+@pytest.mark.parametrize("depth, bound, vocab", [(8, 600, 50), (24, 20_000, 500), (24, 20_000, None)])
+def test_the_pools_memory_never_passes_its_bound_in_bytes(depth, bound, vocab):
+    """Nodes and tokens stay under the bound at every moment (the oldest leave before a response joins, as many as
+    its runs could add), and so the bytes, measured from the arrays, stay under bound_bytes: long responses, 1-token
+    ones (the most lengths), repeats, a vocabulary larger than the bound."""
+    rng = random.Random(depth + bound)
+    pool = SuffixPool(depth, bound, vocab_size=vocab)
+    assert pool.trie.memory_bytes() <= pool.memory_bytes() <= pool.bound_bytes()
+    for _ in range(300):
+        length = rng.choice([1, 1, 2, rng.randrange(1, 300)])
+        tokens = [rng.randrange(vocab or 100_000) for _ in range(length)]
+        for _repeat in range(rng.choice([1, 1, 3])):
+            before = pool.trie.nodes
+            pool.add(tokens)
+            assert pool.nodes <= bound and pool.tokens <= bound and pool.memory_bytes() <= pool.bound_bytes()
+            assert pool.nodes - before <= most_new_nodes(length, depth)
+    held = [r.tolist() for r in pool.responses]
+    assert trie_counts(pool.trie) == run_counts(held, depth) and pool.tokens == sum(map(len, held))
+    pools = PoolSet(depth, bound, vocab_size=vocab)
+    pools.get("a1").add([1, 2, 3])
+    pools.get(None)
+    memory, most = pools.memory()
+    assert memory == pools.get("a1").memory_bytes() + pools.get(None).memory_bytes() and most == 2 * pool.bound_bytes()
+
+
+def test_most_new_nodes_counts_every_run_a_sequence_has():
+    for length in range(12):
+        for depth in (1, 3, 8):
+            runs = {(start, end) for start in range(length) for end in range(start + 1, min(length, start + depth) + 1)}
+            assert most_new_nodes(length, depth) == len(runs)
 
 
 def test_the_drafter_continues_an_earlier_response_from_the_pool():

@@ -43,8 +43,10 @@ def test_each_key_learns_from_its_own_responses_and_the_pool_survives_a_restart(
         first = _ask(server, KEY_A, want)
         again = _ask(server, KEY_A, want)
         other = _ask(server, KEY_B, want)
+        held, bound = server.metric("specbuild:draft_memory_bytes"), server.metric("specbuild:draft_memory_bound_bytes")
     finally:
         server.close()
+    assert 0 < held < bound  # two keys' pools, far from their bound
     assert again > first + 0.5  # A's answer is in A's pool
     assert other == pytest.approx(first)  # ... and not in B's
     files = sorted((tmp_path / "pool").glob("suffix-*.jsonl"))

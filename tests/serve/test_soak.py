@@ -50,3 +50,13 @@ def test_metrics_that_do_not_add_up_fail(tmp_path):
         run, [(0, 100.0), (2, 100.0)], metrics + "specbuild:request_cancelled_total 1.0\n", args, 1.0, True
     )
     assert passed, text
+
+
+def test_learnt_memory_over_its_bound_fails_and_modes_that_learn_nothing_say_nothing():
+    assert soak.check_learnt([(0.0, 0.0, 0.0), (30.0, 0.0, 0.0)]) == (None, None)
+    line, failure = soak.check_learnt([(0.0, 1e6, 5e6), (30.0, 4e6, 5e6), (90.0, 4.5e6, 5e6)])
+    assert failure is None and "at most 4.5 MB (bound 5.0 MB), by minute (MB): 0: 1.0, 1: 4.5" in line
+    line, failure = soak.check_learnt([(0.0, 1e6, 5e6), (30.0, 6e6, 5e6)])
+    assert failure == "the drafters' learnt memory was 6.0 MB at 30 s, over its bound 5.0"
+    text = "specbuild:draft_memory_bytes 123.0\nspecbuild:draft_memory_bound_bytes 456.0\n"
+    assert soak.learnt_memory(text) == (123.0, 456.0)

@@ -92,6 +92,12 @@ class TableSet:
                 table = self._tables[tenant] = CandidateTable(self.vocab_size, self.top_k, self.pair_slots)
             return table
 
+    def memory(self) -> tuple[int, int]:
+        """The bytes the tables hold, and their bound: the same (each table's arrays are made whole)."""
+        with self._lock:
+            held = sum(t.table.nbytes + t.pair_keys.nbytes + t.pair_top.nbytes for t in self._tables.values())
+        return held, held
+
 
 @dataclasses.dataclass(frozen=True)
 class RecycleSettings:
@@ -171,6 +177,10 @@ class RecycleDrafter(Drafter):
         if tenant is None:
             return settings
         return dataclasses.replace(settings, table=settings.tables.get(tenant))
+
+    @classmethod
+    def learnt_memory(cls, settings: RecycleSettings) -> tuple[int, int]:
+        return settings.tables.memory()
 
     def __init__(self, settings: RecycleSettings, prompt: Sequence[int], sampling=None):
         super().__init__(settings, prompt, sampling)

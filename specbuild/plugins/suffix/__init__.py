@@ -11,7 +11,7 @@ DEFAULT_MIN_PROB = 0.1  # a draft token at least this probable (suffix_decoding_
 DEFAULT_SPEC_FACTOR = 1.0  # at most factor x match length drafts (suffix_decoding_max_spec_factor)
 DEFAULT_SHAPE = "tree"
 SHAPES = ("tree", "chain")  # best-first over every continuation, or the most probable child only
-DEFAULT_POOL_NODES = 1_000_000  # the pool's bound: trie nodes (26 bytes each), oldest responses evicted first
+DEFAULT_POOL_NODES = 1_000_000  # the pool's bound: trie nodes and tokens, oldest responses evicted first
 
 MODE = ModeSpec(
     name="suffix",
@@ -47,8 +47,8 @@ MODE = ModeSpec(
         ModeOption(
             "suffix_pool_nodes",
             "int",
-            f"suffix: the pool of earlier responses holds at most this many trie nodes, 26 bytes each (default "
-            f"{DEFAULT_POOL_NODES:,}; 0: no pool, the request's own tokens only).",
+            f"suffix: the pool of earlier responses holds at most this many trie nodes and response tokens (default "
+            f"{DEFAULT_POOL_NODES:,}: 59 MB at most; 0: no pool, the request's own tokens only).",
             minimum=0,
         ),
         MAX_DRAFT_LEN,

@@ -89,6 +89,11 @@ class SuffixDrafter(Drafter):
             return settings
         return dataclasses.replace(settings, pool=settings.pools.get(tenant))
 
+    @classmethod
+    def learnt_memory(cls, settings: SuffixSettings) -> tuple[int, int]:
+        """The pools' bytes and their bound (plugins/suffix/pool.py)."""
+        return settings.pools.memory() if settings.pools is not None else (0, 0)
+
     def __init__(self, settings: SuffixSettings, prompt: Sequence[int], sampling=None):
         super().__init__(settings, prompt, sampling)
         self.own = SuffixTrie(settings.depth)

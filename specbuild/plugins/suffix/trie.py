@@ -19,10 +19,26 @@ per node): the root's children in a dict (a vocabulary wide), every other node's
 from __future__ import annotations
 
 import heapq
+import sys
 from array import array
 
 ROOT = 0
 NONE = -1
+
+
+INT_OBJECT_BYTES = 32  # a Python int below 2**62 (the root dict's keys and values)
+NODE_BYTES = 26  # a node's slot in the node arrays: six int32 and one uint16 (SuffixTrie.__init__)
+
+
+def root_dict_bytes(root: dict) -> int:
+    """The root's dict (token -> node) and its keys' and values' int objects."""
+    return sys.getsizeof(root) + 2 * INT_OBJECT_BYTES * len(root)
+
+
+def most_new_nodes(length: int, depth: int) -> int:
+    """The most nodes a sequence of `length` tokens can add: its runs of at most `depth` tokens, all new."""
+    full = max(0, length - depth + 1)  # starts followed by a whole depth of tokens
+    return full * depth + sum(min(depth, length - start) for start in range(full, length))
 
 
 class SuffixTrie:
@@ -40,13 +56,18 @@ class SuffixTrie:
         self._first = array("i", [NONE])  # the first child (not the root's: see _root)
         self._next = array("i", [NONE])  # the next sibling
         self._root: dict[int, int] = {}  # token -> the root's child
-        self._free: list[int] = []
+        self._free = array("i")  # freed node slots, reused first
         self._size = 1  # slots in use or freed (the arrays are allocated ahead, doubling)
 
     @property
     def nodes(self) -> int:
         """Nodes in use (the root not counted): what the memory bound of a pool counts."""
         return self._size - 1 - len(self._free)
+
+    def memory_bytes(self) -> int:
+        """What the trie holds in memory: its arrays as allotted, the root's dict and its int objects."""
+        arrays = (self._token, self._count, self._followed, self._parent, self._level, self._first, self._next)
+        return sum(map(sys.getsizeof, arrays)) + sys.getsizeof(self._free) + root_dict_bytes(self._root)
 
     def count(self, node: int) -> int:
         return self._count[node]
