@@ -131,7 +131,7 @@ class SuffixPool:
         entries = min(self.max_nodes, self.vocab_size or self.max_nodes)
         free = 4 * slots  # the free slots' int32 list
         arrays = NODE_BYTES * slots + free + 2 * 4 * (2 * self.max_nodes)
-        return int(ARRAY_SLACK * arrays) + 7 * ARRAY_HEADER_BYTES + _dict_bytes(entries)
+        return int(ARRAY_SLACK * arrays) + 10 * ARRAY_HEADER_BYTES + _dict_bytes(entries)  # 7 node arrays, 3 more
 
 
 def _read(path: Path, vocab_size: int | None) -> list[list[int]]:
