@@ -125,9 +125,9 @@ class Drafter:
     """One sequence's drafter. `read_settings` reads the mode's part of engine.yaml once per engine (under `mode`).
 
     A drafter whose drafts cost time to make (`paid_drafts`: a draft model's calls), or whose drafts are only worth
-    their rows in part (token recycling's fixed tree, suffix decoding's best-first one), drafts at most `limit` - 1
-    tokens when the scheduler sets `limit` (what its cost model would verify at the step's batch size), and reports
-    what a draft token costs it (`draft_ms`)."""
+    their rows in part (token recycling's fixed tree), drafts at most `limit` - 1 tokens when the scheduler sets
+    `limit` (what its cost model would verify at the step's batch size), and reports what a draft token costs it
+    (`draft_ms`)."""
 
     paid_drafts = False
     limit: int | None = None

@@ -184,22 +184,6 @@ def test_the_drafter_continues_its_own_tokens_and_drafts_trees():
     assert chain.tokens.tolist() == [[7, 8, 1, 5]] and chain.paths.shape[1] == 1  # 3 drafts: a match of 3
 
 
-def test_the_schedulers_budget_keeps_the_best_drafts_only():
-    pool = SuffixPool(depth=8, max_nodes=10_000)
-    pool.add([40, 41, 42, 43, 44, 45, 46, 47, 48, 49])
-    pool.add([40, 41, 42, 43, 50, 51])  # after "40 41 42 43": 44 (1/2) or 50 (1/2)
-    whole = drafter(prompt=[40, 41, 42], pool=pool)
-    assert whole.propose(step(43)).size == 5  # a match of 4: 4 drafts, both branches
-    cut = drafter(prompt=[40, 41, 42], pool=pool)
-    cut.limit = 3  # the root and the 2 best drafts
-    proposal = cut.propose(step(43))
-    assert proposal.size == 3 and set(proposal.tokens[0, 1:].tolist()) <= {44, 45, 50, 51}
-    cut.limit = 1  # nothing pays: the root alone, nothing drafted
-    assert cut.propose(step(44)).tokens.tolist() == [[44]]
-    cut.limit = None  # the budget lifted: the whole tree again
-    assert cut.propose(step(45)).size > 1
-
-
 def test_a_finished_request_joins_the_pool_and_a_failed_one_does_not():
     pool = SuffixPool(depth=8, max_nodes=10_000)
     drafter(pool=pool).finish([1, 2, 3], "eos")

@@ -23,8 +23,6 @@ from specbuild.plugins.suffix.trie import SuffixTrie
 from specbuild.runtime.drafter import Drafter, Proposal, StepResult
 from specbuild.runtime.manifest import check_fields, integer, number, one_of
 
-HOST_MS_PER_DRAFT = 0.01  # what a draft token costs the host (matching and growing a 12-node tree: ~0.1 ms, measured)
-
 
 @dataclasses.dataclass(frozen=True)
 class SuffixSettings:
@@ -41,10 +39,6 @@ class SuffixSettings:
 
 
 class SuffixDrafter(Drafter):
-    # the scheduler's budget caps the drafts, alone too: the best-first tree's first `limit` - 1 nodes are what rows
-    # that pay can verify (where rows are dear -- int4 on most CPUs, or many sequences -- a whole 16-node tree is
-    # verified whole or not at all)
-    paid_drafts = True
     SCHEMA = {
         "mode": {
             "drafter": {
@@ -121,16 +115,9 @@ class SuffixDrafter(Drafter):
         self._observe(step.tokens)
         return self.draft()
 
-    def draft_ms(self) -> float:
-        return HOST_MS_PER_DRAFT
-
     def draft(self) -> Proposal:
-        """The best-scoring continuation tree of the context, rooted at its last token (see the module), of at most
-        the scheduler's budget."""
+        """The best-scoring continuation tree of the context, rooted at its last token (see the module)."""
         s = self.settings
-        num_draft = s.num_draft if self.limit is None else min(s.num_draft, self.limit - 1)
-        if num_draft < 1:
-            return Proposal.root(self.context[-1])
         best, best_score = [], 0.0
         tries = [(self.own, self.cursor)]
         if self.pool is not None:
@@ -140,7 +127,7 @@ class SuffixDrafter(Drafter):
                 if int(s.spec_factor * p) <= best_score:
                     break  # no shorter match can score more than its cap
                 # a run of p tokens is followed by at most depth - p more in the trie
-                cap = min(num_draft, int(s.spec_factor * p), s.depth - p)
+                cap = min(s.num_draft, int(s.spec_factor * p), s.depth - p)
                 node = nodes[p - 1]
                 if cap <= best_score or not trie.followed(node):
                     continue
