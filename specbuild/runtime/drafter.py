@@ -163,6 +163,12 @@ class Drafter:
         return settings
 
     @classmethod
+    def forget_traffic(cls, settings: Any) -> Any:
+        """The settings with what the drafters learnt from traffic back to what it was at load (a benchmark's next
+        measurement); the drafters that learn nothing return them as they are."""
+        return settings
+
+    @classmethod
     def learnt_memory(cls, settings: Any) -> tuple[int, int]:
         """The bytes that what this engine's drafters learnt from traffic holds now (every tenant's), and the most it
         may hold: (0, 0) for the drafters that learn nothing."""

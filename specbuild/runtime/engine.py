@@ -189,8 +189,9 @@ class Engine:
     # ------------------------------------------------------------------ generation
     def forget_traffic(self) -> None:
         """Drafters that learn from traffic (suffix decoding's pool, token recycling's table) start again from what
-        they held at load: a benchmark that sends the same prompts again measures each run on its own."""
-        self.drafter_settings = self.drafter_class.load_settings(self)
+        they held at load: a benchmark that sends the same prompts again measures each run on its own. Nothing else
+        is loaded again (a draft model's engine stays)."""
+        self.drafter_settings = self.drafter_class.forget_traffic(self.drafter_settings)
 
     def learnt_memory(self) -> tuple[int, int]:
         """The bytes held by what the drafters learnt from traffic (suffix's pools, recycle's tables), and the most

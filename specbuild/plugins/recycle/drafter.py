@@ -179,6 +179,13 @@ class RecycleDrafter(Drafter):
         return dataclasses.replace(settings, table=settings.tables.get(tenant))
 
     @classmethod
+    def forget_traffic(cls, settings: RecycleSettings) -> RecycleSettings:
+        """New, empty tables."""
+        old = settings.tables
+        tables = TableSet(old.vocab_size, old.top_k, old.pair_slots)
+        return dataclasses.replace(settings, tables=tables, table=tables.get(None))
+
+    @classmethod
     def learnt_memory(cls, settings: RecycleSettings) -> tuple[int, int]:
         return settings.tables.memory()
 

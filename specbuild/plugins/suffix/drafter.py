@@ -84,6 +84,15 @@ class SuffixDrafter(Drafter):
         return dataclasses.replace(settings, pool=settings.pools.get(tenant))
 
     @classmethod
+    def forget_traffic(cls, settings: SuffixSettings) -> SuffixSettings:
+        """New pools (read again from their files where the engine keeps them, as at load)."""
+        if settings.pools is None:
+            return settings
+        old = settings.pools
+        pools = PoolSet(old.depth, old.max_nodes, old.directory, old.vocab_size)
+        return dataclasses.replace(settings, pools=pools, pool=pools.get(None))
+
+    @classmethod
     def learnt_memory(cls, settings: SuffixSettings) -> tuple[int, int]:
         """The pools' bytes and their bound (plugins/suffix/pool.py)."""
         return settings.pools.memory() if settings.pools is not None else (0, 0)
