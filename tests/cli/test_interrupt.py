@@ -142,10 +142,11 @@ def build_args(ckpt: Path, out: Path, *extra):
 
 
 # ---------------------------------------------------------------- build
-def test_build_sigint_early(tiny_checkpoints, tmp_path):
+@pytest.mark.parametrize("delay", [0.1, 0.3, 0.6, 1.0])
+def test_build_sigint_early(tiny_checkpoints, tmp_path, delay):
     child = Child("none", *build_args(tiny_checkpoints[MODEL], tmp_path / "engine"))
     child.wait_for("@@ started")
-    time.sleep(0.3)  # inside the command: importing torch / loading the checkpoint
+    time.sleep(delay)  # inside the command: importing torch (its C++ start-up calls back into Python), the checkpoint
     assert_interrupted(child.interrupt(), 130, "SIGINT")
     assert_nothing_left(tmp_path)
 
