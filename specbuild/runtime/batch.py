@@ -146,6 +146,13 @@ class Batch:
     def slots(self) -> int:
         return self.kv.slots
 
+    def memory(self) -> tuple[int, int]:
+        """Bytes of the KV cache and mode states held (the shared cache's written pages), and the most they can
+        hold (every slot at max capacity)."""
+        kv, kv_bound = self.kv.memory()
+        states, states_bound = self.states.memory(self.slots)
+        return kv + states, kv_bound + states_bound
+
     def length(self, seq: Sequence) -> int:
         """Tokens in `seq`'s KV slot."""
         return self.kv.lengths[self.sequences.index(seq)]
@@ -187,6 +194,7 @@ class Batch:
         needed = max(lengths) + t + self.layout.scratch_rows
         self.kv.ensure(needed)
         self.states.ensure(needed)
+        self.kv.wrote(t + self.layout.scratch_rows)
         feeds = self._feeds(calls, t, w, lengths)
         feeds[ef.DRAFT_ROWS] = np.arange(n if draft else 0, dtype=np.int64)
         feeds.update(self.states.feeds())

@@ -313,6 +313,10 @@ class Scheduler:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    def kv_memory(self) -> tuple[int, int]:
+        """The KV slots' bytes held and their bound (Batch.memory; read from any thread, a moment's figure)."""
+        return self.batch.memory()
+
     # ------------------------------------------------------------------ the loop
     def step(self) -> bool:
         """One scheduler step (see the module docstring); False when there was nothing to do."""

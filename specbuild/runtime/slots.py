@@ -12,9 +12,16 @@ sequence of batch row i; the rows in use are always the first n, so a call feeds
 A sequence leaving moves the last row into its slot (a copy of that sequence's committed positions, O(its length)).
 
 After a call, `commit(row, nodes, count)` keeps a row's accepted tokens: O(accepted tokens) per row.
+
+`memory()` gives the bytes a cache holds and the most it can hold (every slot at max capacity). The shared cache is
+allocated whole but zero pages are not resident until written, so it counts what was written: per slot, the
+furthest position a call reached since the buffer was made (rounded up to pages). That grows with the longest
+sequence each slot has held (demand, bounded: the soak takes it out of the RSS it requires to stay flat).
 """
 
 from __future__ import annotations
+
+import mmap
 
 import numpy as np
 
@@ -28,6 +35,10 @@ def initial_capacity(layout: Layout, expected_tokens: int) -> int:
     """The capacity a cache starts with for `expected_tokens` (+ the scratch rows): the next power of two."""
     needed = expected_tokens + layout.scratch_rows
     return min(layout.max_capacity, max(MIN_CAPACITY, 1 << (needed - 1).bit_length()))
+
+
+def _round_to_pages(nbytes: int) -> int:
+    return -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
 def _axis_index(ndim: int, axis: int, index) -> tuple:
@@ -92,6 +103,14 @@ class SlotArray:
         self.data = np.concatenate([self.data, new], axis=self.slot_axis)
         self.lengths.append(length)
 
+    def memory(self, slots: int) -> tuple[int, int]:
+        """Bytes held (all written: np.full), and at most (`slots` slots, max capacity)."""
+        shape = list(self.data.shape)
+        shape[self.slot_axis] = slots
+        if self.pos_axis is not None:
+            shape[self.pos_axis] = self.max_capacity
+        return self.data.nbytes, int(np.prod(shape)) * self.data.itemsize
+
     def remove(self, row: int) -> None:
         """Drop slot `row`; the last slot takes its place."""
         last = len(self.lengths) - 1
@@ -141,6 +160,7 @@ class SharedSlots:
         shape = (layout.num_layers, 2, slots, layout.kv_heads, min(capacity, self.max_capacity), layout.head_dim)
         self.data = np.zeros(shape, dtype=layout.kv_dtype)
         self.lengths: list[int] = []
+        self.written = [0] * slots  # per slot: the furthest position written since self.data was made
         self.bind = bind or (lambda view: view)
         self._bound: tuple | None = None  # (data, n, feeds): the views of the last call, bound once
         layers = range(layout.num_layers)
@@ -170,6 +190,22 @@ class SharedSlots:
         n, used = len(self.lengths), max(self.lengths, default=0)
         grown[:, :, :n, :, :used] = self.data[:, :, :n, :, :used]
         self.data = grown
+        self.written = [used if i < n else 0 for i in range(self.slots)]
+
+    def wrote(self, rows: int) -> None:
+        """A call wrote `rows` positions (its tokens and scratch rows) after each slot's length."""
+        for i, length in enumerate(self.lengths):
+            self.written[i] = max(self.written[i], length + rows)
+
+    def memory(self) -> tuple[int, int]:
+        """Bytes written (resident: each (layer, key or value, slot, head) block's written positions, rounded up to
+        pages), and the bytes of every slot at max capacity."""
+        layers, kv, slots, heads, _, dim = self.data.shape
+        blocks = layers * kv * heads
+        position = dim * self.data.itemsize
+        capacity = self.capacity
+        held = blocks * sum(_round_to_pages(min(w, capacity) * position) for w in self.written)
+        return min(held, self.data.nbytes), blocks * slots * self.max_capacity * position
 
     def feeds(self) -> dict:
         """past_key_i / past_value_i: views of the slots in use (wrapped once per buffer and count, see bind)."""
@@ -191,6 +227,7 @@ class SharedSlots:
             length = source.lengths[row]
             self.ensure(length)
             self.data[:, :, n, :, :length] = source.data[:, :, row, :, :length]
+            self.written[n] = max(self.written[n], length)
         self.lengths.append(length)
 
     def remove(self, row: int) -> None:
@@ -198,6 +235,7 @@ class SharedSlots:
         if row != last:
             length = self.lengths[last]
             self.data[:, :, row, :, :length] = self.data[:, :, last, :, :length]
+            self.written[row] = max(self.written[row], length)
             self.lengths[row] = length
         self.lengths.pop()
 
@@ -235,6 +273,12 @@ class StackedSlots:
 
     def ensure(self, needed: int) -> None:
         self.cache.ensure(needed)
+
+    def wrote(self, rows: int) -> None:
+        """Nothing to track: the cache holds exactly what it has (the graph returns new tokens apart)."""
+
+    def memory(self) -> tuple[int, int]:
+        return self.cache.memory(self.slots)
 
     def feeds(self) -> dict:
         return {ef.KV_CACHE: self.cache.data}
@@ -277,6 +321,10 @@ class StateSlots:
 
     def feeds(self) -> dict:
         return {ef.STATE_PREFIX + name: array.data for name, array in self.arrays.items()}
+
+    def memory(self, slots: int) -> tuple[int, int]:
+        sizes = [array.memory(slots) for array in self.arrays.values()]
+        return sum(held for held, _ in sizes), sum(bound for _, bound in sizes)
 
     def add(self, source: StateSlots | None = None, row: int = 0) -> None:
         for name, array in self.arrays.items():

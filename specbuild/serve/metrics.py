@@ -1,7 +1,7 @@
 """Prometheus metrics under `specbuild:`, named like vLLM's (dashboards and AIPerf read those names): requests and
 tokens, TTFT / inter-token / request latency histograms, and the speculative-decoding counters (drafts, draft
-tokens, accepted tokens, accepted tokens per draft position), and the memory of what drafters learn from traffic
-against its bound."""
+tokens, accepted tokens, accepted tokens per draft position), and the memory of what drafters learn from
+traffic and of the KV cache, each against its bound."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0
 
 class Metrics:
     """One server's metrics (its own registry). `running`/`waiting` are read from the scheduler at each scrape,
-    `learnt` (bytes held, bound) from the engine's drafters that learn from traffic."""
+    `learnt` (bytes held, bound) from the engine's drafters that learn from traffic, `kv` (bytes held, bound) from
+    the scheduler's KV slots."""
 
-    def __init__(self, running=lambda: 0, waiting=lambda: 0, learnt=lambda: (0, 0)):
+    def __init__(self, running=lambda: 0, waiting=lambda: 0, learnt=lambda: (0, 0), kv=lambda: (0, 0)):
         self.registry = registry = CollectorRegistry()
 
         def counter(name, doc, labels=()):
@@ -48,6 +49,10 @@ class Metrics:
         bound = Gauge(PREFIX + "draft_memory_bound_bytes", "The most draft_memory_bytes may be (its pools' bounds).",
                       registry=registry)  # fmt: skip
         bound.set_function(lambda: learnt()[1])
+        kv_doc = "Bytes of the KV slots' caches held: positions written (resident pages), up to each slot's longest."
+        Gauge(PREFIX + "kv_cache_bytes", kv_doc, registry=registry).set_function(lambda: kv()[0])
+        kv_bound_doc = "The most kv_cache_bytes may be (every slot at max_seq_len)."
+        Gauge(PREFIX + "kv_cache_bound_bytes", kv_bound_doc, registry=registry).set_function(lambda: kv()[1])
 
     def steps(self, handle, seen: int) -> int:
         """Count the speculative steps of `handle` after the first `seen`; returns how many are counted now."""

@@ -3,9 +3,10 @@ mix of greedy, seeded-sampling, stop-string, streamed, disconnecting and bad req
 
 It fails (exit 1, the reasons in the report) when: a greedy text differs from the same request sent alone before the
 load; a seeded request's text differs from its first answer; a stop string is not honoured; anything answers 5xx
-(status or stream error event); a bad request is not refused with a 4xx JSON error; the server's RSS grows after the
-warm-up (the KV pool grows once, early) by more than RSS_SLACK; what the drafters learnt from traffic (suffix
-decoding's pools) holds more than its bound at any reading of /metrics; /metrics does not add up (success +
+(status or stream error event); a bad request is not refused with a 4xx JSON error; the server's RSS, less the KV
+cache's written pages (/metrics kv_cache_bytes: they grow with the longest sequence each slot has held, up to their
+bound), grows after the warm-up by more than RSS_SLACK; the KV cache or what the drafters learnt from traffic
+(suffix decoding's pools) holds more than its bound at any reading of /metrics; /metrics does not add up (success +
 cancelled + errors = requests sent); or the server is not healthy at the end. `scripts/soak-serve.sh` runs it;
 tests/serve/test_soak.py runs 60 seconds of it.
 
@@ -194,35 +195,44 @@ class Soak:
 
 
 async def drive(url: str, model: str, slots: int, duration: float, seed: int, sample_rss) -> tuple[Soak, list, list]:
-    """The load; RSS every 2 s and the drafters' learnt memory (/metrics) every LEARNT_EVERY_S."""
+    """The load; every 2 s the RSS with the KV cache's bytes and bound (/metrics) read beside it: rss entries are
+    (seconds, RSS MB, KV MB, KV bound MB); the drafters' learnt memory every LEARNT_EVERY_S."""
     import httpx
 
     soak = Soak(model, slots, seed)
     limits = httpx.Limits(max_connections=4 * slots + 8)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
         await soak.reference(client)
-        rss: list[tuple[float, float]] = []
+        rss: list[tuple[float, float, float, float]] = []
         learnt: list[tuple[float, float, float]] = []
         start = time.monotonic()
 
-        async def scrape_learnt():
+        async def sample(every_learnt: bool):
             text = (await client.get("/metrics")).text
-            learnt.append((time.monotonic() - start, *learnt_memory(text)))
+            t = time.monotonic() - start
+            rss.append((t, sample_rss(), *(b / 2**20 for b in kv_memory(text))))
+            if every_learnt or not learnt or t - learnt[-1][0] >= LEARNT_EVERY_S:
+                learnt.append((t, *learnt_memory(text)))
 
         async def sampler():
             while True:
-                rss.append((time.monotonic() - start, sample_rss()))
-                if not learnt or rss[-1][0] - learnt[-1][0] >= LEARNT_EVERY_S:
-                    await scrape_learnt()
+                await sample(False)
                 await asyncio.sleep(2)
 
         sampling = asyncio.ensure_future(sampler())
         deadline = start + duration
         await asyncio.gather(*(soak.worker(client, deadline) for _ in range(2 * slots)))
-        rss.append((time.monotonic() - start, sample_rss()))
         sampling.cancel()
-        await scrape_learnt()
+        await sample(True)
     return soak, rss, learnt
+
+
+def kv_memory(metrics_text: str) -> tuple[float, float]:
+    """/metrics' bytes of the KV cache held, and their bound."""
+    return (
+        _metric(metrics_text, "specbuild:kv_cache_bytes"),
+        _metric(metrics_text, "specbuild:kv_cache_bound_bytes"),
+    )
 
 
 def learnt_memory(metrics_text: str) -> tuple[float, float]:
@@ -277,21 +287,29 @@ def settle(url: str, timeout: float = 30) -> str:
 
 
 def check_rss(rss: list, warmup_s: float) -> tuple[float, float, str | None]:
-    """RSS at the end of the warm-up and the most after it; a failure message when it grew beyond the slack."""
-    after = [mb for t, mb in rss if t >= warmup_s] or [rss[-1][1]]
-    base = next((mb for t, mb in rss if t >= warmup_s), rss[-1][1])
+    """RSS less the KV cache's bytes (rss entries: seconds, RSS MB, KV MB, KV bound MB) at the end of the warm-up
+    and the most after it; a failure message when that grew beyond the slack, or the KV cache held more than its
+    bound."""
+    other = [(t, mb - kv) for t, mb, kv, _ in rss]
+    after = [mb for t, mb in other if t >= warmup_s] or [other[-1][1]]
+    base = next((mb for t, mb in other if t >= warmup_s), other[-1][1])
     peak = max(after)
     allowed = max(base * RSS_SLACK, RSS_SLACK_MB)
+    over = [(t, kv, bound) for t, _, kv, bound in rss if kv > bound]
+    if over:
+        t, kv, bound = over[0]
+        return base, peak, f"the KV cache held {kv:.0f} MB at {t:.0f} s, over its bound {bound:.0f}"
     if peak - base > allowed:
-        return base, peak, f"RSS grew from {base:.0f} MB to {peak:.0f} MB after the warm-up (allowed {allowed:.0f})"
+        grew = f"RSS less the KV cache grew from {base:.0f} MB to {peak:.0f} MB after the warm-up"
+        return base, peak, f"{grew} (allowed {allowed:.0f})"
     return base, peak, None
 
 
-def _by_minute(rss: list) -> str:
+def _by_minute(rss: list, value=lambda sample: sample[1]) -> str:
     marks = {}
-    for t, mb in rss:
-        marks.setdefault(int(t // 60), mb)  # the first sample of each minute
-    marks["end"] = rss[-1][1]
+    for sample in rss:
+        marks.setdefault(int(sample[0] // 60), value(sample))  # the first sample of each minute
+    marks["end"] = value(rss[-1])
     return ", ".join(f"{minute}: {mb:.0f}" for minute, mb in marks.items())
 
 
@@ -322,9 +340,12 @@ def report(
         f"- requests sent: {tally.sent} ({', '.join(f'{k} {n}' for k, n in sorted(tally.by_kind.items()))})",
         f"- statuses: {dict(sorted(tally.statuses.items()))}; errors by status: {errors or 'none'}",
         f"- completion tokens (non-streamed answers): {tally.tokens}",
-        f"- server RSS: {rss[0][1]:.0f} MB at the start of the load, {base:.0f} MB at {warmup_s:g} s, "
-        f"at most {peak:.0f} MB after, {rss[-1][1]:.0f} MB at the end",
+        f"- server RSS: {rss[0][1]:.0f} MB at the start of the load, {rss[-1][1]:.0f} MB at the end; less the KV "
+        f"cache: {base:.0f} MB at {warmup_s:g} s, at most {peak:.0f} MB after",
         f"- server RSS by minute of load (MB): {_by_minute(rss)}",
+        f"- KV cache held (/metrics kv_cache_bytes) by minute (MB): {_by_minute(rss, lambda s: s[2])} "
+        f"(bound {rss[-1][3]:.0f})",
+        f"- server RSS less the KV cache by minute (MB): {_by_minute(rss, lambda s: s[1] - s[2])}",
         *([learnt_line] if learnt_line else []),
         f"- /metrics: success + cancelled + errors = {counted:.0f} (sent {tally.sent})",
         f"- failures: {len(tally.failures)}",

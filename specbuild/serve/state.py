@@ -26,7 +26,10 @@ class ServerState:
         self.failure: str | None = None
         self.draining = False
         self.metrics = Metrics(
-            running=lambda: self._count("active"), waiting=lambda: self._count("waiting"), learnt=self._learnt_memory
+            running=lambda: self._count("active"),
+            waiting=lambda: self._count("waiting"),
+            learnt=self._learnt_memory,
+            kv=lambda: self.scheduler.kv_memory() if self.scheduler is not None else (0, 0),
         )
 
     def _count(self, what: str) -> int:

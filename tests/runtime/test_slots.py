@@ -106,3 +106,48 @@ def test_shared_growth_copies_only_the_committed_positions_of_slots_in_use():
     assert np.array_equal(slots.data[0, 0, 0, 0, :2, 0], 10.0 + np.arange(2))
     assert np.array_equal(slots.data[1, 1, 1, 0, :3, 2], 20.0 + np.arange(3))
     assert not slots.data[:, :, :, :, 3:].any() and not slots.data[:, :, 2:].any()
+
+
+def test_shared_memory_counts_the_written_pages_of_each_slot_and_its_bound_every_slot_full():
+    # 1024 float32 per position: one position is one page (4 KiB), so the count is exact
+    layout = Layout(ef.KV_SHARED, 2, 1, 1024, np.float32, 60, 4, 1, 4, (), 3, True, False)
+    cache = SharedSlots(layout, 3, 16)
+    page = 1024 * 4
+    blocks = 2 * 2 * 1  # layers x (key, value) x heads
+    assert cache.memory() == (0, blocks * 3 * layout.max_capacity * page)  # np.zeros: nothing resident yet
+    cache.add()
+    cache.add()
+    cache.lengths[:] = [5, 2]
+    cache.wrote(3 + layout.scratch_rows)  # a call of 3 tokens and 4 scratch rows after each length
+    assert cache.written == [12, 9, 0]
+    assert cache.memory()[0] == blocks * (12 + 9) * page
+    cache.lengths[:] = [2, 2]
+    cache.wrote(1)  # shorter than before: nothing new
+    assert cache.memory()[0] == blocks * 21 * page
+    cache.remove(0)  # the last row (2 positions) is copied into slot 0, which had more written already
+    assert cache.written == [12, 9, 0]
+    cache.add()
+    cache.lengths[:] = [2, 14]
+    cache.ensure(31)  # a new buffer: the first 14 positions of the slots in use are copied (written), no more
+    assert cache.capacity == 32 and cache.written == [14, 14, 0]
+    cache.wrote(20)
+    assert cache.written == [22, 34, 0]
+    assert cache.memory()[0] == blocks * (22 + 32) * page  # slot 1: the buffer's 32 positions at most
+
+
+def test_shared_memory_rounds_a_blocks_written_positions_up_to_pages():
+    layout = Layout(ef.KV_SHARED, 1, 2, 3, np.float32, 4000, 4, 1, 0, (), 2, True, False)
+    cache = SharedSlots(layout, 2, 4096)
+    cache.add()
+    cache.wrote(1)  # 12 bytes in each of 1 x 2 x 2 blocks: one page each
+    assert cache.memory()[0] == 4 * 4096
+
+
+def test_stacked_memory_is_the_whole_array_and_its_bound_every_slot_full():
+    layout = _layout(ef.KV_STACKED)
+    cache = StackedSlots(layout, 3, 8)
+    cache.add()
+    cache.add()
+    held, bound = cache.memory()
+    assert held == cache.cache.data.nbytes == 2 * 2 * 2 * 1 * 8 * 3 * 4
+    assert bound == 2 * 2 * 3 * 1 * layout.max_capacity * 3 * 4

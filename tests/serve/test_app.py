@@ -10,6 +10,7 @@ import json
 import httpx
 import openai
 import pytest
+import yaml
 
 from tests.serve.conftest import MAX_SEQ_LEN
 
@@ -246,6 +247,11 @@ def test_metrics_count_requests_tokens_latency_and_drafts(ngram_server, serve_en
     assert drafts > 0 and draft_tokens >= drafts and 0 <= accepted <= draft_tokens
     assert ngram_server.metric("specbuild:spec_decode_num_accepted_tokens_per_pos_total") == accepted
     assert ngram_server.metric("specbuild:request_errors_total") >= 0
+    # the KV cache: at least the 50 tokens' positions written (its one slot), at most every position of that slot
+    model_fields = yaml.safe_load((serve_engines["ngram"] / "engine.yaml").read_text())["model"]
+    position = model_fields["num_layers"] * 2 * model_fields["num_kv_heads"] * model_fields["head_dim"] * 4
+    held, bound = ngram_server.metric("specbuild:kv_cache_bytes"), ngram_server.metric("specbuild:kv_cache_bound_bytes")
+    assert 50 * position <= held < bound and bound >= MAX_SEQ_LEN * position
 
 
 def test_a_burst_of_connections_is_served_or_refused_and_the_server_keeps_serving(none_server):

@@ -29,10 +29,23 @@ def test_a_60_second_soak_passes(serve_engines, tmp_path):
 
 
 def test_rss_growing_after_the_warm_up_fails():
-    flat = [(t, 100.0 + (5 if t < 10 else 0)) for t in range(0, 60, 2)]
+    flat = [(t, 100.0 + (5 if t < 10 else 0), 0.0, 50.0) for t in range(0, 60, 2)]
     assert soak.check_rss(flat, 10)[2] is None
-    growing = [(t, 100.0 + (t if t >= 10 else 0)) for t in range(0, 60, 2)]
-    assert "RSS grew" in soak.check_rss(growing, 10)[2]
+    growing = [(t, 100.0 + (t if t >= 10 else 0), 0.0, 50.0) for t in range(0, 60, 2)]
+    assert "RSS less the KV cache grew from 110 MB to 158 MB" in soak.check_rss(growing, 10)[2]
+
+
+def test_rss_growing_with_the_kv_caches_written_pages_passes_and_a_kv_cache_over_its_bound_fails():
+    # slots holding longer sequences than before: the KV cache's pages, under their bound, are not a leak
+    kv_growth = [(t, 100.0 + t, 10.0 + t, 200.0) for t in range(0, 60, 2)]
+    assert soak.check_rss(kv_growth, 10) == (90.0, 90.0, None)
+    # growth beyond the KV cache's is still found
+    beyond = [(t, 100.0 + 2 * t, 10.0 + t, 200.0) for t in range(0, 60, 2)]
+    assert "RSS less the KV cache grew" in soak.check_rss(beyond, 10)[2]
+    over = [(t, 100.0, 10.0 + 5 * t, 200.0) for t in range(0, 60, 2)]
+    assert soak.check_rss(over, 10)[2] == "the KV cache held 210 MB at 40 s, over its bound 200"
+    text = "specbuild:kv_cache_bytes 2097152.0\nspecbuild:kv_cache_bound_bytes 4194304.0\n"
+    assert soak.kv_memory(text) == (2097152.0, 4194304.0)
 
 
 def test_metrics_that_do_not_add_up_fail(tmp_path):
@@ -43,11 +56,16 @@ def test_metrics_that_do_not_add_up_fail(tmp_path):
         'specbuild:request_errors_total{status="400"} 2.0\n'
     )
     args = type("Args", (), {"engine_dir": "e", "duration": 1.0, "seed": 0})()
-    text, passed = soak.report(run, [(0, 100.0), (2, 100.0)], metrics, args, 1.0, healthy=True)
+    text, passed = soak.report(run, [(0, 100.0, 1.0, 9.0), (2, 100.0, 1.0, 9.0)], metrics, args, 1.0, healthy=True)
     assert not passed and "counts 9 requests" in text
     run.tally.failures.clear()
     text, passed = soak.report(
-        run, [(0, 100.0), (2, 100.0)], metrics + "specbuild:request_cancelled_total 1.0\n", args, 1.0, True
+        run,
+        [(0, 100.0, 1.0, 9.0), (2, 100.0, 1.0, 9.0)],
+        metrics + "specbuild:request_cancelled_total 1.0\n",
+        args,
+        1.0,
+        True,
     )
     assert passed, text
 
