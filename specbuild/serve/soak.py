@@ -207,11 +207,11 @@ async def drive(url: str, model: str, slots: int, duration: float, seed: int, sa
         learnt: list[tuple[float, float, float]] = []
         start = time.monotonic()
 
-        async def sample(every_learnt: bool):
+        async def sample(last: bool):
             text = (await client.get("/metrics")).text
             t = time.monotonic() - start
             rss.append((t, sample_rss(), *(b / 2**20 for b in kv_memory(text))))
-            if every_learnt or not learnt or t - learnt[-1][0] >= LEARNT_EVERY_S:
+            if last or not learnt or t - learnt[-1][0] >= LEARNT_EVERY_S:
                 learnt.append((t, *learnt_memory(text)))
 
         async def sampler():

@@ -29,7 +29,7 @@ class ServerState:
             running=lambda: self._count("active"),
             waiting=lambda: self._count("waiting"),
             learnt=self._learnt_memory,
-            kv=lambda: self.scheduler.kv_memory() if self.scheduler is not None else (0, 0),
+            kv=self._kv_memory,
         )
 
     def _count(self, what: str) -> int:
@@ -37,6 +37,9 @@ class ServerState:
 
     def _learnt_memory(self) -> tuple[int, int]:
         return self.engine.learnt_memory() if self.engine is not None else (0, 0)
+
+    def _kv_memory(self) -> tuple[int, int]:
+        return self.scheduler.kv_memory() if self.scheduler is not None else (0, 0)
 
     def load(self) -> bool:
         """Load the engine and start its scheduler thread (run in a background thread); False: `failure` says why."""
