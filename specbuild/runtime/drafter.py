@@ -136,6 +136,13 @@ class Drafter:
         """Milliseconds one draft token costs to make (0: drafting is free next to an engine call)."""
         return 0.0
 
+    def expected_tokens(self, longest: int, padded: bool = False) -> tuple[float, ...] | None:
+        """A paid drafter whose proposal cut to its first t tokens is one of its own (a best-first tree): the tokens
+        a row verifying that cut is expected to give, t = 1..longest (runtime/speculation.Shape.gains); padded: in a
+        batch, where a row the drafter could not fill is padding. None: the scheduler prices the cut as a chain, with
+        the acceptance it learnt per depth."""
+        return None
+
     @classmethod
     def load_settings(cls, engine) -> Any:
         """The drafting settings of a loaded engine (runtime/engine.Engine), once per engine: `read_settings` of its

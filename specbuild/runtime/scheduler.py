@@ -477,7 +477,10 @@ class Scheduler:
         paying = [s.drafter for s in sequences if s.drafter.paid_drafts]
         if not paying:
             return None
-        return self.speculation.budget(len(sequences), self.layout.step_tokens, paying[0].draft_ms())
+        longest = self.layout.step_tokens
+        return self.speculation.budget(
+            len(sequences), longest, paying[0].draft_ms(), paying[0].expected_tokens(longest, len(sequences) > 1)
+        )
 
     def _leave(self, handle: Handle) -> None:
         self.speculation.forget(id(handle.sequence))

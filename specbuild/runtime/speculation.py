@@ -24,9 +24,11 @@ every call with plain calls that draft nothing (ef.DRAFT_ROWS empty; both priced
 so under load such an engine falls back to the cost of plain decoding instead of paying for drafts it does not
 verify. A lone sequence verifies its whole proposal (every mode's measured batch-1 speed-up stands, nothing is
 measured before its first tokens), unless its drafts cost time of their own to make (a draft model's calls: a
-drafter with `paid_drafts`, `Speculation.budget`). Those are priced at every batch size; a lone sequence's by the
-times of its own steps (`LoneCalls`: the curve is not measured for it, so its first tokens wait for nothing): it
-drafts until a plain call has been timed, then as far as pays. Alone, both choices keep being observed: a drafter
+drafter with `paid_drafts`, `Speculation.budget`; one whose cut proposals are proposals of their own, token
+recycling's ranked tree, prices every cut itself: `Drafter.expected_tokens`, Shape.gains). Those are priced at
+every batch size; a lone sequence's by the times of its own steps (`LoneCalls`: robust medians per call size, never
+falling with more rows; the curve is not measured for it, so its first tokens wait for nothing): it drafts until a
+plain call has been timed, then as far as pays. Alone, both choices keep being observed: a drafter
 kept from drafting proposes nothing and so teaches nothing about its acceptance, so every EXPLORE_EVERY-th such step
 it drafts its whole chain anyway; one that drafts takes a plain step every REFRESH_PLAIN-th step, so the price of
 plain calls follows its context's growth. (Under load the choice is the curve's alone: a chain drafted by every row
@@ -35,6 +37,7 @@ to learn would cost a whole batch of draft calls.)
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import time
@@ -165,17 +168,28 @@ class CostCurve:
 
 
 class LoneCalls:
-    """ms of one sequence's calls by tokens per call, as its own steps took them (running means): what prices a
-    draft model's chain for a lone sequence without measuring the cost curve before its first tokens."""
+    """ms of one sequence's calls by tokens per call, as its own steps took them: what prices a lone sequence's
+    drafts without measuring the cost curve before its first tokens. Per token count, the median of its last WINDOW
+    calls; the first call of a count prices it only until a second one comes (ONNX Runtime's first call of a new
+    shape is slower: a count taken rarely would keep that price), so one slow call does not turn the choice."""
 
-    WEIGHT = 0.2
+    WINDOW = 9
 
     def __init__(self):
-        self.ms: dict[int, float] = {}  # tokens per call -> running mean of its engine ms
+        self._recent: dict[int, collections.deque] = {}  # tokens per call -> its last WINDOW engine ms
+        self._first: set[int] = set()  # counts timed once, by their first call
+        self.ms: dict[int, float] = {}  # tokens per call -> the median of those
 
     def add(self, tokens: int, ms: float) -> None:
-        kept = self.ms.get(tokens)
-        self.ms[tokens] = ms if kept is None else kept + self.WEIGHT * (ms - kept)
+        recent = self._recent.get(tokens)
+        if recent is None:
+            recent = self._recent[tokens] = collections.deque(maxlen=self.WINDOW)
+            self._first.add(tokens)
+        elif tokens in self._first:  # the second call: the first (a new shape's) no longer counts
+            self._first.discard(tokens)
+            recent.clear()
+        recent.append(ms)
+        self.ms[tokens] = float(np.median(recent))
 
     @property
     def plain_timed(self) -> bool:
@@ -183,12 +197,26 @@ class LoneCalls:
         return 1 in self.ms
 
     def costs(self, tokens: list[int]) -> list[float] | None:
-        """ms of a call of each of `tokens`, interpolated between the counts timed (held past the last); None until
-        a plain call (1 token) and a longer one have been timed."""
+        """ms of a call of each of `tokens`, interpolated between the counts timed (held past the last), those made
+        non-decreasing in the tokens (`_monotone`: a call of more rows never costs less); None until a plain call (1
+        token) and a longer one have been timed."""
         if not self.plain_timed or len(self.ms) < 2:
             return None
         timed = sorted(self.ms)
-        return np.interp(tokens, timed, [self.ms[t] for t in timed]).tolist()
+        ms = _monotone([self.ms[t] for t in timed], [len(self._recent[t]) for t in timed])
+        return np.interp(tokens, timed, ms).tolist()
+
+
+def _monotone(values: list[float], weights: list[int]) -> list[float]:
+    """The non-decreasing sequence nearest `values` in weighted least squares (pool adjacent violators): a noisy
+    point below an earlier one is averaged with it instead of making a longer call look cheaper."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights):
+        blocks.append([v, float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, w1, n1), (m2, w2, n2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return [m for m, _, n in blocks for _ in range(n)]
 
 
 def resolve_policy(policy: str | None = None) -> str:
@@ -207,6 +235,9 @@ class Shape:
     size: int
     depth: int
     chain: bool
+    # expected tokens of the proposal cut to its first t tokens, t = 1..size: a proposal whose every prefix is one
+    # (a best-first tree), priced by its drafter; None: by the acceptance learnt per depth
+    gains: tuple[float, ...] | None = None
 
     @classmethod
     def of(cls, proposal) -> Shape:
@@ -298,11 +329,13 @@ class Speculation:
             self.curve = self._curve_source()
         return self.curve
 
-    def budget(self, batch: int, longest: int, draft_ms: float) -> int:
+    def budget(self, batch: int, longest: int, draft_ms: float, gains: tuple[float, ...] | None = None) -> int:
         """Tokens per row (root included) that a step of `batch` rows would verify if each proposed a `longest`-token
         chain whose drafts cost `draft_ms` each to make: what a drafter that pays per draft (a draft model) drafts.
-        Priced at every batch size; alone, the other choice is explored now and then (module docstring)."""
-        tokens = self.plan([Shape(longest, longest - 1, True)] * batch, draft_ms)
+        `gains`: the drafter's own price of its proposal cut to t tokens (Shape.gains; a best-first tree) instead of
+        a chain's. Priced at every batch size; alone, the other choice is explored now and then (module docstring)."""
+        shape = Shape(longest, longest - 1, True) if gains is None else Shape(longest, longest - 1, False, gains)
+        tokens = self.plan([shape] * batch, draft_ms)
         if self.policy != "auto" or longest <= 1 or batch > 1:
             return tokens
         if (tokens > 1) != self._drafting:
@@ -330,15 +363,24 @@ class Speculation:
             return 1
         if self.policy == "always" or (len(shapes) == 1 and draft_ms == 0.0):  # alone: free drafts are verified
             return longest
-        candidates = [1] + [t for t in _powers_of_two_upto(longest)[1:-1] if all(s.chain for s in shapes if s.size > t)]
-        candidates.append(longest)
+        if all(s.gains for s in shapes if s.size > 1):  # every cut is a proposal, priced by its drafter
+            cut = list(range(2, longest))
+        else:
+            cut = [t for t in _powers_of_two_upto(longest)[1:-1] if all(s.chain for s in shapes if s.size > t)]
+        candidates = [1, *cut, longest]
         costs = self.lone.costs(candidates) if len(shapes) == 1 else self._curve().costs(len(shapes), candidates)
         if costs is None:  # alone, no plain call timed yet
             return longest
         costs = [ms + draft_ms * (t - 1) * len(shapes) for t, ms in zip(candidates, costs)]
-        rates = [sum(self.expected(s.verified(t)) for s in shapes) / ms for t, ms in zip(candidates, costs)]
+        rates = [sum(self._tokens(s, t) for s in shapes) / ms for t, ms in zip(candidates, costs)]
         best = 1 + int(np.argmax(rates[1:]))
         return candidates[best] if rates[best] >= DRAFT_MARGIN * rates[0] else 1
+
+    def _tokens(self, shape: Shape, t: int) -> float:
+        """Tokens a row of `shape` is expected to give when the step verifies `t` tokens per row."""
+        if shape.gains is not None:
+            return shape.gains[min(t, shape.size) - 1]
+        return self.expected(shape.verified(t))
 
     def observe(self, key, proposal, emitted: list[int]) -> None:
         """After a step: `proposal` was this sequence's (`key`) proposal before it (verified whole, in part or not at

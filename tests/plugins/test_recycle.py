@@ -67,7 +67,7 @@ def test_a_cold_table_verifies_the_root_alone_then_every_row_teaches_it():
     assert proposal.paths.shape[1] == 2  # two leaves
     s.table.update(np.array([2, 9]), np.array([[4, 5], [1, 3]]))
     s.table.update(np.array([4]), np.array([[0, 11]]))
-    full_tree, before = drafter.draft(6, 1)
+    full_tree, before, _ = drafter.draft(6, 1)
     # TREE in node order: (0), (1), (0,0), (0,1), (1,0), (0,0,0)
     assert full_tree.tokens.tolist() == [[6, 2, 9, 4, 5, 1, 0]]
     assert full_tree.size == len(TREE) + 1
@@ -129,6 +129,69 @@ def test_the_schedulers_budget_keeps_the_best_nodes_only():
     assert drafter.propose(step([6])).tokens.tolist() == [[6, 2, 9, 4]]
     drafter.limit = 1
     assert drafter.propose(step([6])).tokens.tolist() == [[6]]
+
+
+def chances(drafter):
+    """Each choice's chance of being accepted, as the drafter ranks them."""
+    return dict(zip(*drafter.ranked()))
+
+
+def changed(now, then):
+    """The choices whose chance went up, and those that went down."""
+    up = {c for c in now if now[c] > then[c] + 1e-12}
+    return up, {c for c in now if now[c] < then[c] - 1e-12}
+
+
+def test_each_node_learns_its_chance_of_acceptance_from_whole_trees_and_what_the_sequence_emits():
+    order = [[0], [0, 0], [1], [0, 0, 0], [0, 1], [1, 0]]  # best first
+    s = settings(choices=order)
+    drafter = RecycleDrafter(s, [1])
+    prior = [RANK_PROFILE[0], RANK_PROFILE[0] ** 2, RANK_PROFILE[1], RANK_PROFILE[0] ** 3]
+    assert drafter.ranked()[0][:4] == ((0,), (0, 0), (1,), (0, 0, 0))  # the rank profile's order
+    assert drafter.expected_tokens(5) == pytest.approx(np.cumsum([1.0, *prior]))
+    padded = drafter.expected_tokens(9)
+    assert padded[6] == padded[7] == padded[8]  # beyond the whole tree: the whole tree's
+    s.table.update(np.array([6, 2, 9, 4]), np.array([[2, 9], [4, 5], [1, 3], [0, 11]]))
+    # the static tree from 6: (0) 2, (1) 9, (0, 0) 4, (0, 1) 5, (1, 0) 1, (0, 0, 0) 0
+    assert drafter.propose(step([6])).size == 7
+    before = chances(drafter)
+    drafter.propose(step([2, 4, 6]))  # the step accepted (0) then (0, 0), then emitted 6, not (0, 0, 0)'s 0
+    after = chances(drafter)
+    assert changed(after, before) == ({(0,), (0, 0)}, {(1,), (0, 0, 0), (0, 1), (1, 0)})
+    # cut to its root by the budget, a sequence still drafts its whole tree once in SHADOW_EVERY steps (its first
+    # among them) and compares it with what it emits over the next steps: 2, 4, 0 match (0), (0, 0), (0, 0, 0)
+    cut = RecycleDrafter(s, [1])
+    cut.limit = 1
+    assert [cut.propose(step([t])).size for t in (6, 2, 4)] == [1, 1, 1]
+    assert chances(cut) == after  # nothing known yet: the chain goes on
+    cut.propose(step([0]))
+    learnt = chances(cut)
+    assert changed(learnt, after) == ({(0,), (0, 0), (0, 0, 0)}, {(1,), (0, 1), (1, 0)})
+    # nodes left out for want of candidates learn nothing (they cost no row): 9's candidates unknown, (1, 0) too
+    partial = RecycleDrafter(s, [1])
+    s.table.table[9] = -1
+    assert partial.propose(step([6])).size == 6
+    partial.propose(step([3]))  # a miss for the five nodes held
+    assert changed(chances(partial), learnt) == (set(), {(0,), (1,), (0, 0), (0, 1), (0, 0, 0)})
+    # in a batch the row of a node left out is padding: it is priced by its chance of being drafted and accepted
+    alone, batched = chances(partial), dict(zip(*partial.ranked(padded=True)))
+    assert batched[(1, 0)] < alone[(1, 0)] and all(batched[c] == alone[c] for c in alone if c != (1, 0))
+    assert partial.expected_tokens(7, padded=True)[-1] < partial.expected_tokens(7)[-1]
+
+
+def test_the_budget_cuts_the_tree_to_the_nodes_most_likely_accepted():
+    order = [[0], [0, 0], [1], [0, 0, 0], [0, 1], [1, 0]]  # best first by the rank profile
+    s = settings(choices=order)
+    s.table.update(np.array([6, 2, 9, 4]), np.array([[2, 9], [4, 5], [1, 3], [0, 11]]))
+    drafter = RecycleDrafter(s, [1])
+    drafter.propose(step([6]))
+    for _ in range(200):  # the model goes down (1) then (1, 0) from 6, every step: 6 -> 9 -> 1 -> 6
+        drafter.propose(step([9, 1, 6]))
+    ranked, chance = drafter.ranked()
+    assert ranked[:2] == ((1,), (1, 0)) and chance[0] > 0.9 and (np.diff(chance) <= 0).all()
+    assert drafter.expected_tokens(3) == pytest.approx((1.0, 1 + chance[0], 1 + chance[0] + chance[1]))
+    drafter.limit = 3
+    assert drafter.propose(step([9, 1, 6])).tokens.tolist() == [[6, 9, 1]]  # the root, (1), (1, 0)
 
 
 def test_each_tenant_learns_in_its_own_table():

@@ -15,6 +15,7 @@ from specbuild.runtime.speculation import (
     PRIOR_ACCEPTANCE,
     REFRESH_PLAIN,
     CostCurve,
+    LoneCalls,
     Shape,
     Speculation,
 )
@@ -305,6 +306,37 @@ def test_drafts_that_cost_time_to_make_are_priced_in(monkeypatch):
     assert {policy.budget(4, 8, draft_ms=50.0) for _ in range(2 * EXPLORE_EVERY)} == {1}  # under load: never explored
     assert policy.budget(1, 8, draft_ms=50.0) == 8  # alone, before a plain call was timed: the whole chain
     assert Speculation("off", lambda: None).budget(4, 8, 0.0) == 1
+
+
+def test_a_drafter_that_prices_its_own_cuts_gets_the_best_cut_not_a_chains(monkeypatch):
+    """A best-first tree's drafter gives the expected tokens of each cut (Shape.gains): the budget takes the cut with
+    the most tokens per millisecond, which a chain's price (drafts down to depth t - 1) would misjudge."""
+    monkeypatch.setenv("SPECBUILD_CACHE_DIR", "off")
+    ms = {(b, t): 10.0 + b + 1.0 * b * (t - 1) for b in (1, 2, 4, 8, 16) for t in (1, 2, 4, 8)}
+    policy = Speculation("auto", lambda: _curve(ms))
+    flat = (1.0, 1.6, 1.7, 1.75, 1.8, 1.85, 1.9, 1.95)  # the first node is worth the most, then little each
+    steep = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 4.0, 8.0)  # the deep nodes are where the tokens are
+    assert policy.budget(2, 8, 0.0, flat) == 2  # 3.2 tokens for 14 ms beats 3.6 for 20 and 3.9 for 28
+    assert policy.budget(2, 8, 0.0, steep) == 8  # 16 tokens for 28 ms
+    assert Speculation("always", lambda: None).budget(2, 8, 0.0, flat) == 8
+    tree = Shape(8, 3, False, steep)
+    assert policy._tokens(tree, 1) == 1.0 and policy._tokens(tree, 4) == 1.3 and policy._tokens(tree, 99) == 8.0
+
+
+def test_a_lone_sequences_call_prices_are_robust_medians_and_never_fall_with_more_rows():
+    lone = LoneCalls()
+    lone.add(1, 5.0)
+    assert lone.costs([1, 4]) is None  # no longer call timed yet
+    lone.add(4, 30.0)  # a new shape's first call: slow
+    assert lone.costs([1, 4]) == [5.0, 30.0]  # it prices the count until a second call comes
+    for ms in (7.0, 7.2, 50.0, 6.8):  # then it is dropped, and one slow call moves the median little
+        lone.add(4, ms)
+    assert lone.costs([4]) == [pytest.approx(7.1)]
+    for ms in (9.0, 8.0, 9.5):  # two rows timed dearer than four (a noisy count): averaged, not believed
+        lone.add(2, ms)
+    low, two, four = lone.costs([1, 2, 4])
+    assert low == 5.0 and two == four and 7.1 < four < 9.0
+    assert lone.costs([3, 8]) == [four, four]  # between counts interpolated, held past the last
 
 
 def test_a_lone_sequence_prices_paid_drafts_by_its_own_steps():

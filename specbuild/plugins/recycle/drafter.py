@@ -9,8 +9,18 @@ with its subtree (so a cold table verifies fewer rows, never guesses). With `con
 those of the pair (its parent's parent's token, its parent's token) where that pair was verified before -- a hash
 table beside the token table, updated from the same rows -- and its parent's token's otherwise.
 
-The table is shared by the requests of one tenant (serve's API key; everyone's without keys), like suffix decoding's
-pool (docs/modes.md: what one client's traffic teaches must not time another's), and lives as long as the process.
+The scheduler's budget sizes the tree: the drafter ranks the static tree's nodes by their chance of being accepted
+(each at most its parent's, so every first few are a tree) and prices each cut by those chances (a tree's expected
+tokens = 1 + the sum over its nodes, as EAGLE-2 and Sequoia size trees); the scheduler compares the prices with the
+calls' measured cost and the drafter proposes the best nodes it allows. The chances are learnt per node from whole
+trees, whatever the budget verified: a cut proposal is drafted from the whole tree once in SHADOW_EVERY steps, and
+that tree is compared with the tokens the sequence emits next (`_Shadow`: what verifying it would have accepted), so
+nodes a cut leaves out keep being priced by what they would give (never starved by an early cut). They start from
+the rank profile the static tree was chosen by.
+
+The table (and the nodes' chances) are shared by the requests of one tenant (serve's API key; everyone's without
+keys), like suffix decoding's pool (docs/modes.md: what one client's traffic teaches must not time another's), and
+live as long as the process.
 Host work per step is O(tree size); acceptance is the graph's (greedy exact; drafts are point masses, so sampling
 keeps the target distribution).
 """
@@ -26,12 +36,16 @@ import numpy as np
 
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.recycle import CONTEXTS, PAIR_SLOTS
+from specbuild.plugins.recycle import CONTEXTS, PAIR_SLOTS, RANK_PROFILE
 from specbuild.runtime.drafter import Drafter, Proposal, StepResult, cached_tree
 from specbuild.runtime.manifest import ListOf, check_fields, integer, one_of
 from specbuild.tree import Tree
 
 HOST_MS_PER_DRAFT = 0.02  # what a draft token costs the host (a 10-node tree with pairs: ~0.2 ms, measured)
+NODE_EMA = 0.03  # weight of one whole tree's outcome in a node's running chance of being accepted
+# a proposal cut by the budget is drafted from the whole tree once in this many steps, that tree compared with what
+# the sequence emits next (a tree's host work, ~0.2 ms, is paid on a quarter of the cut steps)
+SHADOW_EVERY = 4
 
 
 class CandidateTable:
@@ -45,6 +59,8 @@ class CandidateTable:
         self.pair_slots = pair_slots
         self.pair_keys = np.full(pair_slots, -1, dtype=np.int64)
         self.pair_top = np.zeros((pair_slots, top_k), dtype=np.int32)
+        self.accept: np.ndarray | None = None  # per node of the static tree: its chance of being accepted (learnt)
+        self.held: np.ndarray | None = None  # per node of the static tree: its chance of being drafted (learnt)
 
     def _slot(self, keys: np.ndarray) -> np.ndarray:
         mixed = keys.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
@@ -109,6 +125,9 @@ class RecycleSettings:
     context: str  # CONTEXTS: candidates per token, or per (token before, token) where the pair is known
     tables: TableSet = dataclasses.field(compare=False)
     table: CandidateTable = dataclasses.field(compare=False)  # the table of this request's tenant
+    node_of: dict = dataclasses.field(compare=False, default_factory=dict)  # choice -> its node in `tree`
+    order_nodes: np.ndarray | None = dataclasses.field(compare=False, default=None)  # `order`'s nodes, best first
+    prior: np.ndarray | None = dataclasses.field(compare=False, default=None)  # per node: its rank profile product
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +148,50 @@ def _levels(tree: Tree) -> _Levels:
     grand = np.where(parents > 0, parents[np.maximum(parents, 0)], -1)
     at = [np.flatnonzero(depths == d) for d in range(1, tree.depth + 1)]
     return _Levels(at, [parents[n] for n in at], [grand[n] for n in at], [ranks[n] for n in at])
+
+
+def _static_nodes(tree: Tree, node_of: dict) -> np.ndarray:
+    """The static tree's node of each node of `tree` (a cut of it; root: 0)."""
+    return np.array([0, *(node_of[c] for c in tree.choices)], dtype=np.int64)
+
+
+class _Shadow:
+    """A whole tree drafted at a step (its root-to-leaf paths of (token, static node)), compared with the tokens its
+    sequence emits next until one differs or the deepest is matched: the nodes verifying it would have accepted."""
+
+    def __init__(self, paths: list[tuple[tuple[int, int], ...]]):
+        self.paths, self.matched = paths, 0
+        self.depth = max((len(p) for p in paths), default=0)
+        self.nodes = np.array(sorted({node for p in paths for _, node in p}), dtype=np.int64)  # the nodes it held
+
+    @classmethod
+    def of(cls, proposal: Proposal, nodes: np.ndarray) -> _Shadow:
+        """nodes: the static tree's node of each of the proposal's."""
+        tokens = proposal.tokens[0]
+        paths = {tuple((int(tokens[n]), int(nodes[n])) for n in row[1:] if n >= 0) for row in proposal.paths[0]}
+        paths.discard(())
+        return cls(sorted(paths))
+
+    def feed(self, token: int) -> bool:
+        """Advance by one emitted token; True when the outcome is known."""
+        if self.matched >= self.depth:
+            return True
+        paths = [p for p in self.paths if len(p) > self.matched and p[self.matched][0] == token]
+        if not paths:
+            return True
+        self.paths, self.matched = paths, self.matched + 1
+        return self.matched >= self.depth
+
+    def hits(self) -> set[int]:
+        """The static nodes matched (those on the matched path)."""
+        return {p[d][1] for p in self.paths for d in range(min(self.matched, len(p)))}
+
+
+def _restrict(proposal: Proposal, before: np.ndarray, nodes: np.ndarray, keep: np.ndarray, tree: Tree):
+    """The proposal's nodes among the static nodes `keep` (a prefix-closed cut of `tree`), and their tokens before."""
+    kept = np.flatnonzero(np.isin(nodes, keep))
+    subtree = cached_tree(tuple(tree.choices[n - 1] for n in nodes[kept][1:]))
+    return Proposal.from_tree(proposal.tokens[0][kept], subtree), before[kept]
 
 
 @functools.lru_cache(maxsize=64)
@@ -169,7 +232,12 @@ class RecycleDrafter(Drafter):
         context = fields.get("context", "token")
         tables = TableSet(manifest["model"]["vocab_size"], k, PAIR_SLOTS if context == "pair" else 0)
         order = tuple(tuple(c) for c in fields["choices"])
-        return RecycleSettings(k, tree, order, context, tables, tables.get(None))
+        node_of = {choice: i + 1 for i, choice in enumerate(tree.choices)}
+        prior = np.ones(tree.size)
+        for choice, node in node_of.items():
+            prior[node] = np.prod([RANK_PROFILE[min(r, len(RANK_PROFILE) - 1)] for r in choice])
+        order_nodes = np.array([node_of[c] for c in order], dtype=np.int64)
+        return RecycleSettings(k, tree, order, context, tables, tables.get(None), node_of, order_nodes, prior)
 
     @classmethod
     def for_tenant(cls, settings: RecycleSettings, tenant: str | None) -> RecycleSettings:
@@ -198,6 +266,8 @@ class RecycleDrafter(Drafter):
         self._before_root = int(prompt[-1]) if prompt else -1  # the token before the next root
         self._verified: np.ndarray | None = None  # the tokens the last call verified, root first
         self._verified_before: np.ndarray | None = None  # the token before each of them
+        self._shadows: list[_Shadow] = []  # whole trees drafted, compared with the tokens emitted since
+        self._steps = 0
 
     def propose(self, step: StepResult) -> Proposal:
         top = step.outputs.get(ef.ROW_TOP_K)
@@ -216,19 +286,77 @@ class RecycleDrafter(Drafter):
             self._before_root = int(step.tokens[-2])
         elif step.nodes is not None and self._verified is not None:
             self._before_root = int(self._verified[0])
-        tree = self.tree
-        if self.limit is not None and self.limit < tree.size:  # the scheduler's budget: the best nodes only
-            tree = _best(self.settings.order, self.limit)
-        proposal, self._verified_before = self.draft(step.tokens[-1], self._before_root, tree)
+        if step.nodes is not None:
+            self._feed(step.tokens)
+        cut = self.tree
+        if self.limit is not None and self.limit < cut.size:  # the scheduler's budget: the best nodes only
+            cut = _best(self.ranked()[0], self.limit)
+        whole = cut is self.tree or self._steps % SHADOW_EVERY == 0  # draft the whole tree, to learn from
+        self._steps += 1
+        drafted = self.tree if whole else cut
+        proposal, self._verified_before, nodes = self.draft(step.tokens[-1], self._before_root, drafted)
+        if whole:
+            self._shadows.append(_Shadow.of(proposal, nodes))
+            if cut is not self.tree:
+                keep = _static_nodes(cut, self.settings.node_of)
+                proposal, self._verified_before = _restrict(proposal, self._verified_before, nodes, keep, self.tree)
         self._verified = proposal.tokens[0]
         return proposal
 
     def draft_ms(self) -> float:
         return HOST_MS_PER_DRAFT
 
-    def draft(self, root: int, before_root: int = -1, tree: Tree | None = None) -> tuple[Proposal, np.ndarray]:
+    def _accept(self) -> np.ndarray:
+        table = self.table
+        if table.accept is None or len(table.accept) != self.settings.tree.size:
+            table.accept, table.held = self.settings.prior.copy(), np.ones(self.settings.tree.size)
+        return table.accept
+
+    def _feed(self, emitted: list[int]) -> None:
+        """Compare the whole trees drafted so far with the tokens this step emitted; each whose outcome is known
+        teaches the nodes it held: a hit where verifying that tree would have accepted it, a miss otherwise; a node
+        left out for want of candidates learns nothing of that (it would have cost no row alone), only that it was
+        not drafted (in a batch its row is padding all the same)."""
+        alive = []
+        for shadow in self._shadows:
+            if any(shadow.feed(token) for token in emitted):
+                accept, held = self._accept(), shadow.nodes
+                accept[held] += NODE_EMA * (np.isin(held, list(shadow.hits())) - accept[held])
+                drafted = np.zeros(len(accept))
+                drafted[held] = 1.0
+                self.table.held[1:] += NODE_EMA * (drafted[1:] - self.table.held[1:])
+            else:
+                alive.append(shadow)
+        self._shadows = alive
+
+    def ranked(self, padded: bool = False) -> tuple[tuple, np.ndarray]:
+        """The static tree's choices, most likely accepted first, and those chances: each node's learnt chance, at
+        most its parent's (a child is only accepted with its parent), parents first on ties; so that every first
+        few of them are a tree (prefix-closed). padded: the chance of a node being drafted and accepted (a batch
+        pads the rows of nodes left out), else of being accepted when drafted (alone a call has no row for it)."""
+        tree, value = self.tree, self._accept().copy()
+        if padded:
+            value *= self.table.held
+        value[0] = 1.0
+        for nodes, parents in zip(_levels(tree).nodes, _levels(tree).parents):
+            value[nodes] = np.minimum(value[nodes], value[parents])
+        ranked = np.lexsort((np.arange(tree.size), tree.depths, -value))[1:]  # the root first, then left out
+        return tuple(tree.choices[n - 1] for n in ranked), value[ranked]
+
+    def expected_tokens(self, longest: int, padded: bool = False) -> tuple[float, ...]:
+        """Tokens a row verifying the best t - 1 nodes is expected to give, t = 1..longest: 1 + the sum of their
+        chances of being accepted (`ranked`; beyond the whole tree: the whole tree's)."""
+        gains = 1.0 + np.concatenate([[0.0], np.cumsum(self.ranked(padded)[1])])
+        if longest > len(gains):
+            gains = np.concatenate([gains, np.full(longest - len(gains), gains[-1])])
+        return tuple(gains[:longest].tolist())
+
+    def draft(
+        self, root: int, before_root: int = -1, tree: Tree | None = None
+    ) -> tuple[Proposal, np.ndarray, np.ndarray]:
         """The static tree's (or `tree`'s) tokens from the table (nodes under a token without candidates left out),
-        and the token before each node (its parent's; the root's: `before_root`)."""
+        the token before each node (its parent's; the root's: `before_root`) and each node's node in the static
+        tree."""
         tree = tree or self.tree
         levels = _levels(tree)
         ext = np.empty(tree.size + 1, dtype=np.int64)  # ext[0]: the token before the root; ext[i + 1]: node i's
@@ -239,9 +367,10 @@ class RecycleDrafter(Drafter):
             ext[nodes + 1] = np.where(parent >= 0, found, -1)
         tokens = ext[1:]
         before = ext[tree.parents + 1]
+        nodes = _static_nodes(tree, self.settings.node_of)
         known = tokens >= 0
         if known.all():
-            return Proposal.from_tree(tokens, tree), before
+            return Proposal.from_tree(tokens, tree), before, nodes
         kept = np.flatnonzero(known)  # parents before children: a prefix-closed subset, in the tree's node order
         subtree = cached_tree(tuple(tree.choices[i - 1] for i in kept[1:]))
-        return Proposal.from_tree(tokens[kept], subtree), before[kept]
+        return Proposal.from_tree(tokens[kept], subtree), before[kept], nodes[kept]
