@@ -121,13 +121,11 @@ class RecycleSettings:
 
     top_k: int
     tree: Tree
-    order: tuple  # the tree's choices best first (as engine.yaml lists them): smaller trees take the first ones
     context: str  # CONTEXTS: candidates per token, or per (token before, token) where the pair is known
     tables: TableSet = dataclasses.field(compare=False)
     table: CandidateTable = dataclasses.field(compare=False)  # the table of this request's tenant
-    node_of: dict = dataclasses.field(compare=False, default_factory=dict)  # choice -> its node in `tree`
-    order_nodes: np.ndarray | None = dataclasses.field(compare=False, default=None)  # `order`'s nodes, best first
-    prior: np.ndarray | None = dataclasses.field(compare=False, default=None)  # per node: its rank profile product
+    node_of: dict = dataclasses.field(compare=False)  # choice -> its node in `tree`
+    prior: np.ndarray = dataclasses.field(compare=False)  # per node: its rank profile product (the chances at first)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,13 +229,11 @@ class RecycleDrafter(Drafter):
             raise SpecbuildError(f"{source}: field mode.drafter.choices takes a rank >= top_k {k}")
         context = fields.get("context", "token")
         tables = TableSet(manifest["model"]["vocab_size"], k, PAIR_SLOTS if context == "pair" else 0)
-        order = tuple(tuple(c) for c in fields["choices"])
         node_of = {choice: i + 1 for i, choice in enumerate(tree.choices)}
         prior = np.ones(tree.size)
         for choice, node in node_of.items():
             prior[node] = np.prod([RANK_PROFILE[min(r, len(RANK_PROFILE) - 1)] for r in choice])
-        order_nodes = np.array([node_of[c] for c in order], dtype=np.int64)
-        return RecycleSettings(k, tree, order, context, tables, tables.get(None), node_of, order_nodes, prior)
+        return RecycleSettings(k, tree, context, tables, tables.get(None), node_of, prior)
 
     @classmethod
     def for_tenant(cls, settings: RecycleSettings, tenant: str | None) -> RecycleSettings:
