@@ -363,7 +363,7 @@ class Speculation:
             return 1
         if self.policy == "always" or (len(shapes) == 1 and draft_ms == 0.0):  # alone: free drafts are verified
             return longest
-        if all(s.gains for s in shapes if s.size > 1):  # every cut is a proposal, priced by its drafter
+        if all(s.gains is not None for s in shapes if s.size > 1):  # every cut is a proposal, priced by its drafter
             cut = list(range(2, longest))
         else:
             cut = [t for t in _powers_of_two_upto(longest)[1:-1] if all(s.chain for s in shapes if s.size > t)]

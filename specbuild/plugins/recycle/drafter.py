@@ -51,16 +51,18 @@ SHADOW_EVERY = 4
 class CandidateTable:
     """K candidate next tokens per vocabulary entry, most likely first: int32 [V, K], -1 where none is known; with
     `pair_slots`, also per pair (token before, token) in a direct-mapped hash of that many slots (a newer pair
-    overwrites an older one in its slot: bounded memory, O(1) per row)."""
+    overwrites an older one in its slot: bounded memory, O(1) per row). Beside them, what its trees taught of the
+    static tree's nodes (`RecycleDrafter._feed`), starting from `prior`, and their ranking while that holds."""
 
-    def __init__(self, vocab_size: int, top_k: int, pair_slots: int = 0):
+    def __init__(self, vocab_size: int, top_k: int, prior: np.ndarray, pair_slots: int = 0):
         self.vocab_size = vocab_size
         self.table = np.full((vocab_size, top_k), -1, dtype=np.int32)
         self.pair_slots = pair_slots
         self.pair_keys = np.full(pair_slots, -1, dtype=np.int64)
         self.pair_top = np.zeros((pair_slots, top_k), dtype=np.int32)
-        self.accept: np.ndarray | None = None  # per node of the static tree: its chance of being accepted (learnt)
-        self.held: np.ndarray | None = None  # per node of the static tree: its chance of being drafted (learnt)
+        self.accept = prior.copy()  # per node of the static tree: its chance of being accepted when drafted
+        self.held = np.ones(len(prior))  # per node of the static tree: its chance of being drafted
+        self.rankings: dict[bool, tuple[tuple, np.ndarray]] = {}  # RecycleDrafter.ranked's, until the chances move
 
     def _slot(self, keys: np.ndarray) -> np.ndarray:
         mixed = keys.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
@@ -96,8 +98,8 @@ class CandidateTable:
 class TableSet:
     """The tables of one engine: one per tenant, made on its first request."""
 
-    def __init__(self, vocab_size: int, top_k: int, pair_slots: int = 0):
-        self.vocab_size, self.top_k, self.pair_slots = vocab_size, top_k, pair_slots
+    def __init__(self, vocab_size: int, top_k: int, prior: np.ndarray, pair_slots: int = 0):
+        self.vocab_size, self.top_k, self.prior, self.pair_slots = vocab_size, top_k, prior, pair_slots
         self._tables: dict[str | None, CandidateTable] = {}
         self._lock = threading.Lock()
 
@@ -105,7 +107,7 @@ class TableSet:
         with self._lock:
             table = self._tables.get(tenant)
             if table is None:
-                table = self._tables[tenant] = CandidateTable(self.vocab_size, self.top_k, self.pair_slots)
+                table = self._tables[tenant] = CandidateTable(self.vocab_size, self.top_k, self.prior, self.pair_slots)
             return table
 
     def memory(self) -> tuple[int, int]:
@@ -125,7 +127,6 @@ class RecycleSettings:
     tables: TableSet = dataclasses.field(compare=False)
     table: CandidateTable = dataclasses.field(compare=False)  # the table of this request's tenant
     node_of: dict = dataclasses.field(compare=False)  # choice -> its node in `tree`
-    prior: np.ndarray = dataclasses.field(compare=False)  # per node: its rank profile product (the chances at first)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,12 +229,12 @@ class RecycleDrafter(Drafter):
         if any(rank >= k for choice in tree.choices for rank in choice):
             raise SpecbuildError(f"{source}: field mode.drafter.choices takes a rank >= top_k {k}")
         context = fields.get("context", "token")
-        tables = TableSet(manifest["model"]["vocab_size"], k, PAIR_SLOTS if context == "pair" else 0)
         node_of = {choice: i + 1 for i, choice in enumerate(tree.choices)}
-        prior = np.ones(tree.size)
+        prior = np.ones(tree.size)  # per node: its rank profile product (the chances before any tree was seen)
         for choice, node in node_of.items():
             prior[node] = np.prod([RANK_PROFILE[min(r, len(RANK_PROFILE) - 1)] for r in choice])
-        return RecycleSettings(k, tree, context, tables, tables.get(None), node_of, prior)
+        tables = TableSet(manifest["model"]["vocab_size"], k, prior, PAIR_SLOTS if context == "pair" else 0)
+        return RecycleSettings(k, tree, context, tables, tables.get(None), node_of)
 
     @classmethod
     def for_tenant(cls, settings: RecycleSettings, tenant: str | None) -> RecycleSettings:
@@ -246,7 +247,7 @@ class RecycleDrafter(Drafter):
     def forget_traffic(cls, settings: RecycleSettings) -> RecycleSettings:
         """New, empty tables."""
         old = settings.tables
-        tables = TableSet(old.vocab_size, old.top_k, old.pair_slots)
+        tables = TableSet(old.vocab_size, old.top_k, old.prior, old.pair_slots)
         return dataclasses.replace(settings, tables=tables, table=tables.get(None))
 
     @classmethod
@@ -302,25 +303,20 @@ class RecycleDrafter(Drafter):
     def draft_ms(self) -> float:
         return HOST_MS_PER_DRAFT
 
-    def _accept(self) -> np.ndarray:
-        table = self.table
-        if table.accept is None or len(table.accept) != self.settings.tree.size:
-            table.accept, table.held = self.settings.prior.copy(), np.ones(self.settings.tree.size)
-        return table.accept
-
     def _feed(self, emitted: list[int]) -> None:
         """Compare the whole trees drafted so far with the tokens this step emitted; each whose outcome is known
         teaches the nodes it held: a hit where verifying that tree would have accepted it, a miss otherwise; a node
         left out for want of candidates learns nothing of that (it would have cost no row alone), only that it was
         not drafted (in a batch its row is padding all the same)."""
-        alive = []
+        alive, table = [], self.table
         for shadow in self._shadows:
             if any(shadow.feed(token) for token in emitted):
-                accept, held = self._accept(), shadow.nodes
-                accept[held] += NODE_EMA * (np.isin(held, list(shadow.hits())) - accept[held])
-                drafted = np.zeros(len(accept))
+                held = shadow.nodes
+                table.accept[held] += NODE_EMA * (np.isin(held, list(shadow.hits())) - table.accept[held])
+                drafted = np.zeros(len(table.held))
                 drafted[held] = 1.0
-                self.table.held[1:] += NODE_EMA * (drafted[1:] - self.table.held[1:])
+                table.held[1:] += NODE_EMA * (drafted[1:] - table.held[1:])
+                table.rankings.clear()
             else:
                 alive.append(shadow)
         self._shadows = alive
@@ -329,15 +325,20 @@ class RecycleDrafter(Drafter):
         """The static tree's choices, most likely accepted first, and those chances: each node's learnt chance, at
         most its parent's (a child is only accepted with its parent), parents first on ties; so that every first
         few of them are a tree (prefix-closed). padded: the chance of a node being drafted and accepted (a batch
-        pads the rows of nodes left out), else of being accepted when drafted (alone a call has no row for it)."""
-        tree, value = self.tree, self._accept().copy()
+        pads the rows of nodes left out), else of being accepted when drafted (alone a call has no row for it). Kept
+        on the table until its chances move: every sequence of a step reads the same one."""
+        kept = self.table.rankings.get(padded)
+        if kept is not None:
+            return kept
+        tree, value = self.tree, self.table.accept.copy()
         if padded:
             value *= self.table.held
         value[0] = 1.0
         for nodes, parents in zip(_levels(tree).nodes, _levels(tree).parents):
             value[nodes] = np.minimum(value[nodes], value[parents])
         ranked = np.lexsort((np.arange(tree.size), tree.depths, -value))[1:]  # the root first, then left out
-        return tuple(tree.choices[n - 1] for n in ranked), value[ranked]
+        kept = self.table.rankings[padded] = (tuple(tree.choices[n - 1] for n in ranked), value[ranked])
+        return kept
 
     def expected_tokens(self, longest: int, padded: bool = False) -> tuple[float, ...]:
         """Tokens a row verifying the best t - 1 nodes is expected to give, t = 1..longest: 1 + the sum of their
