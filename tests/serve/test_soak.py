@@ -35,6 +35,15 @@ def test_rss_growing_after_the_warm_up_fails():
     assert "RSS less the KV cache grew from 110 MB to 158 MB" in soak.check_rss(growing, 10)[2]
 
 
+def test_rss_settling_at_the_allocators_high_water_mark_passes_and_a_leak_past_it_fails():
+    # run BB's shape: RSS less the KV cache rose for 4 of 10 minutes (the arena reaching the largest calls), then flat
+    settling = [(t, 700.0 + min(t, 240) * 0.8, 0.0, 50.0) for t in range(0, 600, 2)]
+    assert soak.check_rss(settling, 300) == (892.0, 892.0, None)
+    # a leak: 10 MB a minute throughout sets new highs after the warm-up
+    leaking = [(t, 700.0 + t / 6, 0.0, 50.0) for t in range(0, 600, 2)]
+    assert "grew from 750 MB to 800 MB after the warm-up (allowed 24)" in soak.check_rss(leaking, 300)[2]
+
+
 def test_rss_growing_with_the_kv_caches_written_pages_passes_and_a_kv_cache_over_its_bound_fails():
     # slots holding longer sequences than before: the KV cache's pages, under their bound, are not a leak
     kv_growth = [(t, 100.0 + t, 10.0 + t, 200.0) for t in range(0, 60, 2)]
