@@ -193,18 +193,6 @@ def _restrict(proposal: Proposal, before: np.ndarray, nodes: np.ndarray, keep: n
     return Proposal.from_tree(proposal.tokens[0][kept], subtree), before[kept]
 
 
-@functools.lru_cache(maxsize=64)
-def _best(order: tuple, size: int) -> Tree:
-    """The tree of the first `size` - 1 choices of `order` (best first) whose parents come before them."""
-    taken: list[tuple] = []
-    for choice in order:
-        if len(taken) >= size - 1:
-            break
-        if len(choice) == 1 or choice[:-1] in taken:
-            taken.append(choice)
-    return cached_tree(tuple(taken))
-
-
 class RecycleDrafter(Drafter):
     # the scheduler's budget sizes the tree, alone too: a tree of rows does not pay where rows are dear (int4 on most
     # CPUs) nor under load, and a tree the step would cut to its root is not drafted at all
@@ -287,7 +275,7 @@ class RecycleDrafter(Drafter):
             self._feed(step.tokens)
         cut = self.tree
         if self.limit is not None and self.limit < cut.size:  # the scheduler's budget: the best nodes only
-            cut = _best(self.ranked()[0], self.limit)
+            cut = cached_tree(self.ranked()[0][: self.limit - 1])  # ranked is prefix-closed: a tree
         whole = cut is self.tree or self._steps % SHADOW_EVERY == 0  # draft the whole tree, to learn from
         self._steps += 1
         drafted = self.tree if whole else cut
@@ -334,7 +322,8 @@ class RecycleDrafter(Drafter):
         if padded:
             value *= self.table.held
         value[0] = 1.0
-        for nodes, parents in zip(_levels(tree).nodes, _levels(tree).parents):
+        levels = _levels(tree)
+        for nodes, parents in zip(levels.nodes, levels.parents):
             value[nodes] = np.minimum(value[nodes], value[parents])
         ranked = np.lexsort((np.arange(tree.size), tree.depths, -value))[1:]  # the root first, then left out
         kept = self.table.rankings[padded] = (tuple(tree.choices[n - 1] for n in ranked), value[ranked])
