@@ -10,9 +10,10 @@ from specbuild import engine_format as ef
 from specbuild.builder.build import BuildOptions, build_engine
 from specbuild.errors import SpecbuildError
 from specbuild.plugins.recycle import RANK_PROFILE, static_tree
-from specbuild.plugins.recycle.drafter import RecycleDrafter
-from specbuild.runtime.drafter import StepResult
+from specbuild.plugins.recycle.drafter import RecycleDrafter, _graft
+from specbuild.runtime.drafter import Proposal, StepResult
 from specbuild.runtime.engine import Engine
+from specbuild.tree import Tree
 from tests.helpers import ORT_ONLY, hf_greedy, quiet
 from tests.plugins.host_mode_helpers import check_mode_sampling, toy_engines
 from tests.shapes import TINY_SHAPES
@@ -24,10 +25,12 @@ PROMPTS = [[1, 5, 9, 3, 7, 5, 9, 3], [1, 4], [1, 11, 10, 6, 2, 8, 3, 11, 10]]
 TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 
 
-def settings(choices=TREE, top_k=2, vocab=32, context=None):
+def settings(choices=TREE, top_k=2, vocab=32, context=None, copy=None):
     fields = {"top_k": top_k, "depth": max(map(len, choices)), "choices": choices}
     if context is not None:  # engines built before the key existed have none: "token"
         fields["context"] = context
+    if copy is not None:  # engines built before the key existed have none: no copies
+        fields["copy"] = copy
     return RecycleDrafter.read_settings({"model": {"vocab_size": vocab}, "mode": {"drafter": fields}})
 
 
@@ -131,6 +134,64 @@ def test_the_schedulers_budget_keeps_the_best_nodes_only():
     assert drafter.propose(step([6])).tokens.tolist() == [[6]]
 
 
+def token_paths(proposal):
+    """The proposal's nodes as token paths from the root (prefix-closed: every node's)."""
+    tokens = proposal.tokens[0].tolist()
+    return {tuple(tokens[n] for n in row[: k + 1] if n >= 0) for row in proposal.paths[0] for k in range(len(row))}
+
+
+def test_a_match_in_the_context_is_grafted_onto_the_tree_first():
+    s = settings(copy=4)
+    assert s.copy == 4 and settings().copy == 0
+    drafter = RecycleDrafter(s, [3, 4, 5, 6, 3, 4])
+    s.table.update(np.array([5, 6, 2]), np.array([[6, 2], [3, 8], [4, 9]]))
+    proposal = drafter.propose(step([5], prefill=True))
+    # the context ends 3, 4, 5 (matched 3 tokens earlier): 6, 3, 4 copied; 5's candidates 6 (the copy's: one node)
+    # and 2; 6's 3 (the copy's), 8; 2's 4
+    assert token_paths(proposal) == {(5,), (5, 6), (5, 6, 3), (5, 6, 3, 4), (5, 2), (5, 6, 8), (5, 2, 4)}
+    assert proposal.tokens[0, :2].tolist() == [5, 6] and proposal.size == 7
+    assert token_paths(RecycleDrafter(settings(), [3, 4, 5, 6, 3, 4]).propose(step([5], prefill=True))) == {(5,)}
+    rows = [[20 + i, 30 + i] for i in range(proposal.size)]  # each grafted row teaches its token
+    drafter.propose(step([5, 6], top=rows))
+    last = dict(zip(proposal.tokens[0].tolist(), rows))  # 4 is verified twice (copied, and after 2): its last row
+    assert {t: s.table.table[t].tolist() for t in last} == last
+
+
+def test_a_copy_is_drafted_whole_within_the_budget_and_the_step():
+    s = settings(copy=4)
+    s.table.update(np.array([5, 6, 2]), np.array([[6, 2], [3, 8], [4, 9]]))
+    drafter = RecycleDrafter(s, [3, 4, 5, 6, 3, 4])
+    drafter.limit = 2  # the budget: one table node; the copy goes whole all the same
+    assert token_paths(drafter.propose(step([5], prefill=True))) == {(5,), (5, 6), (5, 6, 3), (5, 6, 3, 4)}
+    assert RecycleDrafter(s, [8]).propose(step([9], prefill=True)).size == 1  # no match, no candidates: the root
+    long = RecycleDrafter(settings(copy=8), [*range(1, 10), *range(1, 9)])  # then 9: a 9-token match, 8 copied
+    whole = long.propose(step([9], prefill=True))
+    assert whole.size == len(TREE) + 1  # never past the engine's step: the copy's first 6
+    assert token_paths(whole) == {(9, *range(1, k + 1)) for k in range(7)}
+
+
+def test_a_graft_holds_every_path_of_both_within_its_nodes():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        paths = {tuple(rng.integers(0, 3, size=d).tolist()) for d in rng.integers(1, 4, size=8)}
+        tree = Tree.from_choices(sorted({p[:k] for p in paths for k in range(1, len(p) + 1)}))
+        proposal = Proposal.from_tree(rng.integers(0, 4, size=tree.size), tree)
+        copy = rng.integers(0, 4, size=rng.integers(1, 6)).tolist()
+        root = int(proposal.tokens[0, 0])
+        merged, before = _graft(proposal, 7, copy, 64)
+        want = token_paths(proposal) | {(root, *copy[:k]) for k in range(len(copy) + 1)}
+        assert token_paths(merged) == want and merged.size == len(want)
+        tokens = merged.tokens[0].tolist()
+        parents = [7] + [
+            tokens[int(np.flatnonzero(merged.mask[0, i] & (merged.offsets == merged.offsets[i] - 1))[0])]
+            for i in range(1, merged.size)
+        ]
+        assert before.tolist() == parents
+        cut, _ = _graft(proposal, 7, copy, 3)
+        assert cut.size == min(3, len(want)) and token_paths(cut) <= want
+        assert token_paths(cut) >= {(root, *copy[:k]) for k in range(min(len(copy), 2) + 1)}
+
+
 def chances(drafter):
     """Each choice's chance of being accepted, as the drafter ranks them."""
     return dict(zip(*drafter.ranked()))
@@ -213,6 +274,8 @@ def test_engine_yaml_settings_are_checked_when_the_engine_loads():
         settings(choices=[[0], []])
     with pytest.raises(SpecbuildError, match=r"field mode.drafter.context must be one of token, pair, got 'x'"):
         settings(context="x")
+    with pytest.raises(SpecbuildError, match=r"field mode.drafter.copy must be an integer >= 0, got -1"):
+        settings(copy=-1)
 
 
 @pytest.fixture(scope="module")
@@ -226,6 +289,7 @@ def test_greedy_equals_base_model_while_the_table_warms(toy_recycle, shape):
     model, eng, _ = toy_recycle[shape]
     engine = Engine(eng, threads=1)
     assert engine.manifest["lossless"] is True
+    assert engine.drafter_settings.copy == 8  # copies grafted onto the tree: the default, up to the tree's nodes
     accepted = []
     for ids in PROMPTS * 2:
         result = engine.generate(input_ids=ids, max_new_tokens=30)
@@ -244,6 +308,11 @@ def test_bad_settings_are_refused_before_any_work(toy_recycle, tmp_path):
         (dict(recycle_depth=0), "--recycle-depth 0 is invalid"),
         (dict(recycle_context="trigram"), "--recycle-context must be one of token, pair, got 'trigram'"),
         (dict(num_draft_tokens=9, max_draft_len=8), "--num-draft-tokens 9 but --max-draft-len is 8"),
+        (
+            dict(num_draft_tokens=6, recycle_copy=7),
+            "--recycle-copy 7 is invalid: expected at most --num-draft-tokens 6",
+        ),
+        (dict(recycle_copy=-1), "--recycle-copy -1 is invalid"),
         (dict(num_draft_tokens=600), "at most 511 per step"),
         (dict(suffix_depth=4), "--suffix-depth does not apply to --speculative-mode recycle"),
     ]

@@ -3,7 +3,8 @@ already computes, for each token it verifies, the model's next-token distributio
 K candidates (ef.ROW_TOP_K), the runtime keeps them in a table of K candidates per vocabulary entry (the latest
 call's, a few MB) and drafts each step's tree from it: a static tree of candidate ranks (which candidate of its
 parent's token each node takes). No heads, no draft model, any base model; the table is shared by the requests of
-one process (of one API key in `serve`) and warms as they run."""
+one process (of one API key in `serve`) and warms as they run. Where the latest tokens occurred before in the
+request, what followed them there is grafted onto the tree (prompt lookup), so copies are drafted too."""
 
 from heapq import heappop, heappush
 
@@ -18,6 +19,10 @@ MAX_TOP_K = 64
 CONTEXTS = ("token", "pair")
 DEFAULT_CONTEXT = "pair"  # measured: more tokens accepted a step at the same tree (docs/modes.md)
 PAIR_SLOTS = 1 << 18  # 262,144 pairs: 10 MB at K = 8
+# each step the continuation of the context's longest earlier match of its latest tokens (prompt lookup) is grafted
+# onto the tree, as many tokens as the match is long up to --recycle-copy (default: the tree's nodes; 0: none), the
+# match found among the suffixes of up to COPY_NGRAM tokens (prompt lookup's default)
+COPY_NGRAM = 3
 # how likely the rank-r candidate of a token is the next one, given that token was: the static tree is the
 # num_draft_tokens choices of highest product along their path (measured on fresh HumanEval and MT-Bench prompts
 # with SmolLM2-135M-Instruct: docs/modes.md); ranks past the profile share its last value
@@ -49,6 +54,13 @@ MODE = ModeSpec(
             "int",
             f"recycle: the static tree's greatest depth (default {DEFAULT_DEPTH}).",
             minimum=1,
+        ),
+        ModeOption(
+            "recycle_copy",
+            "int",
+            "recycle: graft the continuation of the latest tokens' earlier match in the prompt and output (prompt "
+            "lookup), up to this many tokens, onto each tree (default: --num-draft-tokens; 0: the table's tree alone).",
+            minimum=0,
         ),
         MAX_DRAFT_LEN,
     ),

@@ -18,11 +18,16 @@ that tree is compared with the tokens the sequence emits next (`_Shadow`: what v
 nodes a cut leaves out keep being priced by what they would give (never starved by an early cut). They start from
 the rank profile the static tree was chosen by.
 
+With `copy` (engine.yaml; the default of new engines), the continuation of the latest tokens' longest earlier match
+in the request's own prompt and output (runtime/context_index.py, prompt lookup) is grafted onto each step's tree,
+first and as many tokens as the match is long (up to `copy`): text that repeats its context is drafted as `ngram`
+drafts it, the rest from the table. The budget prices the table's nodes; a copy is drafted whole within the step.
+
 The table (and the nodes' chances) are shared by the requests of one tenant (serve's API key; everyone's without
 keys), like suffix decoding's pool (docs/modes.md: what one client's traffic teaches must not time another's), and
 live as long as the process.
-Host work per step is O(tree size); acceptance is the graph's (greedy exact; drafts are point masses, so sampling
-keeps the target distribution).
+Host work per step is O(tree size + accepted tokens); acceptance is the graph's (greedy exact; drafts are point
+masses, so sampling keeps the target distribution).
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ import numpy as np
 
 from specbuild import engine_format as ef
 from specbuild.errors import SpecbuildError
-from specbuild.plugins.recycle import CONTEXTS, PAIR_SLOTS, RANK_PROFILE
+from specbuild.plugins.recycle import CONTEXTS, COPY_NGRAM, PAIR_SLOTS, RANK_PROFILE
+from specbuild.runtime.context_index import ContextIndex
 from specbuild.runtime.drafter import Drafter, Proposal, StepResult, cached_tree
 from specbuild.runtime.manifest import ListOf, check_fields, integer, one_of
 from specbuild.tree import Tree
@@ -127,6 +133,7 @@ class RecycleSettings:
     tables: TableSet = dataclasses.field(compare=False)
     table: CandidateTable = dataclasses.field(compare=False)  # the table of this request's tenant
     node_of: dict = dataclasses.field(compare=False)  # choice -> its node in `tree`
+    copy: int = 0  # longest continuation of the context's match grafted onto the tree (0: none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +200,50 @@ def _restrict(proposal: Proposal, before: np.ndarray, nodes: np.ndarray, keep: n
     return Proposal.from_tree(proposal.tokens[0][kept], subtree), before[kept]
 
 
+def _graft(proposal: Proposal, before_root: int, copy: list[int], limit: int) -> tuple[Proposal, np.ndarray]:
+    """`copy` as a chain from the proposal's root, then the proposal's nodes in their order (a node whose token is
+    already a child of its parent's node is that child: no row twice), at most `limit` nodes (a node left out leaves
+    its subtree out); and the token before each node (the root's: `before_root`). The copy comes first: where the
+    context has a match, its continuation is the likelier draft (`ngram`'s)."""
+    tokens, offsets, mask = proposal.tokens[0], proposal.offsets, proposal.mask[0]
+    token_of, parent_of = [int(tokens[0])], [-1]  # the grafted tree's nodes in the order added, root first
+    children: list[dict[int, int]] = [{}]  # per node: token -> its child node
+
+    def add(parent: int, token: int) -> int:
+        """The node of `token` under `parent`, added if there is room (-1: none)."""
+        node = children[parent].get(token)
+        if node is None and len(token_of) < limit:
+            node = children[parent][token] = len(token_of)
+            token_of.append(token)
+            parent_of.append(parent)
+            children.append({})
+        return -1 if node is None else node
+
+    at = 0
+    for token in copy:
+        at = add(at, int(token))
+        if at < 0:
+            break
+    grafted = np.full(len(tokens), -1, dtype=np.int64)  # each proposal node's node in the grafted tree
+    grafted[0] = 0
+    for i in range(1, len(tokens)):
+        parent = int(np.flatnonzero(mask[i] & (offsets == offsets[i] - 1))[0])  # its ancestor one level up
+        if grafted[parent] >= 0:
+            grafted[i] = add(int(grafted[parent]), int(tokens[i]))
+    choices: list[tuple] = [()]  # each node's path of sibling ranks
+    for node in range(1, len(token_of)):
+        parent = parent_of[node]
+        choices.append((*choices[parent], list(children[parent].values()).index(node)))
+    tree = cached_tree(tuple(choices[1:]))
+    out = np.empty(tree.size, dtype=np.int64)
+    before = np.empty(tree.size, dtype=np.int64)
+    for node, choice in enumerate(choices):
+        at = tree.node_index(choice)
+        out[at] = token_of[node]
+        before[at] = before_root if node == 0 else token_of[parent_of[node]]
+    return Proposal.from_tree(out, tree), before
+
+
 class RecycleDrafter(Drafter):
     # the scheduler's budget sizes the tree, alone too: a tree of rows does not pay where rows are dear (int4 on most
     # CPUs) nor under load, and a tree the step would cut to its root is not drafted at all
@@ -204,6 +255,7 @@ class RecycleDrafter(Drafter):
                 "depth": integer(1),
                 "choices": ListOf(ListOf(integer(0), min_len=1)),
                 "context": one_of(CONTEXTS, optional=True),
+                "copy": integer(0, optional=True),
             }
         }
     }
@@ -222,7 +274,7 @@ class RecycleDrafter(Drafter):
         for choice, node in node_of.items():
             prior[node] = np.prod([RANK_PROFILE[min(r, len(RANK_PROFILE) - 1)] for r in choice])
         tables = TableSet(manifest["model"]["vocab_size"], k, prior, PAIR_SLOTS if context == "pair" else 0)
-        return RecycleSettings(k, tree, context, tables, tables.get(None), node_of)
+        return RecycleSettings(k, tree, context, tables, tables.get(None), node_of, fields.get("copy", 0))
 
     @classmethod
     def for_tenant(cls, settings: RecycleSettings, tenant: str | None) -> RecycleSettings:
@@ -253,6 +305,8 @@ class RecycleDrafter(Drafter):
         self._verified_before: np.ndarray | None = None  # the token before each of them
         self._shadows: list[_Shadow] = []  # whole trees drafted, compared with the tokens emitted since
         self._steps = 0
+        # the request's tokens, to draft copies from (settings.copy > 0)
+        self.index = ContextIndex(COPY_NGRAM, prompt) if settings.copy else None
 
     def propose(self, step: StepResult) -> Proposal:
         top = step.outputs.get(ef.ROW_TOP_K)
@@ -285,11 +339,24 @@ class RecycleDrafter(Drafter):
             if cut is not self.tree:
                 keep = _static_nodes(cut, self.settings.node_of)
                 proposal, self._verified_before = _restrict(proposal, self._verified_before, nodes, keep, self.tree)
+        if self.index is not None:
+            proposal, self._verified_before = self._with_copy(proposal, self._verified_before, step.tokens)
         self._verified = proposal.tokens[0]
         return proposal
 
     def draft_ms(self) -> float:
         return HOST_MS_PER_DRAFT
+
+    def _with_copy(self, proposal: Proposal, before: np.ndarray, accepted: list[int]) -> tuple[Proposal, np.ndarray]:
+        """The continuation of the context's best earlier match, as many tokens as the match is long up to the
+        settings' `copy`, grafted onto `proposal` (`_graft`) in as many nodes as the budget allows or the copy needs,
+        within the engine's step; and the token before each node. No match: `proposal` as it is."""
+        self.index.observe(accepted)
+        found = self.index.continuations(lambda matched: min(self.settings.copy, matched))
+        if not found:
+            return proposal, before
+        nodes = self.tree.size if self.limit is None else max(self.limit, 1 + len(found[0]))
+        return _graft(proposal, self._before_root, found[0], min(nodes, self.tree.size))
 
     def _feed(self, emitted: list[int]) -> None:
         """Compare the whole trees drafted so far with the tokens this step emitted; each whose outcome is known

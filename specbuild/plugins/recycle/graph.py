@@ -1,6 +1,6 @@
 """The recycle mode's graph side: the step graph verifies the tree the runtime's drafter proposes and returns each
-window row's top K next tokens (ef.ROW_TOP_K), which the drafter recycles. The static tree and K are checked before
-any work and recorded in engine.yaml."""
+window row's top K next tokens (ef.ROW_TOP_K), which the drafter recycles. The static tree, K and the longest copy
+grafted onto it are checked before any work and recorded in engine.yaml."""
 
 from __future__ import annotations
 
@@ -46,8 +46,12 @@ class RecyclePlugin(HostDraftedPlugin):
         context = getattr(options, "recycle_context", None) or DEFAULT_CONTEXT
         if context not in CONTEXTS:
             raise SpecbuildError(f"--recycle-context must be one of {', '.join(CONTEXTS)}, got {context!r}")
+        copy = pick("recycle_copy", drafts)
+        if copy > drafts:
+            raise SpecbuildError(f"--recycle-copy {copy} is invalid: expected at most --num-draft-tokens {drafts}")
         choices = static_tree(drafts, k, depth)
-        return {"top_k": k, "depth": depth, "context": context, "choices": choices, "tokens_per_step": 1 + len(choices)}
+        settings = {"top_k": k, "depth": depth, "context": context, "copy": copy, "choices": choices}
+        return {**settings, "tokens_per_step": 1 + len(choices)}
 
     def draft_outputs(self) -> list[OutputSpec]:
         return [*super().draft_outputs(), OutputSpec(ef.ROW_TOP_K, "int64", ("B", "W", self.settings["top_k"]))]
@@ -60,4 +64,5 @@ class RecyclePlugin(HostDraftedPlugin):
     def manifest(self) -> dict:
         s = self.settings
         choices = [list(c) for c in s["choices"]]
-        return {"drafter": {"top_k": s["top_k"], "depth": s["depth"], "context": s["context"], "choices": choices}}
+        fields = ("top_k", "depth", "context", "copy")
+        return {"drafter": {**{key: s[key] for key in fields}, "choices": choices}}
