@@ -126,11 +126,12 @@ class Drafter:
 
     A drafter whose drafts cost time to make (`paid_drafts`: a draft model's calls), or whose drafts are only worth
     their rows in part (token recycling's fixed tree), drafts at most `limit` - 1 tokens when the scheduler sets
-    `limit` (what its cost model would verify at the step's batch size), and reports what a draft token costs it
-    (`draft_ms`)."""
+    `limit` (what its cost model would verify at the step's batch size; `batched`: that step holds other sequences
+    too), and reports what a draft token costs it (`draft_ms`)."""
 
     paid_drafts = False
     limit: int | None = None
+    batched: bool = False
 
     def draft_ms(self) -> float:
         """Milliseconds one draft token costs to make (0: drafting is free next to an engine call)."""

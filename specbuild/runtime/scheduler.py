@@ -421,7 +421,7 @@ class Scheduler:
         budget = self._draft_budget(sequences)
         for handle, seq in zip(handles, sequences):
             if seq.drafter.paid_drafts:
-                seq.drafter.limit = budget
+                seq.drafter.limit, seq.drafter.batched = budget, len(sequences) > 1
             try:
                 proposals.append(seq.drafter.propose(seq.last))
             except Exception as exc:  # noqa: BLE001 - a drafter's failure ends its request only

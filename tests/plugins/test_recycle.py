@@ -161,8 +161,20 @@ def test_a_copy_is_drafted_whole_within_the_budget_and_the_step():
     s = settings(copy=4)
     s.table.update(np.array([5, 6, 2]), np.array([[6, 2], [3, 8], [4, 9]]))
     drafter = RecycleDrafter(s, [3, 4, 5, 6, 3, 4])
-    drafter.limit = 2  # the budget: one table node; the copy goes whole all the same
-    assert token_paths(drafter.propose(step([5], prefill=True))) == {(5,), (5, 6), (5, 6, 3), (5, 6, 3, 4)}
+    drafter.limit = 2  # the budget: one table node; alone the copy goes whole all the same
+    copied = {(5,), (5, 6), (5, 6, 3), (5, 6, 3, 4)}
+    assert token_paths(drafter.propose(step([5], prefill=True))) == copied
+    drafter.limit = 1  # no table node: the copy alone, a chain
+    chain = drafter.propose(step([6, 3, 4, 5]))  # accepted the copy and 5: a 7-token match now, 4 copied
+    assert chain.tokens.tolist() == [[5, 6, 3, 4, 5]] and token_paths(chain) == {*copied, (5, 6, 3, 4, 5)}
+    rows = [[20, 21], [22, 23], [24, 25], [26, 27], [28, 29]]
+    drafter.propose(step([5], top=rows))  # the chain's rows teach its tokens (5 twice: its last row)
+    assert s.table.table[[6, 3, 4, 5]].tolist() == rows[1:]
+    batched = RecycleDrafter(s, [3, 4, 5, 6, 3, 4])
+    batched.limit, batched.batched = 3, True  # in a batch the copy is within the budget
+    assert token_paths(batched.propose(step([5], prefill=True))) == {(5,), (5, 6), (5, 6, 3)}
+    batched.limit = 1  # no table node pays: the copy alone, a chain the plan cuts to what pays
+    assert batched.propose(step([6])).tokens.tolist() == [[6, 3, 4, 5, 6]]
     assert RecycleDrafter(s, [8]).propose(step([9], prefill=True)).size == 1  # no match, no candidates: the root
     long = RecycleDrafter(settings(copy=8), [*range(1, 10), *range(1, 9)])  # then 9: a 9-token match, 8 copied
     whole = long.propose(step([9], prefill=True))

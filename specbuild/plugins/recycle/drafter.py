@@ -21,7 +21,10 @@ the rank profile the static tree was chosen by.
 With `copy` (engine.yaml; the default of new engines), the continuation of the latest tokens' longest earlier match
 in the request's own prompt and output (runtime/context_index.py, prompt lookup) is grafted onto each step's tree,
 first and as many tokens as the match is long (up to `copy`): text that repeats its context is drafted as `ngram`
-drafts it, the rest from the table. The budget prices the table's nodes; a copy is drafted whole within the step.
+drafts it, the rest from the table. The budget prices the table's nodes; alone a copy is drafted whole within the
+step (it costs nothing to make, and a lone call verifies what it is given); in a batch within the budget (the plan
+verifies a tree whole or its root alone), or, where the budget is the root alone, the copy alone: a chain, which the
+plan cuts to what pays, as it cuts `ngram`'s.
 
 The table (and the nodes' chances) are shared by the requests of one tenant (serve's API key; everyone's without
 keys), like suffix decoding's pool (docs/modes.md: what one client's traffic teaches must not time another's), and
@@ -224,12 +227,10 @@ def _graft(proposal: Proposal, before_root: int, copy: list[int], limit: int) ->
         at = add(at, int(token))
         if at < 0:
             break
-    grafted = np.full(len(tokens), -1, dtype=np.int64)  # each proposal node's node in the grafted tree
-    grafted[0] = 0
-    for i in range(1, len(tokens)):
-        parent = int(np.flatnonzero(mask[i] & (offsets == offsets[i] - 1))[0])  # its ancestor one level up
-        if grafted[parent] >= 0:
-            grafted[i] = add(int(grafted[parent]), int(tokens[i]))
+    parents = (mask & (offsets[None, :] == offsets[:, None] - 1)).argmax(1).tolist()  # each one's ancestor a level up
+    grafted = [0] * len(tokens)  # each proposal node's node in the grafted tree (-1: left out)
+    for i, token in enumerate(tokens.tolist()[1:], start=1):
+        grafted[i] = add(grafted[parents[i]], token) if grafted[parents[i]] >= 0 else -1
     choices: list[tuple] = [()]  # each node's path of sibling ranks
     for node in range(1, len(token_of)):
         parent = parent_of[node]
@@ -355,8 +356,20 @@ class RecycleDrafter(Drafter):
         found = self.index.continuations(lambda matched: min(self.settings.copy, matched))
         if not found:
             return proposal, before
-        nodes = self.tree.size if self.limit is None else max(self.limit, 1 + len(found[0]))
-        return _graft(proposal, self._before_root, found[0], min(nodes, self.tree.size))
+        copy = found[0]
+        if self.limit is None:
+            nodes = self.tree.size
+        elif self.batched:  # a batch's plan verifies a tree whole or its root alone: the copy within the budget,
+            nodes = self.limit if self.limit > 1 else 1 + len(copy)  # or alone, a chain the plan can cut
+        else:  # alone a copy is verified whole, as `ngram`'s (it costs nothing to make)
+            nodes = max(self.limit, 1 + len(copy))
+        nodes = min(nodes, self.tree.size)
+        if nodes <= 1:
+            return proposal, before
+        if proposal.size == 1:  # no table node: the copy alone, a chain
+            chain = [int(proposal.tokens[0, 0]), *copy[: nodes - 1]]
+            return Proposal.chain(chain), np.array([self._before_root, *chain[:-1]], dtype=np.int64)
+        return _graft(proposal, self._before_root, copy, nodes)
 
     def _feed(self, emitted: list[int]) -> None:
         """Compare the whole trees drafted so far with the tokens this step emitted; each whose outcome is known
