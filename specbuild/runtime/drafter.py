@@ -125,9 +125,11 @@ class Drafter:
     """One sequence's drafter. `read_settings` reads the mode's part of engine.yaml once per engine (under `mode`).
 
     A drafter whose drafts cost time to make (`paid_drafts`: a draft model's calls), or whose drafts are only worth
-    their rows in part (token recycling's fixed tree), drafts at most `limit` - 1 tokens when the scheduler sets
-    `limit` (what its cost model would verify at the step's batch size; `batched`: that step holds other sequences
-    too), and reports what a draft token costs it (`draft_ms`)."""
+    their rows in part (token recycling's fixed tree), drafts at most `limit` - 1 of those tokens when the scheduler
+    sets `limit` (what its cost model would verify at the step's batch size; `batched`: that step holds other
+    sequences too), and reports what a draft token costs it (`draft_ms`). Drafts that cost nothing (a copy of the
+    context) it may add as an unpaid drafter proposes them: a lone call verifies what it is given, a batch's plan
+    cuts a chain to what pays and verifies a tree whole or its root alone."""
 
     paid_drafts = False
     limit: int | None = None
