@@ -64,6 +64,10 @@ class Proposal:
         """The root alone (near the end of the cache)."""
         return Proposal.root(int(self.tokens[0, 0]))
 
+    def parents(self) -> np.ndarray:
+        """Each node's parent (the root's: 0): its ancestor one level up."""
+        return (self.mask[0] & (self.offsets[None, :] == self.offsets[:, None] - 1)).argmax(1)
+
     def chain_prefix(self, tokens: int) -> Proposal:
         """The first `tokens` tokens of a chain (a proposal whose node i sits at depth i)."""
         offsets = self.offsets[:tokens]
@@ -88,18 +92,24 @@ class Proposal:
         return cls(np.asarray(tokens, dtype=np.int64).reshape(1, -1), mask, offsets, offsets[None, None])
 
     @classmethod
-    def from_continuations(cls, root: int, continuations: Sequence[Sequence[int]]) -> Proposal:
+    def from_continuations(
+        cls, root: int, continuations: Sequence[Sequence[int]], limit: int | None = None
+    ) -> Proposal:
         """The tree of `continuations` of `root` merged by shared prefix (a trie; siblings in order of first
-        appearance), every continuation a root-to-node path; one continuation is a chain."""
+        appearance), every continuation a root-to-node path; one continuation is a chain. limit: at most this many
+        nodes (root included), taken in the continuations' order (the rest of a continuation that finds no room is
+        left out)."""
         if len(continuations) <= 1:
             drafts = list(continuations[0]) if continuations else []
-            return cls.chain([root, *drafts])
+            return cls.chain([root, *drafts][:limit])
         children: dict[tuple, dict[int, int]] = {}  # path of ranks -> {token: rank of the child}
         token_of: dict[tuple, int] = {(): root}
         for continuation in continuations:
             path: tuple = ()
             for token in continuation:
                 ranks = children.setdefault(path, {})
+                if int(token) not in ranks and limit is not None and len(token_of) >= limit:
+                    break
                 path = (*path, ranks.setdefault(int(token), len(ranks)))
                 token_of[path] = int(token)
         tree = cached_tree(tuple(sorted(p for p in token_of if p)))

@@ -204,45 +204,15 @@ def _restrict(proposal: Proposal, before: np.ndarray, nodes: np.ndarray, keep: n
 
 
 def _graft(proposal: Proposal, before_root: int, copy: list[int], limit: int) -> tuple[Proposal, np.ndarray]:
-    """`copy` as a chain from the proposal's root, then the proposal's nodes in their order (a node whose token is
-    already a child of its parent's node is that child: no row twice), at most `limit` nodes (a node left out leaves
-    its subtree out); and the token before each node (the root's: `before_root`). The copy comes first: where the
-    context has a match, its continuation is the likelier draft (`ngram`'s)."""
-    tokens, offsets, mask = proposal.tokens[0], proposal.offsets, proposal.mask[0]
-    token_of, parent_of = [int(tokens[0])], [-1]  # the grafted tree's nodes in the order added, root first
-    children: list[dict[int, int]] = [{}]  # per node: token -> its child node
-
-    def add(parent: int, token: int) -> int:
-        """The node of `token` under `parent`, added if there is room (-1: none)."""
-        node = children[parent].get(token)
-        if node is None and len(token_of) < limit:
-            node = children[parent][token] = len(token_of)
-            token_of.append(token)
-            parent_of.append(parent)
-            children.append({})
-        return -1 if node is None else node
-
-    at = 0
-    for token in copy:
-        at = add(at, int(token))
-        if at < 0:
-            break
-    parents = (mask & (offsets[None, :] == offsets[:, None] - 1)).argmax(1).tolist()  # each one's ancestor a level up
-    grafted = [0] * len(tokens)  # each proposal node's node in the grafted tree (-1: left out)
-    for i, token in enumerate(tokens.tolist()[1:], start=1):
-        grafted[i] = add(grafted[parents[i]], token) if grafted[parents[i]] >= 0 else -1
-    choices: list[tuple] = [()]  # each node's path of sibling ranks
-    for node in range(1, len(token_of)):
-        parent = parent_of[node]
-        choices.append((*choices[parent], list(children[parent].values()).index(node)))
-    tree = cached_tree(tuple(choices[1:]))
-    out = np.empty(tree.size, dtype=np.int64)
-    before = np.empty(tree.size, dtype=np.int64)
-    for node, choice in enumerate(choices):
-        at = tree.node_index(choice)
-        out[at] = token_of[node]
-        before[at] = before_root if node == 0 else token_of[parent_of[node]]
-    return Proposal.from_tree(out, tree), before
+    """`copy` as a chain from the proposal's root, then the proposal's nodes in their order, merged by shared prefix
+    (Proposal.from_continuations: no row twice), at most `limit` nodes; and the token before each node (the root's:
+    `before_root`). The copy comes first: where the context has a match, its continuation is the likelier draft."""
+    tokens, parents = proposal.tokens[0].tolist(), proposal.parents().tolist()
+    paths: list[tuple] = [()]  # each node's tokens from the root (excluded), parents before children
+    for token, parent in zip(tokens[1:], parents[1:]):
+        paths.append((*paths[parent], token))
+    grafted = Proposal.from_continuations(tokens[0], [copy, *paths[1:]], limit)
+    return grafted, np.concatenate([[before_root], grafted.tokens[0][grafted.parents()[1:]]])
 
 
 class RecycleDrafter(Drafter):
@@ -366,9 +336,6 @@ class RecycleDrafter(Drafter):
         nodes = min(nodes, self.tree.size)
         if nodes <= 1:
             return proposal, before
-        if proposal.size == 1:  # no table node: the copy alone, a chain
-            chain = [int(proposal.tokens[0, 0]), *copy[: nodes - 1]]
-            return Proposal.chain(chain), np.array([self._before_root, *chain[:-1]], dtype=np.int64)
         return _graft(proposal, self._before_root, copy, nodes)
 
     def _feed(self, emitted: list[int]) -> None:
